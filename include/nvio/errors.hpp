@@ -1,0 +1,105 @@
+// Typed errors raised by nvio. Every failure the library can report is one of these; the library
+// never aborts, exits, prints or returns a bare -1.
+//
+// Hierarchy:
+//   Error                     root of everything nvio throws
+//   ├── InvalidArgument       a bad option or argument (caught before any I/O is issued)
+//   ├── EngineUnavailable     an explicitly requested engine cannot be used on this machine
+//   ├── MemoryError           allocation or locking of buffers failed where it was required
+//   └── IoError               a system call on a file failed; carries op, path, offset, length, errno
+//       ├── FileNotFound      ENOENT
+//       ├── PermissionDenied  EACCES, EPERM, EROFS
+//       ├── IsADirectory      EISDIR (also raised when a directory is given as a file)
+//       ├── NoSpace           ENOSPC, EDQUOT
+//       └── ShortFile         a read asked for bytes past the end of the file
+//
+// Thread-safety: error objects are immutable after construction.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace nvio {
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what) : std::runtime_error(what) {}
+};
+
+class InvalidArgument : public Error {
+ public:
+  using Error::Error;
+};
+
+class EngineUnavailable : public Error {
+ public:
+  using Error::Error;
+};
+
+class MemoryError : public Error {
+ public:
+  MemoryError(const std::string& what, int err) : Error(what), errno_(err) {}
+  int error_code() const noexcept { return errno_; }
+
+ private:
+  int errno_;
+};
+
+// What the failed system call was doing, in the words used in messages.
+enum class IoOp { Open, Read, Write, Stat, Sync, Truncate, Submit, Wait };
+const char* to_string(IoOp op) noexcept;
+
+class IoError : public Error {
+ public:
+  // `err` is a positive errno value (0 when the failure is not an errno, e.g. a short file).
+  IoError(IoOp op, std::string path, std::uint64_t offset, std::uint64_t length, int err,
+          const std::string& detail = {});
+
+  IoOp op() const noexcept { return op_; }
+  const std::string& path() const noexcept { return path_; }
+  std::uint64_t offset() const noexcept { return offset_; }
+  std::uint64_t length() const noexcept { return length_; }
+  int error_code() const noexcept { return errno_; }
+
+ private:
+  IoOp op_;
+  std::string path_;
+  std::uint64_t offset_;
+  std::uint64_t length_;
+  int errno_;
+};
+
+class FileNotFound : public IoError {
+ public:
+  using IoError::IoError;
+};
+class PermissionDenied : public IoError {
+ public:
+  using IoError::IoError;
+};
+class IsADirectory : public IoError {
+ public:
+  using IoError::IoError;
+};
+class NoSpace : public IoError {
+ public:
+  using IoError::IoError;
+};
+
+// A read of [offset, offset + length) from a file that holds only `file_size` bytes.
+class ShortFile : public IoError {
+ public:
+  ShortFile(IoOp op, std::string path, std::uint64_t offset, std::uint64_t length,
+            std::uint64_t file_size);
+  std::uint64_t file_size() const noexcept { return file_size_; }
+
+ private:
+  std::uint64_t file_size_;
+};
+
+// Builds and throws the IoError subclass that matches `err` (a positive errno value).
+[[noreturn]] void throw_io_error(IoOp op, const std::string& path, std::uint64_t offset,
+                                 std::uint64_t length, int err, const std::string& detail = {});
+
+}  // namespace nvio

@@ -1,0 +1,96 @@
+// The I/O handle: reads and writes (buffer, length) at a file offset, by path or by open fd.
+//
+// Each request is cut into block_size pieces that intra_op_parallelism workers take from a shared
+// queue, each worker keeping up to queue_depth pieces in flight on its own engine instance. Any
+// length, file offset and buffer address is accepted: with direct I/O the part of the request that
+// is aligned to the file system's direct-I/O offset alignment goes through O_DIRECT (straight from
+// the caller's buffer when it is suitably aligned, else through pooled aligned bounce buffers), and
+// the unaligned head and tail (each shorter than the alignment) go through a buffered descriptor.
+// Every completion is checked: short transfers are resumed, errors raise an IoError with the path,
+// offset, length and errno of the failed piece.
+//
+// Writes do not truncate: writing [offset, offset + length) over a longer file leaves the bytes
+// outside that range and the file size unchanged, as pwrite does. WriteOptions::truncate asks for
+// the file to end exactly where the write ends. A write by path creates the file (mode 0644 less
+// the umask) if missing. Reads of bytes past the end of the file raise ShortFile, naming the size.
+//
+// Thread-safety: all member functions may be called concurrently from several threads. wait()
+// waits for the asynchronous operations submitted through this handle (by any thread) that no
+// wait has collected yet; blocking calls are never counted by wait(). Destroying the handle waits
+// for every operation still in flight (their errors are dropped: call wait() to see them).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "nvio/options.hpp"
+
+namespace nvio {
+
+enum class Truncate { No, AtEnd };    // AtEnd: the file size becomes offset + length
+enum class Durability { None, Data };  // Data: fdatasync before the operation completes
+
+struct WriteOptions {
+  Truncate truncate = Truncate::No;
+  Durability durability = Durability::None;
+};
+
+// Identifies one asynchronous operation of one handle. 0 is never a valid ticket.
+using Ticket = std::uint64_t;
+
+class Handle {
+ public:
+  // Uses resolve_options(): defaults overridden by NVIO_* environment variables.
+  Handle();
+  // Validates `options` (InvalidArgument naming the option) and starts the workers. Throws
+  // EngineUnavailable when an explicitly named engine cannot be used here.
+  explicit Handle(const Options& options);
+  ~Handle();
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  Handle(Handle&&) = delete;
+  Handle& operator=(Handle&&) = delete;
+
+  // Blocking operations: return when every byte is transferred, or throw.
+  void read(void* buf, std::size_t length, const std::string& path, std::uint64_t offset = 0);
+  void write(const void* buf, std::size_t length, const std::string& path,
+             std::uint64_t offset = 0, const WriteOptions& write_options = {});
+  // By an already open descriptor; nvio does not close it. The descriptor must stay open until
+  // the operation completes.
+  void read(void* buf, std::size_t length, int fd, std::uint64_t offset = 0);
+  void write(const void* buf, std::size_t length, int fd, std::uint64_t offset = 0,
+             const WriteOptions& write_options = {});
+
+  // Asynchronous operations: argument errors and failures to open the file throw here; I/O
+  // errors are raised by the wait that collects the ticket. The buffer must stay valid until then.
+  Ticket submit_read(void* buf, std::size_t length, const std::string& path,
+                     std::uint64_t offset = 0);
+  Ticket submit_write(const void* buf, std::size_t length, const std::string& path,
+                      std::uint64_t offset = 0, const WriteOptions& write_options = {});
+  Ticket submit_read(void* buf, std::size_t length, int fd, std::uint64_t offset = 0);
+  Ticket submit_write(const void* buf, std::size_t length, int fd, std::uint64_t offset = 0,
+                      const WriteOptions& write_options = {});
+
+  // Waits for one ticket; throws its error. A ticket can be waited on once (InvalidArgument after).
+  void wait(Ticket ticket);
+  // True when the operation has finished (successfully or not); does not collect it.
+  bool done(Ticket ticket) const;
+  // Waits for every outstanding asynchronous operation and returns how many completed (0 when
+  // none). If any failed, all are still waited for, then the first failure is thrown.
+  std::size_t wait();
+  // Operations submitted and not yet collected by a wait.
+  std::size_t pending() const;
+
+  const Options& options() const noexcept;
+  // The engine in use (never Auto) and why it was chosen.
+  EngineKind engine() const noexcept;
+  const std::string& engine_reason() const noexcept;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace nvio

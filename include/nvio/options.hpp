@@ -1,0 +1,91 @@
+// Handle options: every option, its one default, and its NVIO_* environment override.
+//
+// Precedence, lowest to highest: the default below, then the environment (NVIO_*), then values set
+// explicitly by the caller (OptionOverrides). Environment values are parsed strictly: a value that
+// does not parse, or is out of range, raises InvalidArgument naming the variable.
+//
+// | option               | default | environment                 | valid range                  |
+// |----------------------|---------|-----------------------------|------------------------------|
+// | engine               | auto    | NVIO_ENGINE                 | auto, io_uring, libaio, psync|
+// | block_size           | 1 MiB   | NVIO_BLOCK_SIZE             | 512 B .. 1 GiB (K/M/G ok)    |
+// | queue_depth          | 128     | NVIO_QUEUE_DEPTH            | 1 .. 4096                    |
+// | single_submit        | false   | NVIO_SINGLE_SUBMIT          | true/false/1/0/yes/no/on/off |
+// | overlap_events       | true    | NVIO_OVERLAP_EVENTS         | as above                     |
+// | intra_op_parallelism | 1       | NVIO_INTRA_OP_PARALLELISM   | 1 .. 256                     |
+// | direct               | auto    | NVIO_DIRECT                 | auto, on, off                |
+//
+// overlap_events defaults to true here (keep the queue full, reap as completions arrive), which is
+// the faster policy; DeepSpeed's aio_handle defaults it to false and nvio's DeepSpeed-compatible
+// layer passes DeepSpeed's defaults explicitly.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+
+namespace nvio {
+
+enum class EngineKind { Auto, IoUring, Libaio, Psync };
+enum class DirectIo { Auto, On, Off };
+
+const char* to_string(EngineKind kind) noexcept;
+const char* to_string(DirectIo mode) noexcept;
+// Strict parsers: throw InvalidArgument naming `what` on anything unrecognised.
+EngineKind parse_engine(const std::string& text, const std::string& what = "engine");
+DirectIo parse_direct(const std::string& text, const std::string& what = "direct");
+bool parse_bool(const std::string& text, const std::string& what);
+// Accepts plain bytes or a K/M/G/T suffix (powers of 1024, optional trailing "iB"/"B").
+std::size_t parse_size(const std::string& text, const std::string& what);
+std::size_t parse_count(const std::string& text, const std::string& what);
+
+struct Options {
+  EngineKind engine = EngineKind::Auto;
+  std::size_t block_size = std::size_t{1} << 20;
+  unsigned queue_depth = 128;
+  bool single_submit = false;
+  bool overlap_events = true;
+  unsigned intra_op_parallelism = 1;
+  DirectIo direct = DirectIo::Auto;
+
+  // Throws InvalidArgument naming the first option out of range.
+  void validate() const;
+};
+
+// Limits used by Options::validate(), exposed for bindings and the CLI.
+inline constexpr std::size_t kMinBlockSize = 512;
+inline constexpr std::size_t kMaxBlockSize = std::size_t{1} << 30;
+inline constexpr unsigned kMaxQueueDepth = 4096;
+inline constexpr unsigned kMaxParallelism = 256;
+
+// Values the caller sets explicitly; unset fields fall through to the environment and defaults.
+struct OptionOverrides {
+  std::optional<EngineKind> engine;
+  std::optional<std::size_t> block_size;
+  std::optional<unsigned> queue_depth;
+  std::optional<bool> single_submit;
+  std::optional<bool> overlap_events;
+  std::optional<unsigned> intra_op_parallelism;
+  std::optional<DirectIo> direct;
+};
+
+enum class OptionSource { Default, Environment, Explicit };
+const char* to_string(OptionSource source) noexcept;
+
+struct EffectiveOptions {
+  Options values;
+  // Keyed by option name (as in the table above): where its value came from.
+  std::map<std::string, OptionSource> sources;
+  // Keyed by option name: the environment variable that overrides it.
+  static const std::map<std::string, std::string>& environment_names();
+};
+
+// Reads the environment through `getenv` (defaults to std::getenv; tests pass their own).
+using EnvLookup = std::function<const char*(const char*)>;
+
+// Resolves defaults < environment < overrides, validates the result, and records sources.
+EffectiveOptions resolve_options(const OptionOverrides& overrides = {},
+                                 const EnvLookup& getenv = {});
+
+}  // namespace nvio

@@ -1,0 +1,48 @@
+// What this machine offers: engine availability, direct-I/O support and alignment of a directory,
+// and kernel limits. Used by `nvio report`, the engine chooser and tests.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "nvio/options.hpp"
+
+namespace nvio {
+
+struct EngineProbe {
+  bool available = false;
+  std::string reason;  // why it is available or not, e.g. "io_uring_queue_init: Operation not permitted"
+};
+
+// Probes each concrete engine once per process (thread-safe, cached).
+const EngineProbe& probe_engine(EngineKind kind);
+// The engine `auto` resolves to, and why.
+struct AutoChoice {
+  EngineKind engine;
+  std::string reason;
+};
+const AutoChoice& auto_engine();
+
+struct DirectIoInfo {
+  bool supported = false;
+  std::uint32_t mem_align = 0;     // required buffer address alignment (bytes)
+  std::uint32_t offset_align = 0;  // required file offset and length alignment (bytes)
+  std::string source;              // "statx", "probe" or why unsupported
+};
+// Probes `dir` by creating (and removing) a small temporary file in it. Throws IoError when the
+// directory cannot be used at all.
+DirectIoInfo probe_directory(const std::string& dir);
+
+struct SystemInfo {
+  std::string kernel;                          // uname release
+  std::optional<std::uint64_t> memlock_limit;  // bytes; nullopt when unlimited
+  std::optional<std::uint64_t> aio_max_nr;     // fs.aio-max-nr, when readable
+  std::optional<std::uint64_t> aio_nr;         // fs.aio-nr, when readable
+};
+SystemInfo system_info();
+
+const char* version() noexcept;
+
+}  // namespace nvio

@@ -1,0 +1,71 @@
+#include "nvio/errors.hpp"
+
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+namespace nvio {
+
+const char* to_string(IoOp op) noexcept {
+  switch (op) {
+    case IoOp::Open: return "open";
+    case IoOp::Read: return "read";
+    case IoOp::Write: return "write";
+    case IoOp::Stat: return "stat";
+    case IoOp::Sync: return "fdatasync";
+    case IoOp::Truncate: return "truncate";
+    case IoOp::Submit: return "submit";
+    case IoOp::Wait: return "wait";
+  }
+  return "?";
+}
+
+namespace {
+
+std::string io_message(IoOp op, const std::string& path, std::uint64_t offset,
+                       std::uint64_t length, int err, const std::string& detail) {
+  std::string msg = fmt::format("{} failed on '{}' at offset {} length {}", to_string(op), path,
+                                offset, length);
+  if (err != 0) {
+    msg += fmt::format(": {} (errno {})", std::strerror(err), err);
+  }
+  if (!detail.empty()) {
+    msg += ": " + detail;
+  }
+  return msg;
+}
+
+}  // namespace
+
+IoError::IoError(IoOp op, std::string path, std::uint64_t offset, std::uint64_t length, int err,
+                 const std::string& detail)
+    : Error(io_message(op, path, offset, length, err, detail)),
+      op_(op),
+      path_(std::move(path)),
+      offset_(offset),
+      length_(length),
+      errno_(err) {}
+
+ShortFile::ShortFile(IoOp op, std::string path, std::uint64_t offset, std::uint64_t length,
+                     std::uint64_t file_size)
+    : IoError(op, std::move(path), offset, length, 0,
+              fmt::format("the file holds only {} bytes, the request needs {} (end of file)",
+                          file_size, offset + length)),
+      file_size_(file_size) {}
+
+void throw_io_error(IoOp op, const std::string& path, std::uint64_t offset, std::uint64_t length,
+                    int err, const std::string& detail) {
+  switch (err) {
+    case ENOENT: throw FileNotFound(op, path, offset, length, err, detail);
+    case EACCES:
+    case EPERM:
+    case EROFS: throw PermissionDenied(op, path, offset, length, err, detail);
+    case EISDIR: throw IsADirectory(op, path, offset, length, err, detail);
+    case ENOSPC:
+    case EDQUOT: throw NoSpace(op, path, offset, length, err, detail);
+    default: throw IoError(op, path, offset, length, err, detail);
+  }
+}
+
+}  // namespace nvio

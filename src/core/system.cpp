@@ -1,0 +1,62 @@
+#include "nvio/system.hpp"
+
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <fstream>
+
+#include "handle/file.hpp"
+#include "nvio/errors.hpp"
+
+namespace nvio {
+namespace {
+
+std::optional<std::uint64_t> read_number(const char* path) {
+  std::ifstream in(path);
+  std::uint64_t value = 0;
+  if (in >> value) return value;
+  return std::nullopt;
+}
+
+}  // namespace
+
+DirectIoInfo probe_directory(const std::string& dir) {
+  const std::string path = dir + "/.nvio-probe-" + std::to_string(::getpid());
+  const int direct_fd = detail::open_file(path, O_RDWR | O_CREAT | O_EXCL | O_DIRECT, 0600);
+  if (direct_fd >= 0) {
+    detail::FileDescriptor fd(direct_fd);
+    ::unlink(path.c_str());
+    return detail::direct_io_info(fd.get());
+  }
+  if (direct_fd != -EINVAL) {
+    throw_io_error(IoOp::Open, path, 0, 0, -direct_fd, "probing the directory");
+  }
+  ::unlink(path.c_str());  // some file systems create the file before refusing O_DIRECT
+  const int plain_fd = detail::open_file(path, O_RDWR | O_CREAT | O_EXCL, 0600);
+  if (plain_fd < 0) {
+    throw_io_error(IoOp::Open, path, 0, 0, -plain_fd, "probing the directory");
+  }
+  detail::FileDescriptor fd(plain_fd);
+  ::unlink(path.c_str());
+  DirectIoInfo info;
+  info.source = "open with O_DIRECT failed: Invalid argument (the file system refuses it)";
+  return info;
+}
+
+SystemInfo system_info() {
+  SystemInfo info;
+  utsname u{};
+  if (::uname(&u) == 0) info.kernel = std::string(u.sysname) + " " + u.release;
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_MEMLOCK, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY) {
+    info.memlock_limit = lim.rlim_cur;
+  }
+  info.aio_max_nr = read_number("/proc/sys/fs/aio-max-nr");
+  info.aio_nr = read_number("/proc/sys/fs/aio-nr");
+  return info;
+}
+
+}  // namespace nvio

@@ -1,0 +1,75 @@
+#include "engine/engine.hpp"
+
+#include <mutex>
+
+#include "nvio/errors.hpp"
+#include "nvio/system.hpp"
+
+namespace nvio {
+namespace engine {
+
+std::unique_ptr<Engine> make_engine(EngineKind kind, unsigned queue_depth) {
+  switch (kind) {
+    case EngineKind::IoUring: return make_io_uring_engine(queue_depth);
+    case EngineKind::Libaio: return make_libaio_engine(queue_depth);
+    case EngineKind::Psync: return make_psync_engine(queue_depth);
+    case EngineKind::Auto: break;
+  }
+  throw InvalidArgument("make_engine needs a concrete engine, not auto");
+}
+
+}  // namespace engine
+
+namespace {
+
+EngineProbe run_probe(EngineKind kind) {
+  // Creating a small instance is the probe: it fails exactly where real use would (ENOSYS on old
+  // kernels, EPERM under seccomp or io_uring_disabled, EAGAIN when fs.aio-max-nr is exhausted).
+  try {
+    engine::make_engine(kind, 4);
+  } catch (const EngineUnavailable& e) {
+    return EngineProbe{false, e.what()};
+  }
+  switch (kind) {
+    case EngineKind::IoUring: return EngineProbe{true, "io_uring ring created"};
+    case EngineKind::Libaio: return EngineProbe{true, "aio context created"};
+    default: return EngineProbe{true, "pread/pwrite are always available"};
+  }
+}
+
+}  // namespace
+
+const EngineProbe& probe_engine(EngineKind kind) {
+  static std::once_flag once;
+  static EngineProbe probes[3];
+  std::call_once(once, [] {
+    probes[0] = run_probe(EngineKind::IoUring);
+    probes[1] = run_probe(EngineKind::Libaio);
+    probes[2] = run_probe(EngineKind::Psync);
+  });
+  switch (kind) {
+    case EngineKind::IoUring: return probes[0];
+    case EngineKind::Libaio: return probes[1];
+    case EngineKind::Psync: return probes[2];
+    case EngineKind::Auto: break;
+  }
+  throw InvalidArgument("probe_engine needs a concrete engine, not auto");
+}
+
+const AutoChoice& auto_engine() {
+  static const AutoChoice choice = [] {
+    const EngineProbe& uring = probe_engine(EngineKind::IoUring);
+    if (uring.available) {
+      return AutoChoice{EngineKind::IoUring, "io_uring is available"};
+    }
+    const EngineProbe& aio = probe_engine(EngineKind::Libaio);
+    if (aio.available) {
+      return AutoChoice{EngineKind::Libaio, "io_uring unavailable (" + uring.reason + ")"};
+    }
+    return AutoChoice{EngineKind::Psync, "io_uring unavailable (" + uring.reason +
+                                             "); libaio unavailable (" + aio.reason + ")"};
+  }();
+  return choice;
+}
+
+}  // namespace nvio

@@ -1,0 +1,63 @@
+#include "handle/file.hpp"
+
+#include <fcntl.h>
+#include <linux/stat.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+namespace nvio::detail {
+
+FileDescriptor::~FileDescriptor() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+FileDescriptor& FileDescriptor::operator=(FileDescriptor&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = other.fd_;
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+int open_file(const std::string& path, int flags, unsigned mode) noexcept {
+  int fd;
+  do {
+    fd = ::open(path.c_str(), flags | O_CLOEXEC, mode);
+  } while (fd < 0 && errno == EINTR);
+  return fd < 0 ? -errno : fd;
+}
+
+DirectIoInfo direct_io_info(int fd) {
+  DirectIoInfo info;
+  // glibc 2.36's statx() wrapper predates the DIO fields, so ask the kernel directly.
+  struct statx stx {};
+  const long rc = ::syscall(SYS_statx, fd, "", AT_EMPTY_PATH, STATX_DIOALIGN | STATX_BLOCKS, &stx);
+  if (rc == 0 && (stx.stx_mask & STATX_DIOALIGN) != 0) {
+    if (stx.stx_dio_offset_align == 0) {
+      info.source = "statx: the file system does not support O_DIRECT for this file";
+      return info;
+    }
+    info.supported = true;
+    info.mem_align = stx.stx_dio_mem_align;
+    info.offset_align = stx.stx_dio_offset_align;
+    info.source = "statx";
+    return info;
+  }
+  // No alignment from the kernel: a page is safe for both on every Linux block device.
+  struct stat st {};
+  if (::fstat(fd, &st) == 0 && st.st_blksize > 0) {
+    info.offset_align = static_cast<std::uint32_t>(st.st_blksize);
+  } else {
+    info.offset_align = 4096;
+  }
+  info.mem_align = 4096;
+  info.supported = true;
+  info.source = "st_blksize (statx gave no direct-I/O alignment)";
+  return info;
+}
+
+}  // namespace nvio::detail

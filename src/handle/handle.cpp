@@ -1,0 +1,810 @@
+// The handle: splits requests into pieces, runs them on worker threads, checks every completion.
+//
+// Structure:
+//   Operation   one read or write request: its file descriptors, its piece plan, its progress and
+//               its outcome. Shared between the submitting thread and the workers.
+//   Worker      one thread with its own engine and bounce pool; takes pieces from the handle's
+//               queue of operations and keeps up to queue_depth of them in flight.
+//   Handle      owns the queue, the workers and the table of asynchronous tickets.
+#include "nvio/handle.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <future>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "engine/engine.hpp"
+#include "handle/file.hpp"
+#include "memory/bounce_pool.hpp"
+#include "nvio/errors.hpp"
+#include "nvio/system.hpp"
+#include "nvio/warnings.hpp"
+
+namespace nvio {
+namespace {
+
+using engine::Direction;
+
+std::uint64_t round_up(std::uint64_t n, std::uint64_t a) { return (n + a - 1) / a * a; }
+std::uint64_t round_down(std::uint64_t n, std::uint64_t a) { return n / a * a; }
+
+std::exception_ptr io_error_ptr(IoOp op, const std::string& path, std::uint64_t offset,
+                                std::uint64_t length, int err, const std::string& detail = {}) {
+  try {
+    throw_io_error(op, path, offset, length, err, detail);
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
+// One contiguous piece of an operation, as planned (before any short-transfer resumption).
+struct Piece {
+  std::uint64_t file_offset;
+  std::size_t length;
+  bool direct;  // through the O_DIRECT descriptor (aligned offset and length)
+};
+
+// One read or write request. The submitting thread fills in everything above `next_piece` before
+// the operation is queued; afterwards those fields are read-only. `next_piece` is guarded by the
+// handle's queue mutex; the outcome fields by `mutex`.
+struct Operation {
+  Direction direction = Direction::Read;
+  std::string path;  // for messages: the file name, or "fd N (name)"
+  detail::FileDescriptor owned_direct;
+  detail::FileDescriptor owned_buffered;
+  int direct_fd = -1;  // -1: no direct I/O for this operation
+  int buffered_fd = -1;
+  std::byte* buf = nullptr;
+  std::uint64_t offset = 0;
+  std::size_t length = 0;
+  WriteOptions write_options;
+  std::uint32_t mem_align = 1;     // direct I/O: buffer address alignment
+  std::uint32_t offset_align = 1;  // direct I/O: file offset and length alignment
+  // Plan: [offset, head_end) and [tail_begin, end) are unaligned edges done through the buffered
+  // descriptor; [head_end, tail_begin) is cut into pieces of `piece_size`, direct when direct_fd
+  // is set. Without direct I/O, head_end == offset and tail_begin == end.
+  std::uint64_t head_end = 0;
+  std::uint64_t tail_begin = 0;
+  std::size_t piece_size = 0;
+  std::size_t piece_count = 0;
+
+  std::size_t next_piece = 0;
+
+  std::atomic<std::size_t> remaining{0};  // pieces not yet finished (or skipped)
+  std::atomic<bool> failed{false};
+  std::mutex mutex;
+  std::condition_variable finished_cv;
+  bool finished = false;
+  std::exception_ptr error;
+
+  std::uint64_t end() const { return offset + length; }
+  std::size_t middle_pieces() const {
+    return tail_begin > head_end ? (tail_begin - head_end + piece_size - 1) / piece_size : 0;
+  }
+  bool has_head() const { return head_end > offset; }
+
+  Piece piece(std::size_t index) const {
+    if (has_head()) {
+      if (index == 0) return Piece{offset, static_cast<std::size_t>(head_end - offset), false};
+      --index;
+    }
+    const std::size_t middle = middle_pieces();
+    if (index < middle) {
+      const std::uint64_t start = head_end + index * piece_size;
+      const std::size_t len = static_cast<std::size_t>(
+          std::min<std::uint64_t>(piece_size, tail_begin - start));
+      return Piece{start, len, direct_fd >= 0};
+    }
+    return Piece{tail_begin, static_cast<std::size_t>(end() - tail_begin), false};
+  }
+
+  bool needs_bounce(const Piece& p) const {
+    const auto addr = reinterpret_cast<std::uintptr_t>(buf + (p.file_offset - offset));
+    return p.direct && addr % mem_align != 0;
+  }
+
+  void record_error(std::exception_ptr e) {
+    std::lock_guard lock(mutex);
+    if (!error) error = std::move(e);
+    failed.store(true, std::memory_order_release);
+  }
+};
+
+using OperationPtr = std::shared_ptr<Operation>;
+
+// A piece in flight on a worker: where it stands after partial completions.
+struct Slot {
+  OperationPtr op;
+  std::uint64_t file_offset = 0;
+  std::size_t length = 0;
+  std::size_t done = 0;
+  int fd = -1;
+  bool direct = false;
+  std::byte* user = nullptr;    // the piece's bytes in the caller's buffer
+  std::byte* bounce = nullptr;  // the aligned copy used for I/O, or null for zero-copy
+  int retries = 0;
+};
+
+}  // namespace
+
+struct Handle::Impl {
+  explicit Impl(const Options& opts);
+  ~Impl();
+
+  OperationPtr prepare(Direction dir, std::byte* buf, std::size_t length, const std::string* path,
+                       int fd, std::uint64_t offset, const WriteOptions& wopts);
+  void enqueue(const OperationPtr& op);
+  void wait_finished(Operation& op);
+  void finish_piece(Operation& op, std::size_t count);
+  void fail(Operation& op, std::exception_ptr error);
+  // Takes the next piece of the operation at the head of the queue. Returns false when there is
+  // none, or when the next one needs a bounce chunk and `bounce_ok` is false.
+  bool take_piece(OperationPtr& op, Piece& piece, bool bounce_ok, bool wait_for_work,
+                  std::size_t per_op_limit, std::size_t taken_from_op);
+  void worker_main(unsigned index, std::promise<void> ready);
+  void run_blocking(const OperationPtr& op);
+  Ticket register_async(const OperationPtr& op);
+
+  Options options;
+  EngineKind engine_kind;
+  std::string engine_reason;
+
+  std::mutex queue_mutex;
+  std::condition_variable queue_cv;
+  std::deque<OperationPtr> queue;
+  bool stopping = false;
+
+  mutable std::mutex tickets_mutex;
+  std::map<Ticket, OperationPtr> tickets;
+  Ticket next_ticket = 1;
+
+  std::mutex live_mutex;
+  std::condition_variable live_cv;
+  std::size_t live_ops = 0;  // queued or running, blocking or not: the destructor waits for them
+
+  std::vector<std::thread> workers;
+};
+
+namespace {
+
+EngineKind choose_engine(EngineKind requested, std::string& reason) {
+  if (requested == EngineKind::Auto) {
+    const AutoChoice& choice = auto_engine();
+    reason = "auto: " + choice.reason;
+    return choice.engine;
+  }
+  const EngineProbe& probe = probe_engine(requested);
+  if (!probe.available) {
+    throw EngineUnavailable(
+        fmt::format("engine {} is not available here: {}", to_string(requested), probe.reason));
+  }
+  reason = "requested explicitly";
+  return requested;
+}
+
+}  // namespace
+
+Handle::Impl::Impl(const Options& opts) : options(opts) {
+  options.validate();
+  engine_kind = choose_engine(options.engine, engine_reason);
+  // Workers make their engines on their own threads (an io_uring ring is then used only by the
+  // thread that created it); the first failure is reported here.
+  std::vector<std::future<void>> started;
+  for (unsigned i = 0; i < options.intra_op_parallelism; ++i) {
+    std::promise<void> ready;
+    started.push_back(ready.get_future());
+    workers.emplace_back(&Impl::worker_main, this, i, std::move(ready));
+  }
+  std::exception_ptr first;
+  for (auto& f : started) {
+    try {
+      f.get();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) {
+    {
+      std::lock_guard lock(queue_mutex);
+      stopping = true;
+    }
+    queue_cv.notify_all();
+    for (auto& t : workers) t.join();
+    std::rethrow_exception(first);
+  }
+}
+
+Handle::Impl::~Impl() {
+  {
+    std::unique_lock lock(live_mutex);
+    live_cv.wait(lock, [&] { return live_ops == 0; });
+  }
+  {
+    std::lock_guard lock(queue_mutex);
+    stopping = true;
+  }
+  queue_cv.notify_all();
+  for (auto& t : workers) t.join();
+}
+
+namespace {
+
+// Access mode without O_DIRECT for a descriptor we open ourselves.
+int open_flags(Direction dir) { return dir == Direction::Read ? O_RDONLY : O_WRONLY | O_CREAT; }
+
+std::string fd_name(int fd) {
+  char target[512];
+  const std::string link = "/proc/self/fd/" + std::to_string(fd);
+  const ssize_t n = ::readlink(link.c_str(), target, sizeof(target) - 1);
+  if (n <= 0) return fmt::format("fd {}", fd);
+  return fmt::format("fd {} ({})", fd, std::string_view(target, static_cast<std::size_t>(n)));
+}
+
+// Checks what the descriptor refers to: directories are refused, and reads past the end of a
+// regular file are refused up front with the file's size.
+void check_target(const Operation& op, int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    throw_io_error(IoOp::Stat, op.path, op.offset, op.length, errno);
+  }
+  if (S_ISDIR(st.st_mode)) {
+    throw IsADirectory(op.direction == Direction::Read ? IoOp::Read : IoOp::Write, op.path,
+                       op.offset, op.length, EISDIR, "the path is a directory, not a file");
+  }
+  if (op.direction == Direction::Read && S_ISREG(st.st_mode) &&
+      op.end() > static_cast<std::uint64_t>(st.st_size)) {
+    throw ShortFile(IoOp::Read, op.path, op.offset, op.length,
+                    static_cast<std::uint64_t>(st.st_size));
+  }
+}
+
+// Opens `path` for `op` as the options ask: an O_DIRECT descriptor where allowed and supported,
+// and a buffered one for the unaligned edges (or for everything without direct I/O).
+void open_path(Operation& op, const std::string& path, DirectIo direct) {
+  const int flags = open_flags(op.direction);
+  bool direct_refused = false;
+  if (direct != DirectIo::Off) {
+    const int fd = detail::open_file(path, flags | O_DIRECT);
+    if (fd >= 0) {
+      op.owned_direct = detail::FileDescriptor(fd);
+    } else if (fd == -EINVAL) {
+      direct_refused = true;
+    } else {
+      throw_io_error(IoOp::Open, path, op.offset, op.length, -fd);
+    }
+  }
+  const int fd = detail::open_file(path, flags);
+  if (fd < 0) throw_io_error(IoOp::Open, path, op.offset, op.length, -fd);
+  op.owned_buffered = detail::FileDescriptor(fd);
+  op.buffered_fd = fd;
+  check_target(op, fd);
+  if (direct_refused) {
+    if (direct == DirectIo::On) {
+      throw IoError(IoOp::Open, path, op.offset, op.length, EINVAL,
+                    "the file system refuses O_DIRECT and direct=on was requested");
+    }
+    warn(fmt::format("O_DIRECT is not supported for '{}'; using buffered I/O", path),
+         "no-direct");
+  }
+  if (op.owned_direct) op.direct_fd = op.owned_direct.get();
+}
+
+// For a caller's descriptor: use it as it is, and open a second descriptor to the same file
+// through /proc/self/fd for whichever of direct / buffered access the caller's one lacks.
+void adopt_fd(Operation& op, int fd, DirectIo direct) {
+  const int fl = ::fcntl(fd, F_GETFL);
+  if (fl < 0) {
+    throw_io_error(IoOp::Stat, op.path, op.offset, op.length, errno,
+                   "the file descriptor is not open");
+  }
+  check_target(op, fd);
+  const int access = fl & O_ACCMODE;
+  const std::string proc = "/proc/self/fd/" + std::to_string(fd);
+  if ((fl & O_DIRECT) != 0) {
+    op.direct_fd = fd;
+    const int other = detail::open_file(proc, access);
+    if (other >= 0) {
+      op.owned_buffered = detail::FileDescriptor(other);
+      op.buffered_fd = other;
+    }
+    return;
+  }
+  op.buffered_fd = fd;
+  if (direct == DirectIo::Off) return;
+  const int other = detail::open_file(proc, access | O_DIRECT);
+  if (other >= 0) {
+    op.owned_direct = detail::FileDescriptor(other);
+    op.direct_fd = other;
+  } else if (direct == DirectIo::On) {
+    throw_io_error(IoOp::Open, op.path, op.offset, op.length, -other,
+                   "could not reopen the descriptor with O_DIRECT and direct=on was requested");
+  }
+}
+
+void plan(Operation& op, std::size_t block_size) {
+  op.head_end = op.offset;
+  op.tail_begin = op.end();
+  op.piece_size = block_size;
+  if (op.direct_fd >= 0) {
+    const DirectIoInfo dio = detail::direct_io_info(op.direct_fd);
+    if (!dio.supported) {
+      op.direct_fd = -1;
+    } else {
+      const std::uint64_t a = dio.offset_align;
+      op.mem_align = std::max<std::uint32_t>(dio.mem_align, 1);
+      op.offset_align = static_cast<std::uint32_t>(a);
+      op.head_end = std::min(round_up(op.offset, a), op.end());
+      op.tail_begin = std::max(round_down(op.end(), a), op.head_end);
+      op.piece_size = static_cast<std::size_t>(std::max<std::uint64_t>(a, round_down(block_size, a)));
+      if ((op.has_head() || op.tail_begin < op.end()) && op.buffered_fd < 0) {
+        throw InvalidArgument(fmt::format(
+            "{}: offset {} and length {} are not aligned to {} bytes, and no buffered descriptor "
+            "could be opened for the unaligned edges (is /proc mounted?)",
+            op.path, op.offset, op.length, a));
+      }
+    }
+  }
+  if (op.direct_fd < 0) {  // everything buffered: no edges
+    op.head_end = op.offset;
+    op.tail_begin = op.end();
+  }
+  op.piece_count = (op.has_head() ? 1 : 0) + op.middle_pieces() + (op.tail_begin < op.end() ? 1 : 0);
+}
+
+}  // namespace
+
+OperationPtr Handle::Impl::prepare(Direction dir, std::byte* buf, std::size_t length,
+                                   const std::string* path, int fd, std::uint64_t offset,
+                                   const WriteOptions& wopts) {
+  auto op = std::make_shared<Operation>();
+  op->direction = dir;
+  op->path = path != nullptr ? *path : fd_name(fd);
+  op->buf = buf;
+  op->offset = offset;
+  op->length = length;
+  op->write_options = wopts;
+  if (buf == nullptr && length > 0) {
+    throw InvalidArgument(
+        fmt::format("{}: buffer is null but length is {}", op->path, length));
+  }
+  if (offset > std::numeric_limits<std::uint64_t>::max() - length ||
+      offset + length > static_cast<std::uint64_t>(std::numeric_limits<off_t>::max())) {
+    throw InvalidArgument(fmt::format("{}: offset {} + length {} is past the largest file offset",
+                                      op->path, offset, length));
+  }
+  if (path != nullptr) {
+    if (path->empty()) throw InvalidArgument("file path is empty");
+    open_path(*op, *path, options.direct);
+  } else {
+    if (fd < 0) throw InvalidArgument(fmt::format("file descriptor {} is negative", fd));
+    adopt_fd(*op, fd, options.direct);
+  }
+  plan(*op, options.block_size);
+  op->remaining.store(op->piece_count);
+  return op;
+}
+
+void Handle::Impl::enqueue(const OperationPtr& op) {
+  {
+    std::lock_guard lock(live_mutex);
+    ++live_ops;
+  }
+  if (op->piece_count == 0) {  // zero-length: only the write's finishing steps remain
+    finish_piece(*op, 0);
+    return;
+  }
+  {
+    std::lock_guard lock(queue_mutex);
+    queue.push_back(op);
+  }
+  queue_cv.notify_all();
+}
+
+void Handle::Impl::wait_finished(Operation& op) {
+  std::unique_lock lock(op.mutex);
+  op.finished_cv.wait(lock, [&] { return op.finished; });
+}
+
+void Handle::Impl::fail(Operation& op, std::exception_ptr error) {
+  op.record_error(std::move(error));
+  // Pieces nobody has taken yet will not run: count them as finished now.
+  std::size_t skipped = 0;
+  {
+    std::lock_guard lock(queue_mutex);
+    skipped = op.piece_count - op.next_piece;
+    op.next_piece = op.piece_count;
+  }
+  finish_piece(op, skipped + 1);
+}
+
+void Handle::Impl::finish_piece(Operation& op, std::size_t count) {
+  if (count > 0 && op.remaining.fetch_sub(count, std::memory_order_acq_rel) != count) return;
+  // Last piece: the write's finishing steps, then release the descriptors and wake the waiter.
+  if (!op.failed.load(std::memory_order_acquire) && op.direction == Direction::Write) {
+    const int fd = op.buffered_fd >= 0 ? op.buffered_fd : op.direct_fd;
+    if (op.write_options.truncate == Truncate::AtEnd &&
+        ::ftruncate(fd, static_cast<off_t>(op.end())) != 0) {
+      op.record_error(io_error_ptr(IoOp::Truncate, op.path, op.end(), 0, errno));
+    } else if (op.write_options.durability == Durability::Data && ::fdatasync(fd) != 0) {
+      op.record_error(io_error_ptr(IoOp::Sync, op.path, op.offset, op.length, errno));
+    }
+  }
+  {
+    std::lock_guard lock(op.mutex);
+    op.owned_direct = detail::FileDescriptor();
+    op.owned_buffered = detail::FileDescriptor();
+    op.finished = true;
+  }
+  op.finished_cv.notify_all();
+  {
+    std::lock_guard lock(live_mutex);
+    --live_ops;
+  }
+  live_cv.notify_all();
+}
+
+bool Handle::Impl::take_piece(OperationPtr& op, Piece& piece, bool bounce_ok, bool wait_for_work,
+                              std::size_t per_op_limit, std::size_t taken_from_op) {
+  std::unique_lock lock(queue_mutex);
+  for (;;) {
+    while (!queue.empty() && queue.front()->next_piece >= queue.front()->piece_count) {
+      queue.pop_front();
+    }
+    if (!queue.empty() || stopping || !wait_for_work) break;
+    queue_cv.wait(lock);
+  }
+  if (queue.empty()) return false;
+  Operation& head = *queue.front();
+  // Leave a share of a multi-piece operation to the other workers.
+  if (op.get() == &head && taken_from_op >= per_op_limit) return false;
+  const Piece p = head.piece(head.next_piece);
+  if (!bounce_ok && head.needs_bounce(p)) return false;
+  ++head.next_piece;
+  op = queue.front();
+  piece = p;
+  return true;
+}
+
+namespace {
+
+std::size_t ceil_div(std::size_t a, std::size_t b) { return (a + b - 1) / b; }
+
+// Whether the rest of a partly transferred direct piece can still go through O_DIRECT.
+bool still_aligned(const Operation& op, const Slot& s) {
+  const std::byte* base = s.bounce != nullptr ? s.bounce : s.user;
+  const auto addr = reinterpret_cast<std::uintptr_t>(base + s.done);
+  return (s.file_offset + s.done) % op.offset_align == 0 &&
+         (s.length - s.done) % op.offset_align == 0 && addr % op.mem_align == 0;
+}
+
+}  // namespace
+
+void Handle::Impl::worker_main(unsigned /*index*/, std::promise<void> ready) {
+  std::unique_ptr<engine::Engine> eng;
+  try {
+    eng = engine::make_engine(engine_kind, options.queue_depth);
+  } catch (...) {
+    ready.set_exception(std::current_exception());
+    return;
+  }
+  ready.set_value();
+
+  const unsigned qd = options.queue_depth;
+  // Bounce chunks cover one piece each; 64 MiB of them per worker keeps the disk busy without
+  // pinning queue_depth x block_size of memory.
+  const std::size_t chunk = round_up(options.block_size, 4096);
+  const std::size_t bounce_count =
+      std::clamp<std::size_t>((std::size_t{64} << 20) / chunk, 2, qd);
+  detail::BouncePool pool(chunk, bounce_count);
+
+  std::vector<Slot> slots(qd);
+  std::vector<unsigned> free_slots;
+  for (unsigned i = qd; i > 0; --i) free_slots.push_back(i - 1);
+  std::vector<engine::Request> batch;
+  std::vector<engine::Completion> completions(qd);
+  std::size_t inflight = 0;
+
+  auto request_for = [](const Slot& s, unsigned tag) {
+    std::byte* base = s.bounce != nullptr ? s.bounce : s.user;
+    return engine::Request{s.fd,          s.op->direction,         base + s.done,
+                           s.length - s.done, s.file_offset + s.done, tag};
+  };
+  auto release_slot = [&](unsigned tag) {
+    Slot& s = slots[tag];
+    if (s.bounce != nullptr) pool.release(s.bounce);
+    s = Slot{};
+    free_slots.push_back(tag);
+    --inflight;
+  };
+  // Hands `batch` to the engine as the options say; pieces it could not take fail.
+  auto submit_batch = [&]() {
+    std::size_t pos = 0;
+    while (pos < batch.size()) {
+      const std::size_t n = options.single_submit ? 1 : batch.size() - pos;
+      const int rc = eng->submit(std::span(batch).subspan(pos, n));
+      if (rc > 0) {
+        pos += static_cast<std::size_t>(rc);
+        continue;
+      }
+      const int err = rc < 0 ? -rc : EAGAIN;
+      for (; pos < batch.size(); ++pos) {
+        const auto tag = static_cast<unsigned>(batch[pos].tag);
+        Slot& s = slots[tag];
+        OperationPtr op = s.op;
+        release_slot(tag);
+        fail(*op, io_error_ptr(IoOp::Submit, op->path, batch[pos].offset, batch[pos].length,
+                                err, fmt::format("{} engine", to_string(engine_kind))));
+      }
+    }
+    batch.clear();
+  };
+  // Processes one completion: resumes short transfers, copies bounce data out, reports errors.
+  auto complete = [&](const engine::Completion& c) {
+    const auto tag = static_cast<unsigned>(c.tag);
+    Slot& s = slots[tag];
+    OperationPtr op = s.op;
+    const IoOp io_op = op->direction == Direction::Read ? IoOp::Read : IoOp::Write;
+    if (c.result < 0) {
+      const int err = static_cast<int>(-c.result);
+      if ((err == EINTR || err == EAGAIN) && s.retries++ < 16) {
+        batch.push_back(request_for(s, tag));
+        return;
+      }
+      const std::uint64_t at = s.file_offset + s.done;
+      const std::size_t left = s.length - s.done;
+      release_slot(tag);
+      fail(*op, io_error_ptr(io_op, op->path, at, left, err,
+                             s.direct ? "O_DIRECT" : std::string{}));
+      return;
+    }
+    if (c.result == 0) {
+      const std::uint64_t at = s.file_offset + s.done;
+      const std::size_t left = s.length - s.done;
+      release_slot(tag);
+      if (io_op == IoOp::Read) {
+        struct stat st {};
+        const std::uint64_t size =
+            ::fstat(op->buffered_fd >= 0 ? op->buffered_fd : op->direct_fd, &st) == 0
+                ? static_cast<std::uint64_t>(st.st_size)
+                : at;
+        try {
+          throw ShortFile(IoOp::Read, op->path, op->offset, op->length, size);
+        } catch (...) {
+          fail(*op, std::current_exception());
+        }
+      } else {
+        fail(*op, io_error_ptr(io_op, op->path, at, left, EIO, "write transferred 0 bytes"));
+      }
+      return;
+    }
+    s.done += static_cast<std::size_t>(c.result);
+    if (s.done < s.length) {
+      // Short transfer: resume the rest. If what is left is no longer aligned for O_DIRECT, it
+      // goes through the buffered descriptor (reading into / writing from the same memory).
+      if (s.direct && op->buffered_fd >= 0 && !still_aligned(*op, s)) {
+        s.fd = op->buffered_fd;
+        s.direct = false;
+      }
+      batch.push_back(request_for(s, tag));
+      return;
+    }
+    if (s.bounce != nullptr && io_op == IoOp::Read) {
+      std::memcpy(s.user, s.bounce, s.length);
+    }
+    release_slot(tag);
+    finish_piece(*op, 1);
+  };
+
+  for (;;) {
+    // Fill: take pieces while there is room (without overlap_events, only once the previous
+    // batch has fully completed).
+    if (options.overlap_events || inflight == 0) {
+      OperationPtr last_op;
+      std::size_t taken_from_op = 0;
+      while (inflight + batch.size() < qd && !free_slots.empty()) {
+        OperationPtr op = last_op;
+        Piece piece{};
+        const bool idle = inflight == 0 && batch.empty();
+        const std::size_t limit =
+            op ? std::max<std::size_t>(1, ceil_div(op->piece_count, options.intra_op_parallelism))
+               : qd;
+        if (!take_piece(op, piece, pool.available(), idle, limit, taken_from_op)) break;
+        taken_from_op = (op == last_op) ? taken_from_op + 1 : 1;
+        last_op = op;
+        if (op->failed.load(std::memory_order_acquire)) {
+          finish_piece(*op, 1);
+          continue;
+        }
+        const unsigned tag = free_slots.back();
+        free_slots.pop_back();
+        ++inflight;
+        Slot& s = slots[tag];
+        s.op = op;
+        s.file_offset = piece.file_offset;
+        s.length = piece.length;
+        s.direct = piece.direct;
+        s.fd = piece.direct ? op->direct_fd : op->buffered_fd;
+        s.user = op->buf + (piece.file_offset - op->offset);
+        if (op->needs_bounce(piece)) {
+          try {
+            s.bounce = pool.acquire();
+          } catch (...) {
+            release_slot(tag);
+            fail(*op, std::current_exception());
+            continue;
+          }
+          if (op->direction == Direction::Write) std::memcpy(s.bounce, s.user, s.length);
+        }
+        batch.push_back(request_for(s, tag));
+      }
+      if (!batch.empty()) submit_batch();
+    }
+    if (inflight == 0) {
+      std::lock_guard lock(queue_mutex);
+      if (stopping && queue.empty()) return;
+      continue;
+    }
+    // Reap: at least one completion (overlap_events), or the whole batch.
+    const std::size_t min = options.overlap_events ? 1 : inflight;
+    const int got = eng->reap(completions, min);
+    if (got < 0) {
+      // The engine itself failed: every piece in flight on it is lost.
+      for (unsigned tag = 0; tag < qd; ++tag) {
+        if (!slots[tag].op) continue;
+        OperationPtr op = slots[tag].op;
+        const std::uint64_t at = slots[tag].file_offset;
+        const std::size_t len = slots[tag].length;
+        release_slot(tag);
+        fail(*op, io_error_ptr(IoOp::Wait, op->path, at, len, -got,
+                               fmt::format("{} engine", to_string(engine_kind))));
+      }
+      continue;
+    }
+    for (int i = 0; i < got; ++i) complete(completions[static_cast<std::size_t>(i)]);
+    if (!batch.empty()) submit_batch();  // resumed short transfers and retries
+  }
+}
+
+void Handle::Impl::run_blocking(const OperationPtr& op) {
+  enqueue(op);
+  wait_finished(*op);
+  if (op->error) std::rethrow_exception(op->error);
+}
+
+Ticket Handle::Impl::register_async(const OperationPtr& op) {
+  Ticket t;
+  {
+    std::lock_guard lock(tickets_mutex);
+    t = next_ticket++;
+    tickets.emplace(t, op);
+  }
+  enqueue(op);
+  return t;
+}
+
+Handle::Handle() : Handle(resolve_options().values) {}
+Handle::Handle(const Options& options) : impl_(std::make_unique<Impl>(options)) {}
+Handle::~Handle() = default;
+
+void Handle::read(void* buf, std::size_t length, const std::string& path, std::uint64_t offset) {
+  impl_->run_blocking(impl_->prepare(Direction::Read, static_cast<std::byte*>(buf), length, &path,
+                                     -1, offset, {}));
+}
+
+void Handle::write(const void* buf, std::size_t length, const std::string& path,
+                   std::uint64_t offset, const WriteOptions& write_options) {
+  // The engines take a non-const pointer for both directions; writes never modify the buffer.
+  auto* bytes = static_cast<std::byte*>(const_cast<void*>(buf));
+  impl_->run_blocking(
+      impl_->prepare(Direction::Write, bytes, length, &path, -1, offset, write_options));
+}
+
+void Handle::read(void* buf, std::size_t length, int fd, std::uint64_t offset) {
+  impl_->run_blocking(impl_->prepare(Direction::Read, static_cast<std::byte*>(buf), length,
+                                     nullptr, fd, offset, {}));
+}
+
+void Handle::write(const void* buf, std::size_t length, int fd, std::uint64_t offset,
+                   const WriteOptions& write_options) {
+  auto* bytes = static_cast<std::byte*>(const_cast<void*>(buf));
+  impl_->run_blocking(
+      impl_->prepare(Direction::Write, bytes, length, nullptr, fd, offset, write_options));
+}
+
+Ticket Handle::submit_read(void* buf, std::size_t length, const std::string& path,
+                           std::uint64_t offset) {
+  return impl_->register_async(impl_->prepare(Direction::Read, static_cast<std::byte*>(buf),
+                                              length, &path, -1, offset, {}));
+}
+
+Ticket Handle::submit_write(const void* buf, std::size_t length, const std::string& path,
+                            std::uint64_t offset, const WriteOptions& write_options) {
+  auto* bytes = static_cast<std::byte*>(const_cast<void*>(buf));
+  return impl_->register_async(
+      impl_->prepare(Direction::Write, bytes, length, &path, -1, offset, write_options));
+}
+
+Ticket Handle::submit_read(void* buf, std::size_t length, int fd, std::uint64_t offset) {
+  return impl_->register_async(impl_->prepare(Direction::Read, static_cast<std::byte*>(buf),
+                                              length, nullptr, fd, offset, {}));
+}
+
+Ticket Handle::submit_write(const void* buf, std::size_t length, int fd, std::uint64_t offset,
+                            const WriteOptions& write_options) {
+  auto* bytes = static_cast<std::byte*>(const_cast<void*>(buf));
+  return impl_->register_async(
+      impl_->prepare(Direction::Write, bytes, length, nullptr, fd, offset, write_options));
+}
+
+void Handle::wait(Ticket ticket) {
+  OperationPtr op;
+  {
+    std::lock_guard lock(impl_->tickets_mutex);
+    auto it = impl_->tickets.find(ticket);
+    if (it == impl_->tickets.end()) {
+      throw InvalidArgument(
+          fmt::format("ticket {} is unknown or was already waited for", ticket));
+    }
+    op = it->second;
+    impl_->tickets.erase(it);
+  }
+  impl_->wait_finished(*op);
+  if (op->error) std::rethrow_exception(op->error);
+}
+
+bool Handle::done(Ticket ticket) const {
+  OperationPtr op;
+  {
+    std::lock_guard lock(impl_->tickets_mutex);
+    auto it = impl_->tickets.find(ticket);
+    if (it == impl_->tickets.end()) {
+      throw InvalidArgument(
+          fmt::format("ticket {} is unknown or was already waited for", ticket));
+    }
+    op = it->second;
+  }
+  std::lock_guard lock(op->mutex);
+  return op->finished;
+}
+
+std::size_t Handle::wait() {
+  std::map<Ticket, OperationPtr> taken;
+  {
+    std::lock_guard lock(impl_->tickets_mutex);
+    taken.swap(impl_->tickets);
+  }
+  std::exception_ptr first;
+  for (auto& [ticket, op] : taken) {
+    impl_->wait_finished(*op);
+    if (op->error && !first) first = op->error;
+  }
+  // Every operation has been waited for; the first failure is the one reported.
+  if (first) std::rethrow_exception(first);
+  return taken.size();
+}
+
+std::size_t Handle::pending() const {
+  std::lock_guard lock(impl_->tickets_mutex);
+  return impl_->tickets.size();
+}
+
+const Options& Handle::options() const noexcept { return impl_->options; }
+EngineKind Handle::engine() const noexcept { return impl_->engine_kind; }
+const std::string& Handle::engine_reason() const noexcept { return impl_->engine_reason; }
+
+}  // namespace nvio

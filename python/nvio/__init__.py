@@ -1,0 +1,129 @@
+"""nvio: tensors between memory and NVMe files at the speed of the device.
+
+Two APIs over one core:
+
+* ``nvio.Handle``: ``read`` / ``write`` / ``read_async`` / ``write_async`` of any CPU torch tensor,
+  numpy array or buffer, by path or file descriptor, at any offset and size.
+* ``nvio.aio_handle``: a drop-in for DeepSpeed's DeepNVMe ``aio_handle`` (and
+  ``nvio.deepspeed.AsyncIOBuilder`` for a one-line import change).
+
+Every blocking call releases the GIL. Errors are Python exceptions that are also the matching
+built-in (``FileNotFoundError``, ``PermissionError``, ``IsADirectoryError``, ``OSError`` with errno,
+``ValueError`` / ``TypeError`` for bad arguments), all rooted in ``nvio.Error``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence, Union
+
+from . import _nvio
+from ._aio import ValidationError, aio_handle, aio_read, aio_write
+from ._handle import Future, Handle
+from ._nvio import (
+    EngineUnavailable,
+    Error,
+    FileNotFound,
+    InvalidArgument,
+    IOFailure,
+    IsADirectory,
+    LockedMemoryError,
+    NoSpace,
+    PermissionDenied,
+    ShortFile,
+)
+
+__version__ = _nvio.__version__
+
+__all__ = [
+    "Handle", "Future", "aio_handle", "aio_read", "aio_write", "empty_locked", "is_pinned",
+    "report", "Error", "InvalidArgument", "EngineUnavailable", "LockedMemoryError", "IOFailure",
+    "FileNotFound", "PermissionDenied", "IsADirectory", "NoSpace", "ShortFile", "ValidationError",
+    "__version__",
+]
+
+
+def _is_torch_dtype(dtype: Any) -> bool:
+    return type(dtype).__module__ == "torch" and type(dtype).__name__ == "dtype"
+
+
+def empty_locked(shape: Union[int, Sequence[int]], dtype: Any = None):
+    """An uninitialised, page-aligned, locked (when RLIMIT_MEMLOCK allows) CPU buffer.
+
+    ``shape`` is an element count or a shape. A torch dtype gives a torch tensor, anything numpy
+    understands gives a numpy array; ``None`` means ``torch.uint8`` when torch is importable, else
+    ``numpy.uint8``. Views of it count as pinned for ``is_pinned``.
+    """
+    dims = (int(shape),) if isinstance(shape, int) else tuple(int(d) for d in shape)
+    if any(d < 0 for d in dims):
+        raise InvalidArgument(f"empty_locked: negative dimension in shape {dims}")
+    count = 1
+    for d in dims:
+        count *= d
+    if dtype is None:
+        try:
+            import torch
+
+            dtype = torch.uint8
+        except ImportError:
+            import numpy
+
+            dtype = numpy.uint8
+    if _is_torch_dtype(dtype):
+        import torch
+
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        if count == 0:
+            return torch.empty(dims, dtype=dtype)
+        memory = _nvio.LockedMemory(count * itemsize)
+        return torch.frombuffer(memory, dtype=dtype, count=count).view(dims)
+    import numpy
+
+    dt = numpy.dtype(dtype)
+    if count == 0:
+        return numpy.empty(dims, dtype=dt)
+    memory = _nvio.LockedMemory(count * dt.itemsize)
+    return numpy.frombuffer(memory, dtype=dt, count=count).reshape(dims)
+
+
+def is_pinned(buf: Any) -> bool:
+    """True when the buffer's memory is locked: made by nvio (views included) or pinned by torch."""
+    from . import _buffers
+
+    try:
+        ref = _buffers.resolve(buf, writable=False)
+    except (TypeError, ValueError):
+        return False
+    if ref.nbytes > 0 and _nvio.is_locked(ref.address, ref.nbytes):
+        return True
+    pinned = getattr(buf, "is_pinned", None)
+    if pinned is not None:
+        try:
+            return bool(pinned())
+        except RuntimeError:  # CPU-only torch builds cannot answer
+            return False
+    return False
+
+
+def report(dir: Optional[str] = None) -> "dict[str, Any]":
+    """The same data as ``nvio report --json``: engines, the auto choice, O_DIRECT support and
+    alignment of ``dir`` (default: the current directory), limits, and the effective options with
+    where each came from."""
+    import os
+
+    engines = {name: {"available": ok, "reason": why}
+               for name, (ok, why) in _nvio.probe_engines().items()}
+    auto, auto_reason = _nvio.auto_engine()
+    values, sources = _nvio.resolve_options()
+    info = _nvio.system_info()
+    return {
+        "version": __version__,
+        "kernel": info["kernel"],
+        "engines": engines,
+        "auto_engine": auto,
+        "auto_reason": auto_reason,
+        "dir": _nvio.probe_directory(os.path.abspath(dir or ".")),
+        "memlock_limit": info["memlock_limit"],
+        "aio_max_nr": info["aio_max_nr"],
+        "aio_nr": info["aio_nr"],
+        "options": {k: {"value": values[k], "source": sources[k]} for k in values},
+    }

@@ -1,0 +1,271 @@
+"""DeepSpeed-compatible ``aio_handle``: DeepSpeed's names, argument names, defaults and returns.
+
+Differences from DeepSpeed (each is a case where DeepSpeed returns -1, prints, asserts or aborts):
+a missing or short file, a bad argument or an I/O error raises a Python exception naming the path,
+offset and length; sizes need not be divisible by ``intra_op_parallelism``; ``wait()`` with
+nothing pending returns 0; destroying a handle with I/O pending waits for it; ``read``/``write``
+return 1 (the count of completed operations, as DeepSpeed documents) where DeepSpeed returns 0.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, List, Optional, Tuple
+
+from . import _buffers, _nvio
+
+# DeepSpeed's own alignment constant, kept for callers that pad sizes with get_alignment().
+_DEEPSPEED_ALIGNMENT = 512
+
+_IO_PARAMS = ("buffer", "filename", "validate", "async", "file_offset")
+_SYNC_PARAMS = ("buffer", "filename", "file_offset")
+
+
+class ValidationError(_nvio.Error, ValueError):
+    """``validate=True`` found the buffer and the file differ."""
+
+
+def _bind(method: str, names: Tuple[str, ...], args: tuple, kwargs: dict, defaults: dict) -> dict:
+    """Binds DeepSpeed-style arguments (``async`` is a keyword, so no plain signature can hold it;
+    ``fd=`` may replace ``filename=``)."""
+    if "fd" in kwargs:
+        if "filename" in kwargs:
+            raise TypeError(f"{method}() takes filename or fd, not both")
+        kwargs = dict(kwargs)
+        kwargs["filename"] = kwargs.pop("fd")
+    if len(args) > len(names):
+        raise TypeError(f"{method}() takes at most {len(names)} arguments ({len(args)} given)")
+    bound = dict(zip(names, args))
+    for key, value in kwargs.items():
+        if key not in names:
+            raise TypeError(f"{method}() got an unexpected keyword argument '{key}'")
+        if key in bound:
+            raise TypeError(f"{method}() got multiple values for argument '{key}'")
+        bound[key] = value
+    for key in names:
+        if key not in bound:
+            if key not in defaults:
+                raise TypeError(f"{method}() missing required argument '{key}'")
+            bound[key] = defaults[key]
+    return bound
+
+
+def _target(file: Any) -> Any:
+    if isinstance(file, bool):
+        raise TypeError("nvio: a file must be a path or a file descriptor, not a bool")
+    return file if isinstance(file, int) else os.fspath(file)
+
+
+def _file_bytes(target: Any, offset: int, nbytes: int) -> bytes:
+    if isinstance(target, int):
+        return os.pread(target, nbytes, offset)
+    with open(target, "rb") as f:
+        f.seek(offset)
+        return f.read(nbytes)
+
+
+def _buffer_bytes(ref: _buffers.BufferRef) -> bytes:
+    import ctypes
+
+    return ctypes.string_at(ref.address, ref.nbytes)
+
+
+class _Pending:
+    __slots__ = ("ticket", "ref", "target", "offset", "validate", "is_read")
+
+    def __init__(self, ticket, ref, target, offset, validate, is_read):
+        self.ticket, self.ref, self.target = ticket, ref, target
+        self.offset, self.validate, self.is_read = offset, validate, is_read
+
+
+class aio_handle:  # noqa: N801 - DeepSpeed's name
+    """Drop-in for DeepSpeed's ``async_io.aio_handle`` (see module docstring for differences)."""
+
+    def __init__(
+        self,
+        block_size: int = 1048576,
+        queue_depth: int = 128,
+        single_submit: bool = False,
+        overlap_events: bool = False,
+        intra_op_parallelism: int = 1,
+    ) -> None:
+        self._block_size = block_size
+        self._queue_depth = queue_depth
+        self._single_submit = bool(single_submit)
+        self._overlap_events = bool(overlap_events)
+        self._intra_op_parallelism = intra_op_parallelism
+        self._core = _nvio.Handle(
+            block_size=block_size,
+            queue_depth=queue_depth,
+            single_submit=bool(single_submit),
+            overlap_events=bool(overlap_events),
+            intra_op_parallelism=intra_op_parallelism,
+        )
+        self._lock = threading.Lock()
+        self._pending: List[_Pending] = []
+        self._locked: "dict[int, Any]" = {}
+
+    # -- settings ------------------------------------------------------------------------------
+    def get_block_size(self) -> int:
+        return self._block_size
+
+    def get_queue_depth(self) -> int:
+        return self._queue_depth
+
+    def get_single_submit(self) -> bool:
+        return self._single_submit
+
+    def get_overlap_events(self) -> bool:
+        return self._overlap_events
+
+    def get_intra_op_parallelism(self) -> int:
+        return self._intra_op_parallelism
+
+    def get_alignment(self) -> int:
+        """DeepSpeed's value (intra_op_parallelism x 512); nvio itself accepts any size."""
+        return self._intra_op_parallelism * _DEEPSPEED_ALIGNMENT
+
+    # -- I/O -----------------------------------------------------------------------------------
+    def _io(self, is_read: bool, buffer: Any, file: Any, validate: bool, is_async: bool,
+            file_offset: int) -> int:
+        ref = _buffers.resolve(buffer, writable=is_read)
+        target = _target(file)
+        if is_read:
+            ticket = self._core.submit_read(ref.address, ref.nbytes, target, file_offset)
+        else:
+            ticket = self._core.submit_write(ref.address, ref.nbytes, target, file_offset)
+        op = _Pending(ticket, ref, target, file_offset, bool(validate), is_read)
+        if is_async:
+            with self._lock:
+                self._pending.append(op)
+            return 0
+        self._finish([op])
+        return 1
+
+    def _finish(self, ops: List[_Pending]) -> int:
+        first: Optional[BaseException] = None
+        for op in ops:
+            try:
+                self._core.wait_ticket(op.ticket)
+                if op.validate:
+                    self._validate(op)
+            except BaseException as e:
+                first = first or e
+        if first is not None:
+            raise first
+        return len(ops)
+
+    @staticmethod
+    def _validate(op: _Pending) -> None:
+        expected = _file_bytes(op.target, op.offset, op.ref.nbytes)
+        actual = _buffer_bytes(op.ref)
+        if expected != actual:
+            where = next((i for i, (a, b) in enumerate(zip(expected, actual)) if a != b),
+                         min(len(expected), len(actual)))
+            kind = "read" if op.is_read else "write"
+            raise ValidationError(
+                f"nvio: validate after {kind} of {op.ref.nbytes} bytes at offset {op.offset} of "
+                f"{op.target!r}: buffer and file differ first at byte {where}"
+            )
+
+    def read(self, buffer: Any, filename: Any, validate: bool, file_offset: int = 0) -> int:
+        """Blocking read of ``buffer.nbytes`` from ``filename`` at ``file_offset``; returns 1."""
+        return self._io(True, buffer, filename, validate, False, file_offset)
+
+    def write(self, buffer: Any, filename: Any, validate: bool, file_offset: int = 0) -> int:
+        """Blocking write of ``buffer`` to ``filename`` at ``file_offset``; returns 1."""
+        return self._io(False, buffer, filename, validate, False, file_offset)
+
+    def pread(self, *args: Any, **kwargs: Any) -> int:
+        """pread(buffer, filename|fd, validate, async, file_offset=0): 1 if blocking, 0 if queued."""
+        b = _bind("pread", _IO_PARAMS, args, kwargs, {"file_offset": 0})
+        return self._io(True, b["buffer"], b["filename"], b["validate"], b["async"],
+                        b["file_offset"])
+
+    def pwrite(self, *args: Any, **kwargs: Any) -> int:
+        """pwrite(buffer, filename|fd, validate, async, file_offset=0): 1 if blocking, 0 if queued."""
+        b = _bind("pwrite", _IO_PARAMS, args, kwargs, {"file_offset": 0})
+        return self._io(False, b["buffer"], b["filename"], b["validate"], b["async"],
+                        b["file_offset"])
+
+    def _simple(self, name: str, is_read: bool, is_async: bool, args: tuple, kwargs: dict) -> int:
+        b = _bind(name, _SYNC_PARAMS, args, kwargs, {"file_offset": 0})
+        return self._io(is_read, b["buffer"], b["filename"], False, is_async, b["file_offset"])
+
+    def sync_pread(self, *args: Any, **kwargs: Any) -> int:
+        """sync_pread(buffer, filename|fd, file_offset=0): blocking; returns 1."""
+        return self._simple("sync_pread", True, False, args, kwargs)
+
+    def sync_pwrite(self, *args: Any, **kwargs: Any) -> int:
+        """sync_pwrite(buffer, filename|fd, file_offset=0): blocking; returns 1."""
+        return self._simple("sync_pwrite", False, False, args, kwargs)
+
+    def async_pread(self, *args: Any, **kwargs: Any) -> int:
+        """async_pread(buffer, filename|fd, file_offset=0): queues; returns 0; see wait()."""
+        return self._simple("async_pread", True, True, args, kwargs)
+
+    def async_pwrite(self, *args: Any, **kwargs: Any) -> int:
+        """async_pwrite(buffer, filename|fd, file_offset=0): queues; returns 0; see wait()."""
+        return self._simple("async_pwrite", False, True, args, kwargs)
+
+    def wait(self) -> int:
+        """Waits for every queued operation; returns how many completed since the last wait
+        (0 when none). All are waited for; the first failure is then raised."""
+        with self._lock:
+            ops, self._pending = self._pending, []
+        return self._finish(ops)
+
+    # -- locked memory -------------------------------------------------------------------------
+    def new_cpu_locked_tensor(self, num_elem: int, example_tensor: Any = None, **kwargs: Any):
+        """A page-aligned, locked CPU tensor of ``num_elem`` elements of the example's dtype.
+        DeepSpeed's misspelled keyword ``example_tenosr`` is accepted too."""
+        if "example_tenosr" in kwargs:
+            example_tensor = kwargs.pop("example_tenosr")
+        if kwargs:
+            raise TypeError(f"new_cpu_locked_tensor() got unexpected arguments {sorted(kwargs)}")
+        if example_tensor is None:
+            raise TypeError("new_cpu_locked_tensor() missing required argument 'example_tensor'")
+        from . import empty_locked
+
+        tensor = empty_locked(int(num_elem), dtype=example_tensor.dtype)
+        with self._lock:
+            self._locked[tensor.data_ptr()] = tensor
+        return tensor
+
+    def free_cpu_locked_tensor(self, tensor: Any) -> bool:
+        """Forgets a tensor made by new_cpu_locked_tensor (its memory goes with its last
+        reference). Returns False for a tensor this handle did not make."""
+        with self._lock:
+            return self._locked.pop(tensor.data_ptr(), None) is not None
+
+    def is_pinned(self, tensor: Any) -> bool:
+        from . import is_pinned
+
+        return is_pinned(tensor)
+
+    def __del__(self) -> None:
+        # Never leave I/O running into buffers that are about to be freed.
+        pending = getattr(self, "_pending", None)
+        if pending:
+            try:
+                self.wait()
+            except BaseException:
+                pass
+
+
+def aio_read(buffer: Any, filename: Any, block_size: int, queue_depth: int, single_submit: bool,
+             overlap_events: bool, validate: bool) -> int:
+    """DeepSpeed's module-level read of ``buffer.nbytes`` from the start of ``filename``; 0 on
+    success (DeepSpeed's value), an exception otherwise."""
+    aio_handle(block_size, queue_depth, single_submit, overlap_events).read(buffer, filename,
+                                                                             validate)
+    return 0
+
+
+def aio_write(buffer: Any, filename: Any, block_size: int, queue_depth: int, single_submit: bool,
+              overlap_events: bool, validate: bool) -> int:
+    """DeepSpeed's module-level write of ``buffer`` to the start of ``filename``; 0 on success."""
+    aio_handle(block_size, queue_depth, single_submit, overlap_events).write(buffer, filename,
+                                                                              validate)
+    return 0

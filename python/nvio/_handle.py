@@ -1,0 +1,170 @@
+"""The Pythonic API: ``nvio.Handle`` and its futures."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Optional, Union
+
+from . import _buffers, _nvio
+
+PathOrFd = Union[str, "os.PathLike[str]", int]
+
+
+def _target(file: PathOrFd) -> Union[str, int]:
+    if isinstance(file, bool):
+        raise TypeError("nvio: a file must be a path or a file descriptor, not a bool")
+    if isinstance(file, int):
+        return file
+    return os.fspath(file)
+
+
+class Future:
+    """One asynchronous read or write. Keeps its buffer alive until it has been waited for."""
+
+    __slots__ = ("_handle", "_ticket", "_nbytes", "_owner", "_outcome", "_lock")
+
+    def __init__(self, handle: "Handle", ticket: int, nbytes: int, owner: Any) -> None:
+        self._handle = handle
+        self._ticket = ticket
+        self._nbytes = nbytes
+        self._owner = owner
+        self._outcome: Optional[BaseException] = None
+        self._lock = threading.Lock()
+
+    def wait(self) -> int:
+        """Blocks until the operation finishes; returns the bytes moved or raises its error."""
+        with self._lock:
+            if self._ticket is not None:
+                ticket, self._ticket = self._ticket, None
+                try:
+                    self._handle._collect(ticket)
+                except BaseException as e:  # kept so that result() can raise it again
+                    self._outcome = e
+                finally:
+                    self._owner = None
+            if self._outcome is not None:
+                raise self._outcome
+            return self._nbytes
+
+    result = wait
+
+    def done(self) -> bool:
+        """True once the operation has finished (successfully or not)."""
+        with self._lock:
+            return self._ticket is None or self._handle._core.done(self._ticket)
+
+
+class Handle:
+    """Reads and writes buffers from and to files.
+
+    Every option left as ``None`` comes from its ``NVIO_*`` environment variable, else its
+    default (see ``nvio.report()["options"]``). Usable from several threads at once, and as a
+    context manager that waits for outstanding operations on exit.
+    """
+
+    def __init__(
+        self,
+        engine: Optional[str] = None,
+        block_size: Optional[int] = None,
+        queue_depth: Optional[int] = None,
+        intra_op_parallelism: Optional[int] = None,
+        direct: Optional[str] = None,
+        single_submit: Optional[bool] = None,
+        overlap_events: Optional[bool] = None,
+    ) -> None:
+        self._core = _nvio.Handle(
+            engine=engine,
+            block_size=block_size,
+            queue_depth=queue_depth,
+            single_submit=single_submit,
+            overlap_events=overlap_events,
+            intra_op_parallelism=intra_op_parallelism,
+            direct=direct,
+        )
+        self._futures_lock = threading.Lock()
+        self._futures: "dict[int, Future]" = {}
+
+    @property
+    def engine(self) -> str:
+        """The engine in use (never "auto")."""
+        return self._core.engine
+
+    @property
+    def engine_reason(self) -> str:
+        return self._core.engine_reason
+
+    @property
+    def options(self) -> "dict[str, Any]":
+        return self._core.options()
+
+    def read(self, buf: Any, file: PathOrFd, offset: int = 0) -> int:
+        """Fills `buf` from `file` at `offset`; returns the number of bytes read."""
+        ref = _buffers.resolve(buf, writable=True)
+        self._core.read(ref.address, ref.nbytes, _target(file), offset)
+        return ref.nbytes
+
+    def write(
+        self, buf: Any, file: PathOrFd, offset: int = 0, *, truncate: bool = False, sync: bool = False
+    ) -> int:
+        """Writes `buf` to `file` at `offset` (creating the file); returns the bytes written.
+
+        Bytes of a longer existing file outside the written range are kept; ``truncate=True``
+        makes the file end where the write ends. ``sync=True`` fdatasyncs before returning.
+        """
+        ref = _buffers.resolve(buf, writable=False)
+        self._core.write(ref.address, ref.nbytes, _target(file), offset, truncate, sync)
+        return ref.nbytes
+
+    def read_async(self, buf: Any, file: PathOrFd, offset: int = 0) -> Future:
+        ref = _buffers.resolve(buf, writable=True)
+        ticket = self._core.submit_read(ref.address, ref.nbytes, _target(file), offset)
+        return self._track(Future(self, ticket, ref.nbytes, ref.owner))
+
+    def write_async(
+        self, buf: Any, file: PathOrFd, offset: int = 0, *, truncate: bool = False, sync: bool = False
+    ) -> Future:
+        ref = _buffers.resolve(buf, writable=False)
+        ticket = self._core.submit_write(
+            ref.address, ref.nbytes, _target(file), offset, truncate, sync
+        )
+        return self._track(Future(self, ticket, ref.nbytes, ref.owner))
+
+    def wait_all(self) -> int:
+        """Waits for every outstanding asynchronous operation; returns how many completed.
+
+        All are waited for even when some fail; the first failure is then raised.
+        """
+        with self._futures_lock:
+            futures = list(self._futures.values())
+        first: Optional[BaseException] = None
+        for f in futures:
+            try:
+                f.wait()
+            except BaseException as e:
+                first = first or e
+        if first is not None:
+            raise first
+        return len(futures)
+
+    def _track(self, future: Future) -> Future:
+        with self._futures_lock:
+            self._futures[future._ticket] = future
+        return future
+
+    def _collect(self, ticket: int) -> None:
+        with self._futures_lock:
+            self._futures.pop(ticket, None)
+        self._core.wait_ticket(ticket)
+
+    def __enter__(self) -> "Handle":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.wait_all()
+        else:  # do not hide the original exception; still never leave I/O running on freed memory
+            try:
+                self.wait_all()
+            except BaseException:
+                pass

@@ -1,0 +1,98 @@
+"""DeepSpeed shims: switch from DeepNVMe with a one-line import change.
+
+    from nvio.deepspeed import AsyncIOBuilder      # was: from deepspeed.ops.op_builder import ...
+    h = AsyncIOBuilder().load().aio_handle()
+
+and ``aio_handle_from_config(ds_config)`` for a DeepSpeed config's ``aio`` section.
+"""
+
+from __future__ import annotations
+
+import types
+import warnings
+from typing import Any, Mapping
+
+from . import _aio, _nvio
+
+_AIO_DEFAULTS = {
+    "block_size": 1048576,
+    "queue_depth": 128,
+    "intra_op_parallelism": 1,
+    "single_submit": False,
+    "overlap_events": False,
+}
+# Keys DeepSpeed's aio section may carry that do not configure an aio_handle.
+_IGNORED_KEYS = ("use_gds",)
+# Older DeepSpeed configs and ds_nvme_tune output name the parallelism differently.
+_PARALLELISM_ALIASES = ("thread_count", "num_threads")
+
+
+def _deepspeed_memcpy(dest: Any, src: Any) -> int:
+    dest.copy_(src)
+    return 0
+
+
+class AsyncIOBuilder:
+    """Stands in for ``deepspeed.ops.op_builder.AsyncIOBuilder``."""
+
+    NAME = "async_io"
+
+    def is_compatible(self, verbose: bool = False) -> bool:
+        """True: at least the psync engine works everywhere."""
+        return any(ok for ok, _ in _nvio.probe_engines().values())
+
+    def load(self, verbose: bool = True) -> types.ModuleType:
+        """The op module: ``aio_handle``, ``aio_read``, ``aio_write``, ``deepspeed_memcpy``."""
+        module = types.ModuleType("async_io", "nvio's implementation of DeepSpeed's async_io op")
+        module.aio_handle = _aio.aio_handle
+        module.aio_read = _aio.aio_read
+        module.aio_write = _aio.aio_write
+        module.deepspeed_memcpy = _deepspeed_memcpy
+        return module
+
+
+def _as_bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"  # ds_nvme_tune prints "true"/"false" strings
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise _nvio.InvalidArgument(f"aio config: {key} must be a boolean, got {value!r}")
+
+
+def _as_int(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _nvio.InvalidArgument(f"aio config: {key} must be an integer, got {value!r}")
+    return value
+
+
+def aio_handle_from_config(config: Mapping[str, Any]) -> _aio.aio_handle:
+    """An ``aio_handle`` from a DeepSpeed config (the whole config or just its ``aio`` section).
+
+    Unknown keys are an error (a typo must not silently fall back to a default). ``thread_count``
+    and ``num_threads`` are accepted for ``intra_op_parallelism`` with a DeprecationWarning.
+    """
+    section = dict(config.get("aio", config))
+    for alias in _PARALLELISM_ALIASES:
+        if alias in section:
+            warnings.warn(
+                f"nvio: aio config key '{alias}' is deprecated; use 'intra_op_parallelism'",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            value = section.pop(alias)
+            section.setdefault("intra_op_parallelism", value)
+    for key in _IGNORED_KEYS:
+        section.pop(key, None)
+    unknown = sorted(set(section) - set(_AIO_DEFAULTS))
+    if unknown:
+        raise _nvio.InvalidArgument(f"aio config: unknown keys {unknown}; known: {sorted(_AIO_DEFAULTS)}")
+    merged = {**_AIO_DEFAULTS, **section}
+    return _aio.aio_handle(
+        block_size=_as_int("block_size", merged["block_size"]),
+        queue_depth=_as_int("queue_depth", merged["queue_depth"]),
+        single_submit=_as_bool("single_submit", merged["single_submit"]),
+        overlap_events=_as_bool("overlap_events", merged["overlap_events"]),
+        intra_op_parallelism=_as_int("intra_op_parallelism", merged["intra_op_parallelism"]),
+    )

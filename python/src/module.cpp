@@ -1,0 +1,419 @@
+// nvio._nvio: the thin pybind11 layer over the C++ core. Buffers arrive here as (address, nbytes)
+// pairs resolved by the pure-Python package (nvio/_buffers.py), which also keeps the Python
+// objects alive for as long as an operation may touch them.
+//
+// GIL: every call that can block (file opens, I/O, waits, allocation) goes through `unlocked()`,
+// the one helper that releases the GIL and afterwards turns queued library warnings into Python
+// warnings, so no binding can forget either.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <variant>
+
+#include "nvio/nvio.hpp"
+
+namespace py = pybind11;
+
+namespace {
+
+// Library warnings may be raised on worker threads that do not hold the GIL; they are queued here
+// and delivered by the next binding call on a Python thread.
+std::mutex g_warnings_mutex;
+std::deque<std::string> g_warnings;
+
+void deliver_warnings() {
+  std::deque<std::string> pending;
+  {
+    std::lock_guard lock(g_warnings_mutex);
+    pending.swap(g_warnings);
+  }
+  for (const auto& msg : pending) {
+    if (PyErr_WarnEx(PyExc_RuntimeWarning, ("nvio: " + msg).c_str(), 2) != 0) {
+      throw py::error_already_set();
+    }
+  }
+}
+
+template <typename F>
+auto unlocked(F&& f) -> decltype(f()) {
+  if constexpr (std::is_void_v<decltype(f())>) {
+    {
+      py::gil_scoped_release release;
+      f();
+    }
+    deliver_warnings();
+  } else {
+    decltype(f()) result = [&] {
+      py::gil_scoped_release release;
+      return f();
+    }();
+    deliver_warnings();
+    return result;
+  }
+}
+
+// Python exception types, created at import. Each nvio error type maps to a class that is also the
+// matching built-in (FileNotFoundError, PermissionError, ...), so plain `except OSError` works.
+struct PyErrors {
+  PyObject* error;
+  PyObject* invalid_argument;
+  PyObject* engine_unavailable;
+  PyObject* memory;
+  PyObject* io;
+  PyObject* not_found;
+  PyObject* permission;
+  PyObject* is_directory;
+  PyObject* no_space;
+  PyObject* short_file;
+};
+PyErrors g_errors;
+
+PyObject* make_error(py::module_& m, const char* name, std::initializer_list<PyObject*> bases,
+                     const char* doc) {
+  py::tuple tuple(bases.size());
+  std::size_t i = 0;
+  for (PyObject* b : bases) tuple[i++] = py::reinterpret_borrow<py::object>(b);
+  const std::string qualified = std::string("nvio.") + name;
+  PyObject* type = PyErr_NewExceptionWithDoc(qualified.c_str(), doc, tuple.ptr(), nullptr);
+  if (type == nullptr) throw py::error_already_set();
+  m.add_object(name, py::reinterpret_borrow<py::object>(type));
+  return type;
+}
+
+void raise_os_error(PyObject* type, const nvio::IoError& e) {
+  py::object exc;
+  if (e.error_code() != 0) {
+    exc = py::reinterpret_borrow<py::object>(type)(e.error_code(), e.what(), e.path());
+  } else {
+    // No errno (e.g. a short file): OSError's filename would turn str() into "[Errno None]".
+    exc = py::reinterpret_borrow<py::object>(type)(e.what());
+  }
+  exc.attr("path") = e.path();
+  exc.attr("offset") = e.offset();
+  exc.attr("length") = e.length();
+  exc.attr("operation") = nvio::to_string(e.op());
+  if (const auto* sf = dynamic_cast<const nvio::ShortFile*>(&e)) {
+    exc.attr("file_size") = sf->file_size();
+  }
+  PyErr_SetObject(type, exc.ptr());
+}
+
+void translate(std::exception_ptr p) {
+  try {
+    std::rethrow_exception(p);
+  } catch (const nvio::ShortFile& e) {
+    raise_os_error(g_errors.short_file, e);
+  } catch (const nvio::FileNotFound& e) {
+    raise_os_error(g_errors.not_found, e);
+  } catch (const nvio::PermissionDenied& e) {
+    raise_os_error(g_errors.permission, e);
+  } catch (const nvio::IsADirectory& e) {
+    raise_os_error(g_errors.is_directory, e);
+  } catch (const nvio::NoSpace& e) {
+    raise_os_error(g_errors.no_space, e);
+  } catch (const nvio::IoError& e) {
+    raise_os_error(g_errors.io, e);
+  } catch (const nvio::InvalidArgument& e) {
+    PyErr_SetString(g_errors.invalid_argument, e.what());
+  } catch (const nvio::EngineUnavailable& e) {
+    PyErr_SetString(g_errors.engine_unavailable, e.what());
+  } catch (const nvio::MemoryError& e) {
+    PyErr_SetString(g_errors.memory, e.what());
+  } catch (const nvio::Error& e) {
+    PyErr_SetString(g_errors.error, e.what());
+  }
+}
+
+// A Python int option: None means "not given" (environment or default applies); negative values
+// and values too large are rejected here, naming the option, before they could wrap around.
+template <typename T>
+std::optional<T> checked(const std::optional<long long>& v, const char* name, long long max) {
+  if (!v) return std::nullopt;
+  if (*v < 1 || *v > max) {
+    throw nvio::InvalidArgument(
+        std::string(name) + " must be between 1 and " + std::to_string(max) + ", got " +
+        std::to_string(*v));
+  }
+  return static_cast<T>(*v);
+}
+
+nvio::OptionOverrides overrides(const std::optional<std::string>& engine,
+                                const std::optional<long long>& block_size,
+                                const std::optional<long long>& queue_depth,
+                                const std::optional<bool>& single_submit,
+                                const std::optional<bool>& overlap_events,
+                                const std::optional<long long>& intra_op_parallelism,
+                                const std::optional<std::string>& direct) {
+  nvio::OptionOverrides o;
+  if (engine) o.engine = nvio::parse_engine(*engine);
+  if (block_size && (*block_size < static_cast<long long>(nvio::kMinBlockSize) ||
+                     *block_size > static_cast<long long>(nvio::kMaxBlockSize))) {
+    throw nvio::InvalidArgument("block_size must be between " +
+                                std::to_string(nvio::kMinBlockSize) + " and " +
+                                std::to_string(nvio::kMaxBlockSize) + " bytes, got " +
+                                std::to_string(*block_size));
+  }
+  if (block_size) o.block_size = static_cast<std::size_t>(*block_size);
+  o.queue_depth = checked<unsigned>(queue_depth, "queue_depth", nvio::kMaxQueueDepth);
+  o.single_submit = single_submit;
+  o.overlap_events = overlap_events;
+  o.intra_op_parallelism =
+      checked<unsigned>(intra_op_parallelism, "intra_op_parallelism", nvio::kMaxParallelism);
+  if (direct) o.direct = nvio::parse_direct(*direct);
+  return o;
+}
+
+void* as_ptr(std::uintptr_t address) { return reinterpret_cast<void*>(address); }
+
+std::uint64_t checked_offset(long long offset) {
+  if (offset < 0) {
+    throw nvio::InvalidArgument("file_offset must not be negative, got " + std::to_string(offset));
+  }
+  return static_cast<std::uint64_t>(offset);
+}
+
+nvio::WriteOptions write_options(bool truncate, bool sync) {
+  nvio::WriteOptions w;
+  w.truncate = truncate ? nvio::Truncate::AtEnd : nvio::Truncate::No;
+  w.durability = sync ? nvio::Durability::Data : nvio::Durability::None;
+  return w;
+}
+
+// A file is named by a path (str / os.PathLike resolved in Python) or an open descriptor.
+using Target = std::variant<std::string, int>;
+
+py::dict options_dict(const nvio::Options& o) {
+  py::dict d;
+  d["engine"] = nvio::to_string(o.engine);
+  d["block_size"] = o.block_size;
+  d["queue_depth"] = o.queue_depth;
+  d["single_submit"] = o.single_submit;
+  d["overlap_events"] = o.overlap_events;
+  d["intra_op_parallelism"] = o.intra_op_parallelism;
+  d["direct"] = nvio::to_string(o.direct);
+  return d;
+}
+
+// Owner of a locked, aligned host allocation exported through the buffer protocol, so torch and
+// numpy can wrap it without a copy (the tensor or array keeps this object alive).
+class LockedMemory {
+ public:
+  explicit LockedMemory(std::size_t nbytes)
+      : buffer_(unlocked([&] { return nvio::AlignedBuffer(nbytes, nvio::LockMode::Try); })) {}
+  std::uintptr_t address() const { return reinterpret_cast<std::uintptr_t>(buffer_.data()); }
+  std::size_t nbytes() const { return buffer_.size(); }
+  bool locked() const { return buffer_.locked(); }
+  py::buffer_info info() {
+    return py::buffer_info(buffer_.data(), 1, py::format_descriptor<std::uint8_t>::format(), 1,
+                           {static_cast<py::ssize_t>(buffer_.size())}, {1});
+  }
+
+ private:
+  nvio::AlignedBuffer buffer_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_nvio, m) {
+  m.doc() = "nvio core bindings (internal: use the nvio package)";
+
+  g_errors.error = make_error(m, "Error", {PyExc_Exception}, "Root of every nvio error.");
+  g_errors.invalid_argument = make_error(m, "InvalidArgument", {g_errors.error, PyExc_ValueError},
+                                         "A bad option or argument.");
+  g_errors.engine_unavailable =
+      make_error(m, "EngineUnavailable", {g_errors.error, PyExc_RuntimeError},
+                 "The requested engine cannot be used on this machine.");
+  g_errors.memory = make_error(m, "LockedMemoryError", {g_errors.error, PyExc_MemoryError},
+                               "Allocating or locking memory failed.");
+  g_errors.io = make_error(m, "IOFailure", {g_errors.error, PyExc_OSError},
+                           "A system call on a file failed.");
+  g_errors.not_found = make_error(m, "FileNotFound", {g_errors.io, PyExc_FileNotFoundError},
+                                  "The file does not exist.");
+  g_errors.permission = make_error(m, "PermissionDenied", {g_errors.io, PyExc_PermissionError},
+                                   "Access to the file was refused.");
+  g_errors.is_directory = make_error(m, "IsADirectory", {g_errors.io, PyExc_IsADirectoryError},
+                                     "A directory was given where a file was expected.");
+  g_errors.no_space = make_error(m, "NoSpace", {g_errors.io}, "The device is full.");
+  g_errors.short_file = make_error(m, "ShortFile", {g_errors.io, PyExc_EOFError},
+                                   "A read asked for bytes past the end of the file.");
+  py::register_exception_translator(&translate);
+
+  nvio::set_warning_sink([](const std::string& msg) {
+    std::lock_guard lock(g_warnings_mutex);
+    g_warnings.push_back(msg);
+  });
+
+  py::class_<nvio::Handle>(m, "Handle")
+      .def(py::init([](std::optional<std::string> engine, std::optional<long long> block_size,
+                       std::optional<long long> queue_depth, std::optional<bool> single_submit,
+                       std::optional<bool> overlap_events,
+                       std::optional<long long> intra_op_parallelism,
+                       std::optional<std::string> direct) {
+             const nvio::OptionOverrides o =
+                 overrides(engine, block_size, queue_depth, single_submit, overlap_events,
+                           intra_op_parallelism, direct);
+             return unlocked([&] {
+               return std::make_unique<nvio::Handle>(nvio::resolve_options(o).values);
+             });
+           }),
+           py::arg("engine") = py::none(), py::arg("block_size") = py::none(),
+           py::arg("queue_depth") = py::none(), py::arg("single_submit") = py::none(),
+           py::arg("overlap_events") = py::none(), py::arg("intra_op_parallelism") = py::none(),
+           py::arg("direct") = py::none())
+      .def(
+          "read",
+          [](nvio::Handle& h, std::uintptr_t addr, std::size_t nbytes, const Target& target,
+             long long offset) {
+            const std::uint64_t off = checked_offset(offset);
+            unlocked([&] {
+              std::visit([&](const auto& t) { h.read(as_ptr(addr), nbytes, t, off); }, target);
+            });
+          },
+          py::arg("address"), py::arg("nbytes"), py::arg("target"), py::arg("offset") = 0)
+      .def(
+          "write",
+          [](nvio::Handle& h, std::uintptr_t addr, std::size_t nbytes, const Target& target,
+             long long offset, bool truncate, bool sync) {
+            const std::uint64_t off = checked_offset(offset);
+            const nvio::WriteOptions w = write_options(truncate, sync);
+            unlocked([&] {
+              std::visit([&](const auto& t) { h.write(as_ptr(addr), nbytes, t, off, w); }, target);
+            });
+          },
+          py::arg("address"), py::arg("nbytes"), py::arg("target"), py::arg("offset") = 0,
+          py::arg("truncate") = false, py::arg("sync") = false)
+      .def(
+          "submit_read",
+          [](nvio::Handle& h, std::uintptr_t addr, std::size_t nbytes, const Target& target,
+             long long offset) {
+            const std::uint64_t off = checked_offset(offset);
+            return unlocked([&] {
+              return std::visit(
+                  [&](const auto& t) { return h.submit_read(as_ptr(addr), nbytes, t, off); },
+                  target);
+            });
+          },
+          py::arg("address"), py::arg("nbytes"), py::arg("target"), py::arg("offset") = 0)
+      .def(
+          "submit_write",
+          [](nvio::Handle& h, std::uintptr_t addr, std::size_t nbytes, const Target& target,
+             long long offset, bool truncate, bool sync) {
+            const std::uint64_t off = checked_offset(offset);
+            const nvio::WriteOptions w = write_options(truncate, sync);
+            return unlocked([&] {
+              return std::visit(
+                  [&](const auto& t) { return h.submit_write(as_ptr(addr), nbytes, t, off, w); },
+                  target);
+            });
+          },
+          py::arg("address"), py::arg("nbytes"), py::arg("target"), py::arg("offset") = 0,
+          py::arg("truncate") = false, py::arg("sync") = false)
+      .def("wait_ticket", [](nvio::Handle& h, nvio::Ticket t) { unlocked([&] { h.wait(t); }); })
+      .def("wait_all", [](nvio::Handle& h) { return unlocked([&] { return h.wait(); }); })
+      .def("done", [](const nvio::Handle& h, nvio::Ticket t) { return h.done(t); })
+      .def("pending", &nvio::Handle::pending)
+      .def("options", [](const nvio::Handle& h) { return options_dict(h.options()); })
+      .def_property_readonly("engine",
+                             [](const nvio::Handle& h) { return nvio::to_string(h.engine()); })
+      .def_property_readonly("engine_reason", &nvio::Handle::engine_reason);
+
+  py::class_<LockedMemory>(m, "LockedMemory", py::buffer_protocol())
+      .def(py::init<std::size_t>(), py::arg("nbytes"))
+      .def_property_readonly("address", &LockedMemory::address)
+      .def_property_readonly("nbytes", &LockedMemory::nbytes)
+      .def_property_readonly("locked", &LockedMemory::locked)
+      .def_buffer(&LockedMemory::info);
+
+  m.def(
+      "buffer_address",
+      [](py::buffer obj, bool writable) {
+        py::buffer_info info = obj.request();
+        if (writable && info.readonly) {
+          throw nvio::InvalidArgument("the buffer is read-only and cannot be read into");
+        }
+        // Contiguous means C order with no gaps: the strides match a dense row-major layout.
+        py::ssize_t expected = info.itemsize;
+        for (py::ssize_t d = info.ndim - 1; d >= 0; --d) {
+          if (info.shape[d] > 1 && info.strides[d] != expected) {
+            throw nvio::InvalidArgument(
+                "the buffer is not contiguous; pass a contiguous copy (e.g. .contiguous() or "
+                "numpy.ascontiguousarray) and copy back after reading");
+          }
+          expected *= info.shape[d];
+        }
+        return py::make_tuple(reinterpret_cast<std::uintptr_t>(info.ptr),
+                              info.size * info.itemsize);
+      },
+      py::arg("obj"), py::arg("writable"));
+
+  m.def("is_locked", [](std::uintptr_t addr, std::size_t nbytes) {
+    return nvio::is_locked_by_nvio(as_ptr(addr), nbytes);
+  });
+
+  m.def("resolve_options", [](std::optional<std::string> engine,
+                              std::optional<long long> block_size,
+                              std::optional<long long> queue_depth,
+                              std::optional<bool> single_submit, std::optional<bool> overlap_events,
+                              std::optional<long long> intra_op_parallelism,
+                              std::optional<std::string> direct) {
+    const nvio::EffectiveOptions eff = nvio::resolve_options(overrides(
+        engine, block_size, queue_depth, single_submit, overlap_events, intra_op_parallelism,
+        direct));
+    py::dict sources;
+    for (const auto& [name, src] : eff.sources) sources[py::str(name)] = nvio::to_string(src);
+    return py::make_tuple(options_dict(eff.values), sources);
+  },
+  py::arg("engine") = py::none(), py::arg("block_size") = py::none(),
+  py::arg("queue_depth") = py::none(), py::arg("single_submit") = py::none(),
+  py::arg("overlap_events") = py::none(), py::arg("intra_op_parallelism") = py::none(),
+  py::arg("direct") = py::none());
+
+  m.def("probe_engines", [] {
+    return unlocked([] {
+      std::map<std::string, std::pair<bool, std::string>> out;
+      for (auto k : {nvio::EngineKind::IoUring, nvio::EngineKind::Libaio,
+                     nvio::EngineKind::Psync}) {
+        const auto& p = nvio::probe_engine(k);
+        out[nvio::to_string(k)] = {p.available, p.reason};
+      }
+      return out;
+    });
+  });
+  m.def("auto_engine", [] {
+    return unlocked([] {
+      const auto& c = nvio::auto_engine();
+      return std::make_pair(std::string(nvio::to_string(c.engine)), c.reason);
+    });
+  });
+  m.def("probe_directory", [](const std::string& dir) {
+    const nvio::DirectIoInfo info = unlocked([&] { return nvio::probe_directory(dir); });
+    py::dict d;
+    d["path"] = dir;
+    d["direct_io"] = info.supported;
+    d["mem_align"] = info.mem_align;
+    d["offset_align"] = info.offset_align;
+    d["source"] = info.source;
+    return d;
+  });
+  m.def("system_info", [] {
+    const nvio::SystemInfo s = nvio::system_info();
+    py::dict d;
+    d["kernel"] = s.kernel;
+    d["memlock_limit"] = s.memlock_limit ? py::cast(*s.memlock_limit) : py::none();
+    d["aio_max_nr"] = s.aio_max_nr ? py::cast(*s.aio_max_nr) : py::none();
+    d["aio_nr"] = s.aio_nr ? py::cast(*s.aio_nr) : py::none();
+    return d;
+  });
+  m.def("pattern_fill", [](std::uintptr_t addr, std::size_t n, std::uint64_t off,
+                           std::uint64_t seed) { nvio::pattern::fill(as_ptr(addr), n, off, seed); });
+  m.def("pattern_first_mismatch", [](std::uintptr_t addr, std::size_t n, std::uint64_t off,
+                                     std::uint64_t seed) {
+    return nvio::pattern::first_mismatch(as_ptr(addr), n, off, seed);
+  });
+  m.attr("__version__") = nvio::version();
+  m.attr("MIN_BLOCK_SIZE") = nvio::kMinBlockSize;
+}

@@ -1,0 +1,45 @@
+"""Builds the nvio._nvio extension with the project's CMake for `pip install`.
+
+The extension has the core compiled in, so the installed package needs no libnvio.so. Dependencies
+come from Debian packages (see scripts/deps.sh); nothing is downloaded.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+
+
+class CMakeExtension(Extension):
+    def __init__(self, name: str) -> None:
+        super().__init__(name, sources=[])
+
+
+class CMakeBuild(build_ext):
+    def build_extension(self, ext: Extension) -> None:
+        out_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
+        build_dir = Path(self.build_temp).resolve() / "cmake"
+        build_dir.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [
+                "cmake", "-S", str(ROOT), "-B", str(build_dir),
+                "-DCMAKE_BUILD_TYPE=Release",
+                "-DNVIO_BUILD_TESTS=OFF",
+                f"-DPython3_EXECUTABLE={sys.executable}",
+            ],
+            check=True,
+        )
+        jobs = str(os.cpu_count() or 2)
+        subprocess.run(["cmake", "--build", str(build_dir), "--target", "_nvio", "-j", jobs],
+                       check=True)
+        built = next((build_dir / "python" / "nvio").glob("_nvio*.so"))
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.copy_file(str(built), str(out_dir / built.name))
+
+
+setup(ext_modules=[CMakeExtension("nvio._nvio")], cmdclass={"build_ext": CMakeBuild})

@@ -2,7 +2,8 @@
 //
 // Precedence, lowest to highest: the default below, then the environment (NVIO_*), then values set
 // explicitly by the caller (OptionOverrides). Environment values are parsed strictly: a value that
-// does not parse, or is out of range, raises InvalidArgument naming the variable.
+// does not parse raises InvalidArgument naming the variable; range checks apply to the merged
+// result (so an out-of-range environment value is an error unless an explicit value replaces it).
 //
 // | option               | default | environment                 | valid range                  |
 // |----------------------|---------|-----------------------------|------------------------------|

@@ -36,7 +36,7 @@ struct DirectIoInfo {
 DirectIoInfo probe_directory(const std::string& dir);
 
 struct SystemInfo {
-  std::string kernel;                          // uname release
+  std::string kernel;                          // uname sysname and release, e.g. "Linux 6.1.0"
   std::optional<std::uint64_t> memlock_limit;  // bytes; nullopt when unlimited
   std::optional<std::uint64_t> aio_max_nr;     // fs.aio-max-nr, when readable
   std::optional<std::uint64_t> aio_nr;         // fs.aio-nr, when readable

@@ -1,0 +1,452 @@
+"""Tests of the `nvio` command-line tool: exit codes, error lines, JSON shape, --verify, files.
+
+The binary comes from the NVIO_BIN environment variable (ctest sets it). Every run gets an
+environment without NVIO_* variables unless a test adds one, so a developer's settings cannot
+change the outcome. Sizes are small and odd so that the whole file runs in a few seconds.
+"""
+
+import json
+import math
+import os
+import pty
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+BIN = os.environ["NVIO_BIN"]
+ODD_SIZE = 1048699  # 1 MiB + 123: not a multiple of any block size or alignment
+OPTION_NAMES = {
+    "engine",
+    "block_size",
+    "queue_depth",
+    "single_submit",
+    "overlap_events",
+    "intra_op_parallelism",
+    "direct",
+}
+ENGINES = ("io_uring", "libaio", "psync")
+
+
+def clean_env(**extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NVIO_")}
+    env.update(extra)
+    return env
+
+
+def nvio(*args, env=None, timeout=60):
+    return subprocess.run(
+        [BIN, *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env if env is not None else clean_env(),
+        timeout=timeout,
+    )
+
+
+def bench_json(*args, env=None):
+    r = nvio("bench", "--json", *args, env=env)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)  # the whole of stdout must be one JSON document
+
+
+_report_cache = {}
+
+
+def report(path):
+    if path not in _report_cache:
+        r = nvio("report", "--json", "--dir", path)
+        assert r.returncode == 0, r.stderr
+        _report_cache[path] = json.loads(r.stdout)
+    return _report_cache[path]
+
+
+def median(values):
+    v = sorted(values)
+    mid = len(v) // 2
+    return v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2
+
+
+def assert_one_error_line(r, code=2):
+    assert r.returncode == code, (r.returncode, r.stdout, r.stderr)
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("nvio: error: "), r.stderr
+    assert r.stdout == ""
+    return lines[0]
+
+
+# ---- version and help ---------------------------------------------------------------------------
+
+
+def test_version_matches_report(tmp_path):
+    r = nvio("--version")
+    assert r.returncode == 0, r.stderr
+    assert re.fullmatch(r"nvio \d+\.\d+\.\d+\S*\n", r.stdout), r.stdout
+    assert r.stdout == f"nvio {report(str(tmp_path))['version']}\n"
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        ([], ["bench", "report"]),
+        (["bench"], ["--queue-depth", "--block-size", "--verify", "--file", "--no-overlap-events"]),
+        (["report"], ["--dir", "--json"]),
+    ],
+)
+def test_help_exits_zero(args, expected):
+    r = nvio(*args, "--help")
+    assert r.returncode == 0, r.stderr
+    for word in expected:
+        assert word in r.stdout
+
+
+# ---- bad arguments ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        ([], "subcommand"),
+        (["--bogus"], "--bogus"),
+        (["bench", "--dir", "{d}", "--bogus"], "--bogus"),
+        (["bench", "--dir", "{d}", "--size", "12Q"], "12Q"),
+        (["bench", "--dir", "{d}", "--size", "0"], "--size"),
+        (["bench", "--dir", "{d}", "--size"], "--size"),
+        (["bench", "--dir", "{d}", "--engine", "nope"], "nope"),
+        (["bench", "--dir", "{d}", "--queue-depth", "0"], "(from --queue-depth)"),
+        (["bench", "--dir", "{d}", "--queue-depth", "-3"], "-3"),
+        (["bench", "--dir", "{d}", "--queue-depth", "4294967297"], "4294967297"),
+        (["bench", "--dir", "{d}", "--block-size", "100"], "block_size"),
+        (["bench", "--dir", "{d}", "--parallelism", "0"], "(from --parallelism)"),
+        (["bench", "--dir", "{d}", "--direct", "maybe"], "maybe"),
+        (["bench", "--dir", "{d}", "--op", "sideways"], "sideways"),
+        (["bench", "--dir", "{d}", "--loops", "0"], "--loops"),
+        (["bench", "--dir", "{d}", "--seed", "x1"], "x1"),
+        (["bench", "--size", "1M"], "--dir"),
+        (["report", "--bogus"], "--bogus"),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(tmp_path, args, needle):
+    scratch = tmp_path / "scratch"
+    r = nvio(*[a.format(d=scratch) for a in args])
+    line = assert_one_error_line(r)
+    assert needle in line
+    assert not scratch.exists()  # rejected before any file or directory was made
+
+
+@pytest.mark.parametrize("command", ["bench", "report"])
+def test_bad_environment_exits_2_naming_the_variable(tmp_path, command):
+    r = nvio(command, "--dir", tmp_path / "d", env=clean_env(NVIO_QUEUE_DEPTH="garbage"))
+    line = assert_one_error_line(r)
+    assert "NVIO_QUEUE_DEPTH" in line
+    assert not (tmp_path / "d").exists()
+
+
+def test_io_failure_exits_1(tmp_path):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_bytes(b"x")
+    r = nvio("bench", "--dir", blocker / "sub", "--size", "4096", "--loops", "1")
+    assert_one_error_line(r, code=1)
+    r = nvio("report", "--dir", tmp_path / "missing")
+    assert_one_error_line(r, code=1)
+
+
+# ---- bench JSON ---------------------------------------------------------------------------------
+
+
+def test_bench_json_shape(tmp_path):
+    out = bench_json("--dir", tmp_path, "--size", ODD_SIZE, "--loops", 3, "--op", "both")
+    assert set(out) >= {"results", "options", "engine", "engine_reason", "file", "size", "version"}
+    assert out["size"] == ODD_SIZE
+    assert out["engine"] in ENGINES
+    assert isinstance(out["engine_reason"], str) and out["engine_reason"]
+    assert re.fullmatch(r"nvio-bench-\d+\.dat", os.path.basename(out["file"]))
+    assert os.path.dirname(out["file"]) == str(tmp_path)
+    assert not os.path.exists(out["file"])  # scratch file removed without --keep
+    assert set(out["options"]) == OPTION_NAMES
+    assert out["options"]["block_size"] == 1 << 20 and out["options"]["queue_depth"] == 128
+    assert out["options"]["single_submit"] is False and out["options"]["overlap_events"] is True
+    assert out["options"]["direct"] == "auto" and out["options"]["engine"] == "auto"
+
+    assert [r["op"] for r in out["results"]] == ["write", "read"]
+    for r in out["results"]:
+        assert r["engine"] == out["engine"]
+        assert r["bytes"] == ODD_SIZE
+        assert r["verified"] is None
+        assert r["loops"] == 3 and len(r["seconds_all"]) == 3
+        assert all(isinstance(s, float) and s > 0 for s in r["seconds_all"])
+        assert r["seconds"] == pytest.approx(median(r["seconds_all"]))
+        assert r["gb_per_s"] == pytest.approx(ODD_SIZE / r["seconds"] / 1e9)
+        assert r["gib_per_s"] == pytest.approx(ODD_SIZE / r["seconds"] / 2**30)
+        assert isinstance(r["cpu_s_per_gb"], float) and r["cpu_s_per_gb"] >= 0
+
+
+def test_bench_explicit_options_reach_the_handle(tmp_path):
+    out = bench_json("--dir", tmp_path, "--size", "64K", "--loops", 1, "--op", "write",
+                     "--engine", "psync", "--block-size", "8K", "--queue-depth", "3",
+                     "--parallelism", "2", "--single-submit", "--no-overlap-events",
+                     "--direct", "off")
+    assert out["options"] == {
+        "engine": "psync", "block_size": 8192, "queue_depth": 3, "single_submit": True,
+        "overlap_events": False, "intra_op_parallelism": 2, "direct": "off",
+    }
+    assert out["engine"] == "psync"
+    assert [r["op"] for r in out["results"]] == ["write"]
+    assert out["results"][0]["bytes"] == 65536
+
+
+def test_bench_environment_fills_unset_options(tmp_path):
+    env = clean_env(NVIO_BLOCK_SIZE="2M", NVIO_QUEUE_DEPTH="7")
+    out = bench_json("--dir", tmp_path, "--size", "4096", "--loops", 1, "--queue-depth", "5",
+                     env=env)
+    assert out["options"]["block_size"] == 2 << 20  # from the environment
+    assert out["options"]["queue_depth"] == 5  # the command line wins
+
+
+def test_bench_human_output(tmp_path):
+    r = nvio("bench", "--dir", tmp_path, "--size", ODD_SIZE, "--loops", 1, "--verify")
+    assert r.returncode == 0, r.stderr
+    assert "1e9 bytes/s" in r.stdout
+    rows = [line.split() for line in r.stdout.splitlines() if line.split()[:1] in (["write"], ["read"])]
+    assert [row[0] for row in rows] == ["write", "read"]
+    assert all(row[1] == str(ODD_SIZE) and row[-1] == "yes" for row in rows)
+
+
+# ---- --verify -----------------------------------------------------------------------------------
+
+VERIFY_CONFIGS = {
+    "odd-direct-on": ["--size", ODD_SIZE, "--block-size", "4K", "--queue-depth", 2,
+                      "--parallelism", 3, "--single-submit", "--no-overlap-events",
+                      "--direct", "on"],
+    "odd-direct-off": ["--size", ODD_SIZE, "--block-size", "4K", "--queue-depth", 2,
+                       "--parallelism", 3, "--single-submit", "--no-overlap-events",
+                       "--direct", "off"],
+    "tiny-auto": ["--size", 4095, "--block-size", "512", "--queue-depth", 1, "--parallelism", 4],
+    "big-blocks": ["--size", 3 * 1048576 + 7, "--block-size", "1M", "--queue-depth", 128,
+                   "--parallelism", 2, "--direct", "auto"],
+}
+
+
+def require_engine(engine, tmp_path):
+    probe = report(str(tmp_path))["engines"][engine]
+    if not probe["available"]:
+        pytest.skip(f"{engine} unavailable: {probe['reason']}")
+
+
+@pytest.mark.parametrize("config", sorted(VERIFY_CONFIGS))
+@pytest.mark.parametrize("engine", ENGINES)
+def test_verify_passes_for_every_engine(tmp_path, engine, config):
+    require_engine(engine, tmp_path)
+    args = VERIFY_CONFIGS[config]
+    if "on" in args and not report(str(tmp_path))["dir"]["direct_io"]:
+        pytest.skip(f"O_DIRECT unsupported in {tmp_path}")
+    out = bench_json("--dir", tmp_path, "--engine", engine, "--loops", 2, "--verify", *args)
+    size = int(args[args.index("--size") + 1])
+    assert out["engine"] == engine
+    assert [r["op"] for r in out["results"]] == ["write", "read"]
+    for r in out["results"]:
+        assert r["bytes"] == size and r["verified"] is True
+
+
+@pytest.mark.parametrize("op", ["write", "read"])
+def test_verify_single_op(tmp_path, op):
+    # read: the missing file is written first (untimed); write: the file is read back once.
+    out = bench_json("--dir", tmp_path, "--op", op, "--size", ODD_SIZE, "--loops", 1, "--verify")
+    assert [r["op"] for r in out["results"]] == [op]
+    assert out["results"][0]["verified"] is True
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_verify_catches_a_flipped_byte(tmp_path):
+    f = tmp_path / "data.bin"
+    seed = "12345"
+    r = nvio("bench", "--op", "write", "--keep", "--file", f, "--seed", seed, "--size", ODD_SIZE,
+             "--loops", 1)
+    assert r.returncode == 0, r.stderr
+    assert f.stat().st_size == ODD_SIZE
+
+    # Same file, same seed: clean. This is what makes the failure below meaningful.
+    r = nvio("bench", "--op", "read", "--verify", "--file", f, "--seed", seed, "--size", ODD_SIZE,
+             "--loops", 1)
+    assert r.returncode == 0, r.stderr
+
+    bad_offset = 777_777  # not a multiple of 8 or of any alignment
+    data = bytearray(f.read_bytes())
+    data[bad_offset] ^= 0x40
+    f.write_bytes(bytes(data))
+
+    r = nvio("bench", "--op", "read", "--verify", "--file", f, "--seed", seed, "--size", ODD_SIZE,
+             "--loops", 1, "--json")
+    assert r.returncode == 1, r.stderr
+    assert f"verify failed: first bad byte at file offset {bad_offset} " in r.stderr
+    assert json.loads(r.stdout)["results"][0]["verified"] is False
+    assert f.read_bytes() == bytes(data)  # a read-only run leaves the file alone
+
+
+def test_verify_rejects_a_stale_file_without_the_seed(tmp_path):
+    f = tmp_path / "data.bin"
+    r = nvio("bench", "--op", "write", "--keep", "--file", f, "--size", 65536, "--loops", 1)
+    assert r.returncode == 0, r.stderr
+    # No --seed: a new one is drawn, so the old file must not pass.
+    r = nvio("bench", "--op", "read", "--verify", "--file", f, "--size", 65536, "--loops", 1)
+    assert r.returncode == 1
+    assert re.search(r"first bad byte at file offset [0-7] ", r.stderr), r.stderr
+
+
+# ---- files --------------------------------------------------------------------------------------
+
+
+def test_file_removed_without_keep(tmp_path):
+    f = tmp_path / "new.bin"
+    out = bench_json("--file", f, "--size", ODD_SIZE, "--loops", 1)
+    assert out["file"] == str(f)
+    assert not f.exists()
+
+
+def test_file_kept_with_keep(tmp_path):
+    f = tmp_path / "kept.bin"
+    bench_json("--file", f, "--size", ODD_SIZE, "--loops", 1, "--keep")
+    assert f.stat().st_size == ODD_SIZE
+
+
+def test_existing_file_is_never_removed(tmp_path):
+    f = tmp_path / "mine.bin"
+    content = os.urandom(2 * ODD_SIZE)
+    f.write_bytes(content)
+    out = bench_json("--op", "read", "--file", f, "--size", ODD_SIZE, "--loops", 1)
+    assert out["results"][0]["bytes"] == ODD_SIZE
+    assert f.read_bytes() == content
+
+
+def test_short_file_is_extended_before_a_read_only_run(tmp_path):
+    f = tmp_path / "short.bin"
+    f.write_bytes(b"abc")
+    out = bench_json("--op", "read", "--file", f, "--size", ODD_SIZE, "--loops", 1, "--verify",
+                     "--seed", 9)
+    assert out["results"][0]["verified"] is True
+    assert f.stat().st_size == ODD_SIZE
+
+
+def test_dir_is_created_and_scratch_file_kept_with_keep(tmp_path):
+    d = tmp_path / "a" / "b"
+    out = bench_json("--dir", d, "--size", ODD_SIZE, "--loops", 1, "--keep")
+    assert [p.name for p in d.iterdir()] == [os.path.basename(out["file"])]
+    assert os.path.getsize(out["file"]) == ODD_SIZE
+
+
+# ---- report -------------------------------------------------------------------------------------
+
+
+def test_report_json(tmp_path):
+    r = nvio("report", "--json", "--dir", tmp_path)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert set(rep) >= {"engines", "auto_engine", "auto_reason", "dir", "memlock_limit",
+                        "aio_max_nr", "aio_nr", "kernel", "options", "version"}
+    assert set(rep["engines"]) == set(ENGINES)
+    for probe in rep["engines"].values():
+        assert isinstance(probe["available"], bool) and isinstance(probe["reason"], str)
+    assert rep["engines"]["psync"]["available"] is True
+    assert rep["auto_engine"] in ENGINES and rep["engines"][rep["auto_engine"]]["available"]
+    assert isinstance(rep["auto_reason"], str) and rep["auto_reason"]
+    assert os.uname().release in rep["kernel"]
+    d = rep["dir"]
+    assert d["path"] == str(tmp_path)
+    assert isinstance(d["direct_io"], bool) and isinstance(d["source"], str)
+    for key in ("mem_align", "offset_align"):
+        assert isinstance(d[key], int) and d[key] >= 0
+        if d["direct_io"]:
+            assert d[key] > 0 and d[key] & (d[key] - 1) == 0  # a power of two
+    for key in ("memlock_limit", "aio_max_nr", "aio_nr"):
+        assert rep[key] is None or (isinstance(rep[key], int) and rep[key] >= 0)
+    assert set(rep["options"]) == OPTION_NAMES
+    assert all(o["source"] == "default" for o in rep["options"].values())
+    assert rep["options"]["block_size"]["value"] == 1 << 20
+    assert list(tmp_path.iterdir()) == []  # the probe file is gone
+
+
+def test_report_shows_environment_sources(tmp_path):
+    rep = json.loads(nvio("report", "--json", "--dir", tmp_path,
+                          env=clean_env(NVIO_BLOCK_SIZE="2M")).stdout)
+    assert rep["options"]["block_size"] == {"value": 2 << 20, "source": "environment"}
+    others = {k: v["source"] for k, v in rep["options"].items() if k != "block_size"}
+    assert set(others.values()) == {"default"}
+
+
+def test_report_text(tmp_path):
+    r = nvio("report", "--dir", tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert os.uname().release in r.stdout
+    for word in ("io_uring", "libaio", "psync", "O_DIRECT", "RLIMIT_MEMLOCK", "fs.aio-max-nr"):
+        assert word in r.stdout
+
+
+# ---- progress -----------------------------------------------------------------------------------
+
+
+def progress_args(tmp_path, loops):
+    return ["bench", "--dir", tmp_path, "--op", "write", "--size", "16M", "--loops", loops,
+            "--direct", "off"]
+
+
+def long_non_terminal_run(tmp_path, seconds):
+    """Finds a loop count whose run takes more than `seconds`; returns (loops, its result)."""
+    out = bench_json(*progress_args(tmp_path, 3)[1:])
+    loops = int(math.ceil(1.5 * seconds / max(out["results"][0]["seconds"], 1e-4)))
+    for _ in range(4):
+        loops = min(loops, 100000)
+        start = time.monotonic()
+        r = nvio(*progress_args(tmp_path, loops))
+        elapsed = time.monotonic() - start
+        assert r.returncode == 0, r.stderr
+        if elapsed > seconds:
+            return loops, r
+        loops = int(math.ceil(loops * 1.5 * seconds / elapsed))
+    pytest.fail("could not make a bench run last long enough to test progress")
+
+
+def run_on_pty(args):
+    """Runs nvio with stderr on a terminal and returns (exit code, what it wrote there)."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([BIN, *map(str, args)], stdout=subprocess.DEVNULL, stderr=slave,
+                            env=clean_env())
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(master)
+    return proc.wait(timeout=60), b"".join(chunks).decode(errors="replace")
+
+
+def test_progress_only_on_a_terminal(tmp_path):
+    # Long enough (> 2 s) that a terminal would get progress.
+    loops, r = long_non_terminal_run(tmp_path, 2.5)
+    assert "\r" not in r.stderr and "loop" not in r.stderr
+
+    code, tty_err = run_on_pty(progress_args(tmp_path, loops))
+    assert code == 0, tty_err
+    assert "\rnvio bench: write loop" in tty_err
+    assert tty_err.endswith("\r\x1b[K")  # the status line is cleared at the end
+
+
+def test_interrupted_run_removes_its_scratch_file(tmp_path):
+    proc = subprocess.Popen([BIN, "bench", "--dir", str(tmp_path), "--size", "16M", "--op",
+                             "write", "--loops", "1000000", "--direct", "off"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=clean_env())
+    deadline = time.monotonic() + 20
+    while not any(tmp_path.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert any(tmp_path.iterdir()), "the scratch file never appeared"
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=20) == -signal.SIGINT
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,518 @@
+// `nvio bench`: times handle.write / handle.read of one buffer to one file and reports GB/s.
+//
+// Each loop moves the whole buffer once. Wall time comes from steady_clock; CPU time from
+// getrusage(RUSAGE_SELF), which includes the library's worker threads (they live in this process).
+// Reported figures are medians over loops, so one slow loop (a flush, a noisy neighbour) does not
+// skew the result.
+#include <fcntl.h>
+#include <fmt/core.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <condition_variable>
+#include <csignal>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli.hpp"
+#include "nvio/errors.hpp"
+#include "nvio/handle.hpp"
+#include "nvio/memory.hpp"
+#include "nvio/options.hpp"
+#include "nvio/pattern.hpp"
+#include "nvio/system.hpp"
+
+namespace nvio_cli {
+
+void add_bench_options(CLI::App& app, BenchArgs& args) {
+  app.add_option("--dir", args.dir,
+                 "Directory for the scratch file nvio-bench-<pid>.dat (made if missing)")
+      ->type_name("DIR");
+  app.add_option("--file", args.file,
+                 "Use exactly this file instead of a scratch file under --dir (a file that "
+                 "existed before the run is never removed)")
+      ->type_name("PATH");
+  app.add_option("--size", args.size, "Bytes per operation; K/M/G suffixes are powers of 1024")
+      ->type_name("BYTES")
+      ->capture_default_str();
+  app.add_option("--op", args.op, "read, write or both (write first)")
+      ->type_name("OP")
+      ->capture_default_str();
+  app.add_option("--loops", args.loops, "Timed loops per operation")
+      ->type_name("N")
+      ->capture_default_str();
+  app.add_option("--seed", args.seed,
+                 "Seed of the data pattern (default: from time and pid, so stale files fail "
+                 "--verify)")
+      ->type_name("N");
+  app.add_option("--engine", args.engine, "auto, io_uring, libaio or psync [env NVIO_ENGINE]")
+      ->type_name("ENGINE");
+  app.add_option("--block-size", args.block_size, "Bytes per piece [env NVIO_BLOCK_SIZE]")
+      ->type_name("BYTES");
+  app.add_option("--queue-depth", args.queue_depth,
+                 "Pieces in flight per worker [env NVIO_QUEUE_DEPTH]")
+      ->type_name("N");
+  app.add_option("--parallelism", args.parallelism,
+                 "Workers per operation [env NVIO_INTRA_OP_PARALLELISM]")
+      ->type_name("N");
+  app.add_flag_callback(
+      "--single-submit", [&args] { args.single_submit = true; },
+      "Submit one piece per system call [env NVIO_SINGLE_SUBMIT]");
+  app.add_flag_callback(
+      "--no-overlap-events", [&args] { args.overlap_events = false; },
+      "Submit a batch and wait for all of it, instead of refilling the queue as pieces complete "
+      "[env NVIO_OVERLAP_EVENTS]");
+  app.add_option("--direct", args.direct, "O_DIRECT: auto, on or off [env NVIO_DIRECT]")
+      ->type_name("MODE");
+  app.add_flag("--verify", args.verify,
+               "Check every byte read back against the pattern; exit 1 naming the first bad "
+               "offset on a mismatch");
+  app.add_flag("--keep", args.keep, "Keep the file the run wrote (default: remove it)");
+  app.add_flag("--json", args.json, "Print one JSON object instead of a table");
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+enum class Op { Read, Write, Both };
+
+// Everything a run needs, parsed and validated before any file is touched.
+struct Plan {
+  std::string path;
+  bool scratch = false;  // path is our own nvio-bench-<pid>.dat under --dir
+  std::size_t size = 0;
+  Op op = Op::Both;
+  unsigned loops = 0;
+  std::uint64_t seed = 0;
+  bool verify = false;
+  bool keep = false;
+  bool json = false;
+  nvio::EffectiveOptions options;
+};
+
+struct Sample {
+  double seconds = 0;
+  double cpu_seconds = 0;
+};
+
+struct OpResult {
+  const char* op = "";
+  std::size_t bytes = 0;
+  std::vector<Sample> samples;
+  std::optional<bool> verified;             // nullopt: not verified
+  std::optional<std::uint64_t> bad_offset;  // first mismatching file offset when verify failed
+};
+
+// ---- argument parsing -------------------------------------------------------------------------
+
+Op parse_op(const std::string& text) {
+  if (text == "read") return Op::Read;
+  if (text == "write") return Op::Write;
+  if (text == "both") return Op::Both;
+  throw UsageError("--op: expected read, write or both, got '" + text + "'");
+}
+
+std::uint64_t parse_seed(const std::string& text) {
+  std::uint64_t value = 0;
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (text.empty() || ec != std::errc() || ptr != end) {
+    throw UsageError("--seed: expected an unsigned 64-bit integer, got '" + text + "'");
+  }
+  return value;
+}
+
+// Varies per run so that a file left over from another run never passes --verify by accident.
+std::uint64_t default_seed() {
+  std::uint64_t x = static_cast<std::uint64_t>(Clock::now().time_since_epoch().count()) ^
+                    (static_cast<std::uint64_t>(::getpid()) << 32);
+  x += 0x9e3779b97f4a7c15ULL;  // splitmix64 finaliser: spreads nearby clock values apart
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// A count that must fit in `unsigned`: rejected rather than wrapped (2^32 + 1 must not become 1).
+unsigned parse_unsigned(const std::string& text, const char* flag) {
+  std::size_t value = nvio::parse_count(text, flag);
+  if (value > std::numeric_limits<unsigned>::max()) {
+    throw UsageError(fmt::format("{}: {} is out of range", flag, text));
+  }
+  return static_cast<unsigned>(value);
+}
+
+// Only flags given on the command line become overrides; the rest come from NVIO_* or defaults.
+nvio::OptionOverrides build_overrides(const BenchArgs& args) {
+  nvio::OptionOverrides o;
+  if (args.engine) o.engine = nvio::parse_engine(*args.engine, "--engine");
+  if (args.block_size) o.block_size = nvio::parse_size(*args.block_size, "--block-size");
+  if (args.queue_depth) {
+    o.queue_depth = parse_unsigned(*args.queue_depth, "--queue-depth");
+  }
+  if (args.parallelism) {
+    o.intra_op_parallelism = parse_unsigned(*args.parallelism, "--parallelism");
+  }
+  if (args.direct) o.direct = nvio::parse_direct(*args.direct, "--direct");
+  o.single_submit = args.single_submit;
+  o.overlap_events = args.overlap_events;
+  return o;
+}
+
+// The library names the option ("queue_depth must be between 1 and 4096, got 0"); when the value
+// came from a flag, add the flag, as it already adds the variable for environment values.
+nvio::EffectiveOptions resolve_naming_flags(const nvio::OptionOverrides& o) {
+  try {
+    return nvio::resolve_options(o);
+  } catch (const nvio::InvalidArgument& e) {
+    const std::string what = e.what();
+    const struct {
+      const char* option;
+      const char* flag;
+      bool given;
+    } flags[] = {{"block_size", "--block-size", o.block_size.has_value()},
+                 {"queue_depth", "--queue-depth", o.queue_depth.has_value()},
+                 {"intra_op_parallelism", "--parallelism", o.intra_op_parallelism.has_value()}};
+    for (const auto& f : flags) {
+      if (f.given && what.rfind(std::string(f.option) + " ", 0) == 0) {
+        throw nvio::InvalidArgument(what + " (from " + f.flag + ")");
+      }
+    }
+    throw;
+  }
+}
+
+Plan make_plan(const BenchArgs& args) {
+  if (!args.dir && !args.file) throw UsageError("bench: --dir DIR or --file PATH is required");
+  Plan plan;
+  plan.size = nvio::parse_size(args.size, "--size");
+  if (plan.size == 0) throw UsageError("--size: must be at least 1 byte");
+  plan.op = parse_op(args.op);
+  plan.loops = parse_unsigned(args.loops, "--loops");
+  if (plan.loops == 0) throw UsageError("--loops: must be at least 1");
+  plan.seed = args.seed ? parse_seed(*args.seed) : default_seed();
+  plan.verify = args.verify;
+  plan.keep = args.keep;
+  plan.json = args.json;
+  plan.options = resolve_naming_flags(build_overrides(args));
+  if (args.file) {
+    plan.path = *args.file;
+  } else {
+    plan.path =
+        (std::filesystem::path(*args.dir) / fmt::format("nvio-bench-{}.dat", ::getpid())).string();
+    plan.scratch = true;
+  }
+  return plan;
+}
+
+// ---- files --------------------------------------------------------------------------------------
+
+std::optional<std::uint64_t> file_size(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  return static_cast<std::uint64_t>(st.st_size);
+}
+
+// The scratch file to remove if the run is interrupted (Ctrl-C), so that a multi-GiB file is not
+// left behind. Only async-signal-safe calls are made from the handler.
+volatile std::sig_atomic_t g_have_cleanup_path = 0;
+char g_cleanup_path[4096];
+
+extern "C" void remove_and_reraise(int sig) {
+  if (g_have_cleanup_path) ::unlink(g_cleanup_path);
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
+}
+
+// Removes the file at the end of the run (also on errors and SIGINT/SIGTERM) unless it must stay:
+// --keep, or a --file that existed before we started (it may be the user's data, not ours).
+class FileCleanup {
+ public:
+  FileCleanup(std::string path, bool remove) : path_(std::move(path)), remove_(remove) {
+    if (!remove_ || path_.size() >= sizeof g_cleanup_path) return;
+    std::memcpy(g_cleanup_path, path_.c_str(), path_.size() + 1);
+    g_have_cleanup_path = 1;
+    std::signal(SIGINT, remove_and_reraise);
+    std::signal(SIGTERM, remove_and_reraise);
+  }
+  ~FileCleanup() {
+    g_have_cleanup_path = 0;
+    if (remove_) ::unlink(path_.c_str());
+  }
+  FileCleanup(const FileCleanup&) = delete;
+  FileCleanup& operator=(const FileCleanup&) = delete;
+
+ private:
+  std::string path_;
+  bool remove_;
+};
+
+// Drops the file's pages from the page cache so that a buffered read really reads the device.
+// Best effort: a failure here only makes the next read look faster, and the read itself reports
+// real errors (missing file, permissions) properly.
+void evict_page_cache(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::fdatasync(fd);  // dirty pages cannot be dropped
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+}
+
+// ---- progress -----------------------------------------------------------------------------------
+
+// A single "\r" status line on stderr, shown only on a terminal and only once the run has taken
+// more than kDelay (short runs stay quiet). A thread redraws it, since the timed calls block.
+class Progress {
+ public:
+  explicit Progress(bool enabled) : start_(Clock::now()) {
+    if (enabled) thread_ = std::thread([this] { draw_loop(); });
+  }
+  ~Progress() {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+    if (shown_) std::fputs("\r\x1b[K", stderr);  // clear the line for what follows
+  }
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
+
+  void set(std::string status) {
+    std::lock_guard lock(mutex_);
+    status_ = std::move(status);
+  }
+
+ private:
+  static constexpr auto kDelay = std::chrono::seconds(2);
+  static constexpr auto kPeriod = std::chrono::milliseconds(250);
+
+  void draw_loop() {
+    std::unique_lock lock(mutex_);
+    while (!cv_.wait_for(lock, kPeriod, [this] { return stop_; })) {
+      auto elapsed = Clock::now() - start_;
+      if (elapsed < kDelay || status_.empty()) continue;
+      double seconds = std::chrono::duration<double>(elapsed).count();
+      std::fprintf(stderr, "\rnvio bench: %s (%.1f s)\x1b[K", status_.c_str(), seconds);
+      std::fflush(stderr);
+      shown_ = true;
+    }
+  }
+
+  Clock::time_point start_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::string status_;
+  bool stop_ = false;
+  bool shown_ = false;
+  std::thread thread_;
+};
+
+// ---- timing -------------------------------------------------------------------------------------
+
+double cpu_seconds() {
+  rusage usage{};
+  ::getrusage(RUSAGE_SELF, &usage);
+  auto to_s = [](const timeval& tv) { return static_cast<double>(tv.tv_sec) + tv.tv_usec * 1e-6; };
+  return to_s(usage.ru_utime) + to_s(usage.ru_stime);
+}
+
+template <typename Fn>
+Sample time_once(Fn&& fn) {
+  double cpu0 = cpu_seconds();
+  auto t0 = Clock::now();
+  fn();
+  auto t1 = Clock::now();
+  return {std::chrono::duration<double>(t1 - t0).count(), cpu_seconds() - cpu0};
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  std::size_t mid = values.size() / 2;
+  return values.size() % 2 ? values[mid] : (values[mid - 1] + values[mid]) / 2;
+}
+
+double median_seconds(const OpResult& r) {
+  std::vector<double> v;
+  for (const Sample& s : r.samples) v.push_back(s.seconds);
+  return median(v);
+}
+
+double median_cpu_s_per_gb(const OpResult& r) {
+  std::vector<double> v;
+  const double gigabytes = static_cast<double>(r.bytes) / 1e9;
+  for (const Sample& s : r.samples) v.push_back(s.cpu_seconds / gigabytes);
+  return median(v);
+}
+
+// ---- the operations -----------------------------------------------------------------------------
+
+// Records whether buf holds the pattern, and where it first does not.
+void check_pattern(const nvio::AlignedBuffer& buf, const Plan& plan, OpResult& result) {
+  result.bad_offset = nvio::pattern::first_mismatch(buf.data(), plan.size, 0, plan.seed);
+  result.verified = !result.bad_offset;
+}
+
+OpResult run_writes(nvio::Handle& handle, const nvio::AlignedBuffer& buf, const Plan& plan,
+                    Progress& progress) {
+  OpResult result{"write", plan.size, {}, std::nullopt, std::nullopt};
+  nvio::pattern::fill(buf.data(), plan.size, 0, plan.seed);
+  for (unsigned i = 0; i < plan.loops; ++i) {
+    progress.set(fmt::format("write loop {}/{}", i + 1, plan.loops));
+    result.samples.push_back(time_once([&] { handle.write(buf.data(), plan.size, plan.path, 0); }));
+  }
+  return result;
+}
+
+// A read-only run needs a file to read: write the pattern first (untimed) if it is missing or
+// shorter than --size.
+void ensure_readable(nvio::Handle& handle, const nvio::AlignedBuffer& buf, const Plan& plan) {
+  auto size = file_size(plan.path);
+  if (size && *size >= plan.size) return;
+  nvio::pattern::fill(buf.data(), plan.size, 0, plan.seed);
+  handle.write(buf.data(), plan.size, plan.path, 0);
+}
+
+OpResult run_reads(nvio::Handle& handle, const nvio::AlignedBuffer& buf, const Plan& plan,
+                   Progress& progress) {
+  OpResult result{"read", plan.size, {}, std::nullopt, std::nullopt};
+  for (unsigned i = 0; i < plan.loops; ++i) {
+    progress.set(fmt::format("read loop {}/{}", i + 1, plan.loops));
+    // Poison the buffer first, or a read that transferred nothing would pass --verify.
+    if (plan.verify) std::memset(buf.data(), 0xA5, plan.size);
+    evict_page_cache(plan.path);
+    result.samples.push_back(time_once([&] { handle.read(buf.data(), plan.size, plan.path, 0); }));
+    // Every loop's data is checked (untimed); the first failure is the one reported.
+    if (plan.verify && result.verified != false) check_pattern(buf, plan, result);
+  }
+  return result;
+}
+
+// For a write-only run: read the file back once (untimed) into a fresh buffer and check it.
+void verify_written(nvio::Handle& handle, const Plan& plan, OpResult& result) {
+  nvio::AlignedBuffer back(plan.size, nvio::LockMode::Try);
+  evict_page_cache(plan.path);
+  handle.read(back.data(), plan.size, plan.path, 0);
+  check_pattern(back, plan, result);
+}
+
+std::vector<OpResult> run_ops(nvio::Handle& handle, const Plan& plan) {
+  nvio::AlignedBuffer buf(plan.size, nvio::LockMode::Try);
+  Progress progress(::isatty(STDERR_FILENO) == 1);
+  std::vector<OpResult> results;
+  if (plan.op == Op::Read) ensure_readable(handle, buf, plan);
+  if (plan.op != Op::Read) results.push_back(run_writes(handle, buf, plan, progress));
+  if (plan.op != Op::Write) results.push_back(run_reads(handle, buf, plan, progress));
+  if (!plan.verify) return results;
+  if (plan.op == Op::Write) {
+    verify_written(handle, plan, results[0]);
+  } else if (plan.op == Op::Both) {
+    results[0].verified = results[1].verified;  // the reads checked what the writes stored
+  }
+  return results;
+}
+
+// ---- output -------------------------------------------------------------------------------------
+
+nlohmann::json result_json(const OpResult& r, const nvio::Handle& handle) {
+  double seconds = median_seconds(r);
+  double bytes = static_cast<double>(r.bytes);
+  nlohmann::json all = nlohmann::json::array();
+  for (const Sample& s : r.samples) all.push_back(s.seconds);
+  return {{"op", r.op},
+          {"engine", nvio::to_string(handle.engine())},
+          {"bytes", r.bytes},
+          {"seconds", seconds},
+          {"gb_per_s", seconds > 0 ? bytes / seconds / 1e9 : 0.0},
+          {"gib_per_s", seconds > 0 ? bytes / seconds / (1024.0 * 1024 * 1024) : 0.0},
+          {"cpu_s_per_gb", median_cpu_s_per_gb(r)},
+          {"verified", r.verified ? nlohmann::json(*r.verified) : nlohmann::json(nullptr)},
+          {"loops", r.samples.size()},
+          {"seconds_all", all}};
+}
+
+void print_json(const std::vector<OpResult>& results, const nvio::Handle& handle,
+                const Plan& plan) {
+  nlohmann::json out;
+  out["results"] = nlohmann::json::array();
+  for (const OpResult& r : results) out["results"].push_back(result_json(r, handle));
+  out["options"] = options_to_json(handle.options());
+  out["engine"] = nvio::to_string(handle.engine());
+  out["engine_reason"] = handle.engine_reason();
+  out["file"] = plan.path;
+  out["size"] = plan.size;
+  out["version"] = nvio::version();
+  fmt::print("{}\n", out.dump(2));
+}
+
+void print_table(const std::vector<OpResult>& results, const nvio::Handle& handle,
+                 const Plan& plan) {
+  const nvio::Options& o = handle.options();
+  fmt::print("nvio bench: {} ({} bytes), {} loop(s), file {}\n", human_bytes(plan.size), plan.size,
+             plan.loops, plan.path);
+  fmt::print(
+      "engine {} ({}); block_size {}, queue_depth {}, single_submit {}, overlap_events {}, "
+      "intra_op_parallelism {}, direct {}\n",
+      nvio::to_string(handle.engine()), handle.engine_reason(), human_bytes(o.block_size),
+      o.queue_depth, o.single_submit, o.overlap_events, o.intra_op_parallelism,
+      nvio::to_string(o.direct));
+  fmt::print("GB/s = 1e9 bytes/s, GiB/s = 2^30 bytes/s; seconds and CPU s/GB are medians\n\n");
+  fmt::print("{:<6} {:>14} {:>10} {:>9} {:>9} {:>10} {:>9}\n", "op", "bytes", "seconds", "GB/s",
+             "GiB/s", "CPU s/GB", "verified");
+  for (const OpResult& r : results) {
+    nlohmann::json j = result_json(r, handle);
+    std::string verified = r.verified ? (*r.verified ? "yes" : "NO") : "-";
+    fmt::print("{:<6} {:>14} {:>10.4f} {:>9.3f} {:>9.3f} {:>10.4f} {:>9}\n", r.op, r.bytes,
+               j["seconds"].get<double>(), j["gb_per_s"].get<double>(),
+               j["gib_per_s"].get<double>(), j["cpu_s_per_gb"].get<double>(), verified);
+  }
+}
+
+// Prints the verification failure, if any, and returns whether everything verified.
+bool report_verification(const std::vector<OpResult>& results, const nvio::Handle& handle) {
+  for (const OpResult& r : results) {
+    if (!r.bad_offset) continue;
+    std::fprintf(stderr, "nvio: verify failed: first bad byte at file offset %llu (engine %s)\n",
+                 static_cast<unsigned long long>(*r.bad_offset), nvio::to_string(handle.engine()));
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+int run_bench(const BenchArgs& args) {
+  Plan plan = make_plan(args);
+  nvio::Handle handle(plan.options.values);
+  if (plan.scratch) {
+    std::filesystem::create_directories(std::filesystem::path(plan.path).parent_path());
+  }
+  bool existed = file_size(plan.path).has_value();
+  FileCleanup cleanup(plan.path, !plan.keep && (plan.scratch || !existed));
+
+  std::vector<OpResult> results = run_ops(handle, plan);
+  if (plan.json) {
+    print_json(results, handle, plan);
+  } else {
+    print_table(results, handle, plan);
+  }
+  return report_verification(results, handle) ? kExitOk : kExitFailure;
+}
+
+}  // namespace nvio_cli

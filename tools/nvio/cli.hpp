@@ -1,0 +1,73 @@
+// Declarations shared by the translation units of the `nvio` command-line tool.
+//
+// Each subcommand has an argument struct that CLI11 fills in main.cpp, a function that registers
+// its flags, and a function that runs it and returns the process exit code. Argument values are
+// kept as the strings the user typed and parsed with nvio's own strict parsers, so that a bad value
+// is reported with the same wording as an NVIO_* environment variable would be.
+#pragma once
+
+#include <nlohmann/json_fwd.hpp>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "nvio/options.hpp"
+
+namespace CLI {
+class App;
+}
+
+namespace nvio_cli {
+
+// Exit codes of the tool.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailure = 1;  // an I/O error, a failed verification, ...
+inline constexpr int kExitUsage = 2;    // bad arguments or options
+
+// A command-line mistake that the library's parsers do not cover (e.g. neither --dir nor --file).
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct BenchArgs {
+  std::optional<std::string> dir;
+  std::optional<std::string> file;
+  std::string size = "1G";
+  std::string op = "both";
+  std::string loops = "3";
+  std::optional<std::string> seed;
+  // Handle options: unset ones fall through to NVIO_* environment variables and defaults.
+  std::optional<std::string> engine;
+  std::optional<std::string> block_size;
+  std::optional<std::string> queue_depth;
+  std::optional<std::string> parallelism;
+  std::optional<std::string> direct;
+  std::optional<bool> single_submit;   // set to true by --single-submit
+  std::optional<bool> overlap_events;  // set to false by --no-overlap-events
+  bool verify = false;
+  bool keep = false;
+  bool json = false;
+};
+
+struct ReportArgs {
+  std::string dir = ".";
+  bool json = false;
+};
+
+// Register the subcommand's flags on `app` (the subcommand itself), storing values into `args`.
+void add_bench_options(CLI::App& app, BenchArgs& args);
+void add_report_options(CLI::App& app, ReportArgs& args);
+
+// Run a parsed subcommand. Throw UsageError / nvio::InvalidArgument for bad arguments (exit 2)
+// and other exceptions for failures (exit 1); return the exit code otherwise.
+int run_bench(const BenchArgs& args);
+int run_report(const ReportArgs& args);
+
+// The handle options as JSON, keyed by the option names of nvio::EffectiveOptions::sources.
+nlohmann::json options_to_json(const nvio::Options& options);
+
+// Renders a byte count for people: "1 GiB", "4 KiB", or plain bytes when not a whole unit.
+std::string human_bytes(unsigned long long bytes);
+
+}  // namespace nvio_cli

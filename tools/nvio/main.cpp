@@ -1,0 +1,84 @@
+// `nvio`: command-line front end of the nvio library.
+//
+// Exit codes: 0 success, 1 failure (I/O error, failed verification), 2 bad arguments. Every error
+// is one line on stderr starting "nvio: error:"; no exception escapes main, so nothing aborts.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+#include <string>
+
+#include "cli.hpp"
+#include "nvio/errors.hpp"
+#include "nvio/system.hpp"
+#include "nvio/warnings.hpp"
+
+namespace {
+
+// Errors must stay on one line so scripts can grep them; CLI11 and nested messages may not.
+std::string one_line(std::string text) {
+  for (char& c : text) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  while (!text.empty() && text.back() == ' ') text.pop_back();
+  return text;
+}
+
+void print_error(const std::string& message) {
+  std::fprintf(stderr, "nvio: error: %s\n", one_line(message).c_str());
+}
+
+// The library never prints; its warnings (mlock refused, O_DIRECT unsupported) come here.
+void install_warning_sink() {
+  nvio::set_warning_sink([](const std::string& message) {
+    std::fprintf(stderr, "nvio: warning: %s\n", one_line(message).c_str());
+  });
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"nvio: move buffers between memory and files on NVMe at device speed", "nvio"};
+  app.set_version_flag("--version", std::string("nvio ") + nvio::version());
+  // At most one; "none" is checked after parsing so that `nvio --bogus` names --bogus.
+  app.require_subcommand(0, 1);
+
+  nvio_cli::BenchArgs bench_args;
+  CLI::App* bench = app.add_subcommand("bench", "Write and/or read a scratch file and report GB/s");
+  nvio_cli::add_bench_options(*bench, bench_args);
+
+  nvio_cli::ReportArgs report_args;
+  CLI::App* report =
+      app.add_subcommand("report", "Show engines, direct-I/O support, limits and options");
+  nvio_cli::add_report_options(*report, report_args);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {  // --help, --version
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    print_error(e.what());
+    return nvio_cli::kExitUsage;
+  }
+  if (bench->parsed()) return nvio_cli::run_bench(bench_args);
+  if (report->parsed()) return nvio_cli::run_report(report_args);
+  throw nvio_cli::UsageError("a subcommand is required: bench or report (see nvio --help)");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  install_warning_sink();
+  try {
+    return run(argc, argv);
+  } catch (const nvio_cli::UsageError& e) {
+    print_error(e.what());
+    return nvio_cli::kExitUsage;
+  } catch (const nvio::InvalidArgument& e) {
+    print_error(e.what());
+    return nvio_cli::kExitUsage;
+  } catch (const std::exception& e) {  // nvio::Error (I/O, engine, memory), filesystem, bad_alloc
+    print_error(e.what());
+    return nvio_cli::kExitFailure;
+  } catch (...) {
+    print_error("unexpected internal error");
+    return nvio_cli::kExitFailure;
+  }
+}

@@ -1,0 +1,156 @@
+// `nvio report`: what this machine offers nvio, for bug reports and for choosing options.
+//
+// Everything is gathered into one JSON document first; the human output is rendered from the
+// same document, so the two can never disagree.
+#include <fmt/core.h>
+
+#include <CLI/CLI.hpp>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "cli.hpp"
+#include "nvio/options.hpp"
+#include "nvio/system.hpp"
+
+namespace nvio_cli {
+
+using nlohmann::json;
+
+std::string human_bytes(unsigned long long bytes) {
+  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int unit = 0;
+  while (unit < 4 && bytes >= 1024 && bytes % 1024 == 0) {
+    bytes /= 1024;
+    ++unit;
+  }
+  return fmt::format("{} {}", bytes, kUnits[unit]);
+}
+
+json options_to_json(const nvio::Options& o) {
+  json out = json::object();
+  out["engine"] = nvio::to_string(o.engine);
+  out["block_size"] = o.block_size;
+  out["queue_depth"] = o.queue_depth;
+  out["single_submit"] = o.single_submit;
+  out["overlap_events"] = o.overlap_events;
+  out["intra_op_parallelism"] = o.intra_op_parallelism;
+  out["direct"] = nvio::to_string(o.direct);
+  return out;
+}
+
+void add_report_options(CLI::App& app, ReportArgs& args) {
+  app.add_option("--dir", args.dir, "Directory to probe for O_DIRECT support and alignment")
+      ->type_name("DIR")
+      ->capture_default_str();
+  app.add_flag("--json", args.json, "Print one JSON object instead of text");
+}
+
+namespace {
+
+json optional_json(const std::optional<std::uint64_t>& value) {
+  return value ? json(*value) : json(nullptr);
+}
+
+json engines_json() {
+  json out = json::object();
+  for (nvio::EngineKind kind :
+       {nvio::EngineKind::IoUring, nvio::EngineKind::Libaio, nvio::EngineKind::Psync}) {
+    const nvio::EngineProbe& probe = nvio::probe_engine(kind);
+    out[nvio::to_string(kind)] = {{"available", probe.available}, {"reason", probe.reason}};
+  }
+  return out;
+}
+
+// "." becomes "/abs/path/" after normalising; drop the trailing separator people do not write.
+std::string absolute_dir(const std::string& dir) {
+  std::filesystem::path p = std::filesystem::absolute(dir).lexically_normal();
+  if (!p.has_filename() && p.has_relative_path()) p = p.parent_path();
+  return p.string();
+}
+
+json dir_json(const std::string& dir) {
+  nvio::DirectIoInfo info = nvio::probe_directory(dir);
+  return {{"path", absolute_dir(dir)},
+          {"direct_io", info.supported},
+          {"mem_align", info.mem_align},
+          {"offset_align", info.offset_align},
+          {"source", info.source}};
+}
+
+json options_json() {
+  nvio::EffectiveOptions eff = nvio::resolve_options();
+  const json values = options_to_json(eff.values);
+  json out = json::object();
+  for (auto& [name, value] : values.items()) {
+    auto it = eff.sources.find(name);
+    auto source = it == eff.sources.end() ? nvio::OptionSource::Default : it->second;
+    out[name] = {{"value", value}, {"source", nvio::to_string(source)}};
+  }
+  return out;
+}
+
+json gather(const ReportArgs& args) {
+  // Options first: a malformed NVIO_* variable is a usage error and should stop before probing.
+  json options = options_json();
+  nvio::SystemInfo sys = nvio::system_info();
+  const nvio::AutoChoice& choice = nvio::auto_engine();
+  return {{"version", nvio::version()},
+          {"kernel", sys.kernel},
+          {"engines", engines_json()},
+          {"auto_engine", nvio::to_string(choice.engine)},
+          {"auto_reason", choice.reason},
+          {"dir", dir_json(args.dir)},
+          {"memlock_limit", optional_json(sys.memlock_limit)},
+          {"aio_max_nr", optional_json(sys.aio_max_nr)},
+          {"aio_nr", optional_json(sys.aio_nr)},
+          {"options", options}};
+}
+
+std::string text_of(const json& value) {
+  if (value.is_null()) return "unknown";
+  if (value.is_string()) return value.get<std::string>();
+  return value.dump();
+}
+
+void print_text(const json& r) {
+  fmt::print("nvio {}\n", r["version"].get<std::string>());
+  fmt::print("kernel            {}\n", r["kernel"].get<std::string>());
+  fmt::print("engines\n");
+  for (auto& [name, e] : r["engines"].items()) {
+    fmt::print("  {:<16}{:<11}{}\n", name, e["available"].get<bool>() ? "available" : "missing",
+               e["reason"].get<std::string>());
+  }
+  fmt::print("auto engine       {} ({})\n", r["auto_engine"].get<std::string>(),
+             r["auto_reason"].get<std::string>());
+  const json& d = r["dir"];
+  fmt::print("directory         {}\n", d["path"].get<std::string>());
+  fmt::print("  O_DIRECT        {} ({})\n", d["direct_io"].get<bool>() ? "yes" : "no",
+             d["source"].get<std::string>());
+  fmt::print("  mem_align       {}\n", d["mem_align"].get<std::uint64_t>());
+  fmt::print("  offset_align    {}\n", d["offset_align"].get<std::uint64_t>());
+  const json& memlock = r["memlock_limit"];
+  fmt::print("RLIMIT_MEMLOCK    {}\n",
+             memlock.is_null() ? "unlimited" : human_bytes(memlock.get<std::uint64_t>()));
+  fmt::print("fs.aio-max-nr     {}\n", text_of(r["aio_max_nr"]));
+  fmt::print("fs.aio-nr         {}\n", text_of(r["aio_nr"]));
+  fmt::print("options (value, source)\n");
+  for (auto& [name, o] : r["options"].items()) {
+    fmt::print("  {:<22}{:<12}{}\n", name, text_of(o["value"]), o["source"].get<std::string>());
+  }
+}
+
+}  // namespace
+
+int run_report(const ReportArgs& args) {
+  json report = gather(args);
+  if (args.json) {
+    fmt::print("{}\n", report.dump(2));
+  } else {
+    print_text(report);
+  }
+  return kExitOk;
+}
+
+}  // namespace nvio_cli

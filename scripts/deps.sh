@@ -8,7 +8,8 @@ NVIO_PACKAGES=(
   liburing-dev libaio-dev
   libfmt-dev libcli11-dev nlohmann-json3-dev
   libgtest-dev
-  python3 python3-pytest
+  python3 python3-dev python3-pytest pybind11-dev
+  python3-numpy python3-torch python3-setuptools python3-wheel python3-venv
   fio e2fsprogs
 )
 

@@ -31,9 +31,10 @@ struct Completion {
 class Engine {
  public:
   virtual ~Engine() = default;
-  // Queues and submits `requests` (at most capacity() in flight in total). Returns how many were
-  // accepted; the rest must be offered again after reaping. Returns -errno on a submission error
-  // that affects the whole batch.
+  // Submits `requests` (never more than queue_depth in flight in total). Returns how many were
+  // accepted, in order. A negative value is -errno for the FIRST request, which the kernel refused
+  // (e.g. EBADF, EINVAL); the ones after it were not taken. -EAGAIN (or 0) means the kernel is out
+  // of resources for now: offer the requests again after reaping.
   virtual int submit(std::span<const Request> requests) = 0;
   // Waits until at least `min_complete` completions are available (0: do not wait), stores up to
   // out.size() of them, and returns how many, or -errno.

@@ -57,16 +57,19 @@ class IoUringEngine final : public Engine {
       ++queued;
     }
     if (queued == 0) return 0;
-    // io_uring_submit hands every prepared SQE to the kernel, or fails before consuming any.
-    int rc;
-    do {
-      rc = io_uring_submit(ring_.get());
-    } while (rc == -EINTR);
-    if (rc < 0) return rc;
+    // Prepared SQEs stay in the ring until the kernel takes them, so they count as accepted even
+    // when this submit fails for lack of resources: reap() submits them again before waiting.
+    // Per-request errors arrive as completions.
+    const int rc = submit_pending();
+    if (rc < 0 && rc != -EAGAIN && rc != -EBUSY) return rc;
     return static_cast<int>(queued);
   }
 
   int reap(std::span<Completion> out, std::size_t min_complete) override {
+    if (unsubmitted_) {
+      const int rc = submit_pending();
+      if (rc < 0 && rc != -EAGAIN && rc != -EBUSY) return rc;
+    }
     if (min_complete > 0) {
       io_uring_cqe* cqe = nullptr;
       int rc;
@@ -88,7 +91,17 @@ class IoUringEngine final : public Engine {
   EngineKind kind() const noexcept override { return EngineKind::IoUring; }
 
  private:
+  int submit_pending() {
+    int rc;
+    do {
+      rc = io_uring_submit(ring_.get());
+    } while (rc == -EINTR);
+    unsubmitted_ = rc < 0 || io_uring_sq_ready(ring_.get()) > 0;
+    return rc;
+  }
+
   Ring ring_;
+  bool unsubmitted_ = false;  // SQEs prepared but not yet taken by the kernel
 };
 
 }  // namespace

@@ -60,21 +60,21 @@ class LibaioEngine final : public Engine {
       cb->data = reinterpret_cast<void*>(static_cast<std::uintptr_t>(r.tag));
       batch.push_back(cb);
     }
-    // io_submit may take only part of the batch; hand back what it did not take.
+    // io_submit may take only part of the batch: it stops at the first iocb it refuses and
+    // reports that iocb's error only when it took none before it.
     std::size_t done = 0;
+    int error = 0;
     while (done < batch.size()) {
       const int rc = io_submit(ctx_.get(), static_cast<long>(batch.size() - done), &batch[done]);
       if (rc == -EINTR) continue;
-      if (rc == -EAGAIN && done > 0) break;
-      if (rc < 0) {
-        for (std::size_t i = done; i < batch.size(); ++i) free_.push_back(batch[i]);
-        return done > 0 ? static_cast<int>(done) : rc;
+      if (rc <= 0) {
+        error = rc;
+        break;
       }
       done += static_cast<std::size_t>(rc);
-      if (rc == 0) break;
     }
     for (std::size_t i = done; i < batch.size(); ++i) free_.push_back(batch[i]);
-    return static_cast<int>(done);
+    return done > 0 ? static_cast<int>(done) : error;
   }
 
   int reap(std::span<Completion> out, std::size_t min_complete) override {

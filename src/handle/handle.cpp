@@ -313,6 +313,14 @@ void adopt_fd(Operation& op, int fd, DirectIo direct) {
                    "the file descriptor is not open");
   }
   check_target(op, fd);
+  if ((fl & O_APPEND) != 0 && op.direction == Direction::Write) {
+    // pwrite on an O_APPEND descriptor ignores the offset and appends: refuse rather than write
+    // the data somewhere other than where it was asked to go.
+    throw InvalidArgument(fmt::format(
+        "{}: the descriptor was opened with O_APPEND, which ignores write offsets; open it "
+        "without O_APPEND",
+        op.path));
+  }
   const int access = fl & O_ACCMODE;
   const std::string proc = "/proc/self/fd/" + std::to_string(fd);
   if ((fl & O_DIRECT) != 0) {
@@ -509,7 +517,7 @@ void Handle::Impl::worker_main(unsigned /*index*/, std::promise<void> ready) {
   // pinning queue_depth x block_size of memory.
   const std::size_t chunk = round_up(options.block_size, 4096);
   const std::size_t bounce_count =
-      std::clamp<std::size_t>((std::size_t{64} << 20) / chunk, 2, qd);
+      std::min<std::size_t>(qd, std::max<std::size_t>(2, (std::size_t{64} << 20) / chunk));
   detail::BouncePool pool(chunk, bounce_count);
 
   std::vector<Slot> slots(qd);
@@ -531,7 +539,8 @@ void Handle::Impl::worker_main(unsigned /*index*/, std::promise<void> ready) {
     free_slots.push_back(tag);
     --inflight;
   };
-  // Hands `batch` to the engine as the options say; pieces it could not take fail.
+  // Hands `batch` to the engine as the options say. A request the kernel refuses fails its own
+  // operation only; when the kernel is out of resources the rest wait in `batch` for a reap.
   auto submit_batch = [&]() {
     std::size_t pos = 0;
     while (pos < batch.size()) {
@@ -541,17 +550,19 @@ void Handle::Impl::worker_main(unsigned /*index*/, std::promise<void> ready) {
         pos += static_cast<std::size_t>(rc);
         continue;
       }
+      const std::size_t submitted = inflight - (batch.size() - pos);
+      if ((rc == 0 || rc == -EAGAIN) && submitted > 0) break;
       const int err = rc < 0 ? -rc : EAGAIN;
-      for (; pos < batch.size(); ++pos) {
-        const auto tag = static_cast<unsigned>(batch[pos].tag);
-        Slot& s = slots[tag];
-        OperationPtr op = s.op;
-        release_slot(tag);
-        fail(*op, io_error_ptr(IoOp::Submit, op->path, batch[pos].offset, batch[pos].length,
-                                err, fmt::format("{} engine", to_string(engine_kind))));
-      }
+      const auto tag = static_cast<unsigned>(batch[pos].tag);
+      OperationPtr op = slots[tag].op;
+      const std::uint64_t at = batch[pos].offset;
+      const std::size_t len = batch[pos].length;
+      release_slot(tag);
+      fail(*op, io_error_ptr(IoOp::Submit, op->path, at, len, err,
+                             fmt::format("{} engine", to_string(engine_kind))));
+      ++pos;
     }
-    batch.clear();
+    batch.erase(batch.begin(), batch.begin() + static_cast<std::ptrdiff_t>(pos));
   };
   // Processes one completion: resumes short transfers, copies bounce data out, reports errors.
   auto complete = [&](const engine::Completion& c) {
@@ -616,7 +627,7 @@ void Handle::Impl::worker_main(unsigned /*index*/, std::promise<void> ready) {
     if (options.overlap_events || inflight == 0) {
       OperationPtr last_op;
       std::size_t taken_from_op = 0;
-      while (inflight + batch.size() < qd && !free_slots.empty()) {
+      while (!free_slots.empty()) {
         OperationPtr op = last_op;
         Piece piece{};
         const bool idle = inflight == 0 && batch.empty();
@@ -660,10 +671,12 @@ void Handle::Impl::worker_main(unsigned /*index*/, std::promise<void> ready) {
       continue;
     }
     // Reap: at least one completion (overlap_events), or the whole batch.
-    const std::size_t min = options.overlap_events ? 1 : inflight;
+    // Requests still waiting in `batch` (kernel out of resources) are not in flight yet.
+    const std::size_t min = options.overlap_events ? 1 : inflight - batch.size();
     const int got = eng->reap(completions, min);
     if (got < 0) {
       // The engine itself failed: every piece in flight on it is lost.
+      batch.clear();
       for (unsigned tag = 0; tag < qd; ++tag) {
         if (!slots[tag].op) continue;
         OperationPtr op = slots[tag].op;

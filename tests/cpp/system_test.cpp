@@ -1,0 +1,114 @@
+// system.hpp: engine probes, directory direct-I/O probe (checked against our own O_DIRECT open),
+// system_info against the kernel's own files, version.
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <set>
+#include <string>
+
+#include "test_util.hpp"
+
+namespace nvio_test {
+namespace {
+
+std::set<std::string> list_dir(const std::string& d) {
+  std::set<std::string> out;
+  if (DIR* dir = ::opendir(d.c_str())) {
+    while (dirent* e = ::readdir(dir)) out.insert(e->d_name);
+    ::closedir(dir);
+  }
+  return out;
+}
+
+bool is_pow2(std::uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
+
+// Whether O_DIRECT works in `dir`, found without nvio: open a file O_DIRECT and write 4 KiB.
+bool direct_works_posix(const std::string& dir) {
+  const std::string path = dir + "/posix-direct-probe";
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_DIRECT | O_CLOEXEC, 0644);
+  if (fd < 0) return false;
+  nvio::AlignedBuffer buf(4096, nvio::LockMode::None);
+  bool ok = ::pwrite(fd, buf.data(), 4096, 0) == 4096;
+  ::close(fd);
+  ::unlink(path.c_str());
+  return ok;
+}
+
+TEST(System, ProbeDirectoryAgreesWithPosix) {
+  TempDir d;
+  const auto before = list_dir(d.path());
+  const auto info = nvio::probe_directory(d.path());
+  EXPECT_EQ(list_dir(d.path()), before) << "probe_directory left files behind";
+  EXPECT_FALSE(info.source.empty());
+  const bool posix = direct_works_posix(d.path());
+  EXPECT_EQ(info.supported, posix) << "source: " << info.source;
+  if (info.supported) {
+    EXPECT_TRUE(is_pow2(info.mem_align)) << info.mem_align;
+    EXPECT_TRUE(is_pow2(info.offset_align)) << info.offset_align;
+    EXPECT_LE(info.mem_align, 4096u);
+    EXPECT_LE(info.offset_align, 4096u);
+    EXPECT_GE(info.offset_align, 1u);
+    // The reported alignment really works: an O_DIRECT pwrite at offset_align with a buffer at
+    // mem_align.
+    const std::string path = d.file("aligned-probe");
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_DIRECT | O_CLOEXEC, 0644);
+    ASSERT_GE(fd, 0);
+    nvio::AlignedBuffer buf(3 * 4096, nvio::LockMode::None);
+    EXPECT_EQ(::pwrite(fd, buf.bytes() + info.mem_align, info.offset_align, info.offset_align),
+              static_cast<ssize_t>(info.offset_align))
+        << std::strerror(errno);
+    ::close(fd);
+  }
+}
+
+TEST(System, ProbeDirectoryMissingThrows) {
+  TempDir d;
+  EXPECT_THROW(nvio::probe_directory(d.file("does-not-exist")), nvio::IoError);
+}
+
+TEST(System, EngineProbesAreCachedAndExplained) {
+  for (auto kind : {nvio::EngineKind::IoUring, nvio::EngineKind::Libaio, nvio::EngineKind::Psync}) {
+    const auto& a = nvio::probe_engine(kind);
+    const auto& b = nvio::probe_engine(kind);
+    EXPECT_EQ(&a, &b) << "probed once, cached";
+    EXPECT_FALSE(a.reason.empty()) << nvio::to_string(kind);
+  }
+  EXPECT_TRUE(nvio::probe_engine(nvio::EngineKind::Psync).available);
+  EXPECT_EQ(&nvio::auto_engine(), &nvio::auto_engine());
+}
+
+TEST(System, SystemInfoMatchesKernel) {
+  const auto info = nvio::system_info();
+  struct utsname u {};
+  ASSERT_EQ(::uname(&u), 0);
+  EXPECT_EQ(info.kernel, std::string(u.sysname) + " " + u.release);
+  struct rlimit rl {};
+  ASSERT_EQ(::getrlimit(RLIMIT_MEMLOCK, &rl), 0);
+  if (rl.rlim_cur == RLIM_INFINITY) {
+    EXPECT_FALSE(info.memlock_limit.has_value());
+  } else {
+    ASSERT_TRUE(info.memlock_limit.has_value());
+    EXPECT_EQ(*info.memlock_limit, rl.rlim_cur);
+  }
+  std::ifstream maxnr("/proc/sys/fs/aio-max-nr");
+  std::uint64_t v = 0;
+  if (maxnr >> v) {
+    ASSERT_TRUE(info.aio_max_nr.has_value());
+    EXPECT_EQ(*info.aio_max_nr, v);
+  }
+  EXPECT_EQ(std::ifstream("/proc/sys/fs/aio-nr").good(), info.aio_nr.has_value());
+}
+
+TEST(System, Version) {
+  const std::string v = nvio::version();
+  ASSERT_FALSE(v.empty());
+  EXPECT_NE(v.find_first_of("0123456789"), std::string::npos) << v;
+  EXPECT_EQ(v.rfind("0.1", 0), 0u) << "project version 0.1.x, got " << v;
+}
+
+}  // namespace
+}  // namespace nvio_test

@@ -1,0 +1,299 @@
+#include "test_util.hpp"
+
+#include <ftw.h>
+#include <sys/types.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <stdexcept>
+
+namespace nvio_test {
+
+namespace {
+
+std::string errno_text(const std::string& what, const std::string& path) {
+  return what + " " + path + ": " + std::strerror(errno);
+}
+
+int remove_entry(const char* path, const struct stat*, int, struct FTW*) {
+  ::remove(path);
+  return 0;
+}
+
+std::string hex_byte(unsigned v) {
+  char buf[8];
+  std::snprintf(buf, sizeof buf, "0x%02x", v & 0xffu);
+  return buf;
+}
+
+}  // namespace
+
+// ---- temporary directories ------------------------------------------------------------------
+
+void remove_tree(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return;
+  ::nftw(path.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+TempDir::TempDir() {
+  static std::atomic<int> counter{0};
+  std::string tmpl = test_root() + "/t" + std::to_string(counter++) + "-XXXXXX";
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  if (::mkdtemp(buf.data()) == nullptr) throw std::runtime_error(errno_text("mkdtemp", tmpl));
+  path_ = buf.data();
+}
+
+TempDir::~TempDir() { remove_tree(path_); }
+
+// ---- files -----------------------------------------------------------------------------------
+
+std::int64_t file_size(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return -1;
+  return st.st_size;
+}
+
+std::vector<unsigned char> read_file(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw std::runtime_error(errno_text("open", path));
+  struct stat st {};
+  ::fstat(fd, &st);
+  std::vector<unsigned char> out(static_cast<std::size_t>(st.st_size));
+  std::size_t done = 0;
+  while (done < out.size()) {
+    ssize_t n = ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      ::close(fd);
+      throw std::runtime_error(errno_text("pread", path));
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  ::close(fd);
+  return out;
+}
+
+void write_file(const std::string& path, const void* bytes, std::size_t len) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::runtime_error(errno_text("open", path));
+  const auto* p = static_cast<const unsigned char*>(bytes);
+  std::size_t done = 0;
+  while (done < len) {
+    ssize_t n = ::pwrite(fd, p + done, len - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      ::close(fd);
+      throw std::runtime_error(errno_text("pwrite", path));
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  ::close(fd);
+}
+
+void write_pattern_file(const std::string& path, std::size_t len, std::uint64_t seed) {
+  std::vector<unsigned char> bytes(len);
+  nvio::pattern::fill(bytes.data(), len, 0, seed);
+  write_file(path, bytes.data(), len);
+}
+
+::testing::AssertionResult file_range_has_pattern(const std::vector<unsigned char>& file,
+                                                  std::uint64_t offset, std::size_t len,
+                                                  std::uint64_t seed) {
+  if (offset + len > file.size()) {
+    return ::testing::AssertionFailure() << "file holds " << file.size()
+                                         << " bytes, expected at least " << offset + len;
+  }
+  auto bad = nvio::pattern::first_mismatch(file.data() + offset, len, offset, seed);
+  if (bad) {
+    return ::testing::AssertionFailure()
+           << "file byte at offset " << *bad << " is " << hex_byte(file[*bad])
+           << ", not the pattern (seed " << seed << ") for range [" << offset << ", "
+           << offset + len << ")";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+::testing::AssertionResult file_range_is(const std::vector<unsigned char>& file,
+                                         std::uint64_t begin, std::uint64_t end,
+                                         unsigned char value) {
+  if (end > file.size()) {
+    return ::testing::AssertionFailure() << "file holds " << file.size()
+                                         << " bytes, expected at least " << end;
+  }
+  for (std::uint64_t i = begin; i < end; ++i) {
+    if (file[i] != value) {
+      return ::testing::AssertionFailure() << "file byte at offset " << i << " is "
+                                           << hex_byte(file[i]) << ", expected "
+                                           << hex_byte(value);
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+::testing::AssertionResult buffer_has_pattern(const void* buf, std::size_t len,
+                                              std::uint64_t file_offset, std::uint64_t seed) {
+  auto bad = nvio::pattern::first_mismatch(buf, len, file_offset, seed);
+  if (bad) {
+    auto idx = *bad - file_offset;
+    return ::testing::AssertionFailure()
+           << "buffer byte " << idx << " (file offset " << *bad << ") is "
+           << hex_byte(static_cast<const unsigned char*>(buf)[idx])
+           << ", not the pattern (seed " << seed << ")";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+std::size_t resident_pages(const std::string& path, std::uint64_t offset, std::size_t len) {
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw std::runtime_error(errno_text("open", path));
+  std::uint64_t first = offset / page * page;
+  std::size_t span = static_cast<std::size_t>(offset + len - first);
+  void* map = ::mmap(nullptr, span, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(first));
+  ::close(fd);
+  if (map == MAP_FAILED) throw std::runtime_error(errno_text("mmap", path));
+  std::vector<unsigned char> vec((span + page - 1) / page);
+  int rc = ::mincore(map, span, vec.data());
+  ::munmap(map, span);
+  if (rc != 0) throw std::runtime_error(errno_text("mincore", path));
+  return static_cast<std::size_t>(
+      std::count_if(vec.begin(), vec.end(), [](unsigned char v) { return (v & 1) != 0; }));
+}
+
+void drop_cache(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw std::runtime_error(errno_text("open", path));
+  ::fdatasync(fd);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+}
+
+// ---- guarded buffers -------------------------------------------------------------------------
+
+const char* to_string(BufKind kind) {
+  switch (kind) {
+    case BufKind::Aligned: return "aligned";
+    case BufKind::Plus1: return "aligned+1";
+    case BufKind::Plus3: return "aligned+3";
+    case BufKind::Plus4095: return "aligned+4095";
+    case BufKind::Vector: return "std::vector";
+  }
+  return "?";
+}
+
+GuardedBuffer::GuardedBuffer(std::size_t len, BufKind kind) : len_(len) {
+  std::size_t shift = 0;
+  switch (kind) {
+    case BufKind::Aligned: shift = 0; break;
+    case BufKind::Plus1: shift = 1; break;
+    case BufKind::Plus3: shift = 3; break;
+    case BufKind::Plus4095: shift = 4095; break;
+    case BufKind::Vector: break;
+  }
+  if (kind == BufKind::Vector) {
+    vector_.resize(len + 2 * kGuard);
+    base_ = vector_.data();
+    data_ = base_ + kGuard;
+  } else {
+    // [base, base + kGuard + shift) guard, then the caller bytes, then kGuard guard bytes.
+    aligned_ = nvio::AlignedBuffer(kGuard + shift + len + kGuard, nvio::LockMode::None);
+    base_ = reinterpret_cast<unsigned char*>(aligned_.data());
+    data_ = base_ + kGuard + shift;
+  }
+  std::memset(base_, kSentinel, static_cast<std::size_t>(data_ - base_));
+  std::memset(data_ + len_, kSentinel, kGuard);
+}
+
+void GuardedBuffer::fill_pattern(std::uint64_t file_offset, std::uint64_t seed) {
+  nvio::pattern::fill(data_, len_, file_offset, seed);
+}
+
+void GuardedBuffer::fill_sentinel() { std::memset(data_, kSentinel, len_); }
+
+::testing::AssertionResult GuardedBuffer::guards_intact() const {
+  for (unsigned char* p = base_; p < data_; ++p) {
+    if (*p != kSentinel) {
+      return ::testing::AssertionFailure() << "guard byte " << (data_ - p)
+                                           << " bytes before the buffer was changed to "
+                                           << hex_byte(*p);
+    }
+  }
+  for (std::size_t i = 0; i < kGuard; ++i) {
+    if (data_[len_ + i] != kSentinel) {
+      return ::testing::AssertionFailure() << "guard byte " << i
+                                           << " bytes after the buffer end was changed to "
+                                           << hex_byte(data_[len_ + i]);
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// ---- engines ---------------------------------------------------------------------------------
+
+const char* engine_name(nvio::EngineKind kind) {
+  switch (kind) {
+    case nvio::EngineKind::Auto: return "Auto";
+    case nvio::EngineKind::IoUring: return "IoUring";
+    case nvio::EngineKind::Libaio: return "Libaio";
+    case nvio::EngineKind::Psync: return "Psync";
+  }
+  return "Unknown";
+}
+
+std::string EngineParamName::operator()(
+    const ::testing::TestParamInfo<nvio::EngineKind>& info) const {
+  return engine_name(info.param);
+}
+
+void EngineTest::SetUp() {
+  if (kind() != nvio::EngineKind::Auto) {
+    const nvio::EngineProbe& probe = nvio::probe_engine(kind());
+    if (!probe.available) {
+      GTEST_SKIP() << "engine " << nvio::to_string(kind())
+                   << " is not available on this machine: " << probe.reason;
+    }
+  }
+  dir_.emplace();
+  direct_ = nvio::probe_directory(dir_->path());
+}
+
+void EngineTest::TearDown() { dir_.reset(); }
+
+nvio::Options EngineTest::base_options() const {
+  nvio::Options o;
+  o.engine = kind();
+  o.direct = direct_.supported ? nvio::DirectIo::On : nvio::DirectIo::Off;
+  return o;
+}
+
+// ---- misc --------------------------------------------------------------------------------------
+
+::testing::AssertionResult contains(const std::string& what, const std::string& needle) {
+  if (what.find(needle) != std::string::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "message \"" << what << "\" does not contain \""
+                                       << needle << "\"";
+}
+
+ScopedEnv::ScopedEnv(const char* name, const char* value) : name_(name) {
+  if (const char* old = std::getenv(name)) old_ = old;
+  if (value) {
+    ::setenv(name, value, 1);
+  } else {
+    ::unsetenv(name);
+  }
+}
+
+ScopedEnv::~ScopedEnv() {
+  if (old_) {
+    ::setenv(name_.c_str(), old_->c_str(), 1);
+  } else {
+    ::unsetenv(name_.c_str());
+  }
+}
+
+}  // namespace nvio_test

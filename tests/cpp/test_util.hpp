@@ -1,0 +1,177 @@
+// Shared helpers for the nvio GoogleTest suite.
+//
+// Everything here checks nvio from the outside with plain POSIX calls (pread, fstat, mincore), so a
+// bug in nvio cannot hide itself by being used to verify its own output.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "nvio/nvio.hpp"
+
+namespace nvio_test {
+
+inline constexpr std::size_t KiB = 1024;
+inline constexpr std::size_t MiB = 1024 * KiB;
+inline constexpr std::size_t GiB = 1024 * MiB;
+
+// Byte used to pre-fill read buffers and guard zones. The pattern never produces a run of these
+// long enough to matter: first_mismatch and the guard checks compare every byte.
+inline constexpr unsigned char kSentinel = 0xA5;
+// Bytes checked on each side of a caller buffer.
+inline constexpr std::size_t kGuard = 4096;
+
+// ---- temporary directories ------------------------------------------------------------------
+
+// The root temporary directory of this test process (made by test_main.cpp under $TMPDIR, or
+// under the directory holding the test binary, i.e. the build tree; removed at exit).
+const std::string& test_root();
+// Removes a file or a directory tree; ignores a missing path.
+void remove_tree(const std::string& path);
+
+// A fresh directory under test_root(), removed on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// ---- files through plain POSIX ---------------------------------------------------------------
+
+// Size of `path` by stat(2); -1 when it does not exist.
+std::int64_t file_size(const std::string& path);
+// Whole file by pread(2).
+std::vector<unsigned char> read_file(const std::string& path);
+// Replaces `path` with exactly `bytes` (O_TRUNC, pwrite, no nvio).
+void write_file(const std::string& path, const void* bytes, std::size_t len);
+// Replaces `path` with `len` bytes of the pattern for file offsets [0, len) and `seed`.
+void write_pattern_file(const std::string& path, std::size_t len, std::uint64_t seed);
+
+// Checks that file bytes [offset, offset + len) hold the pattern for `seed`.
+::testing::AssertionResult file_range_has_pattern(const std::vector<unsigned char>& file,
+                                                  std::uint64_t offset, std::size_t len,
+                                                  std::uint64_t seed);
+// Checks that every byte in [begin, end) is `value`.
+::testing::AssertionResult file_range_is(const std::vector<unsigned char>& file,
+                                         std::uint64_t begin, std::uint64_t end,
+                                         unsigned char value);
+// Checks a buffer against the pattern, reporting the first bad file offset.
+::testing::AssertionResult buffer_has_pattern(const void* buf, std::size_t len,
+                                              std::uint64_t file_offset, std::uint64_t seed);
+
+// Number of pages of [offset, offset + len) of `path` that are in the page cache (mincore).
+std::size_t resident_pages(const std::string& path, std::uint64_t offset, std::size_t len);
+// Drops clean page-cache pages of `path` (fdatasync + POSIX_FADV_DONTNEED).
+void drop_cache(const std::string& path);
+
+// ---- caller buffers with guard zones -------------------------------------------------------
+
+enum class BufKind {
+  Aligned,     // AlignedBuffer data(), page aligned
+  Plus1,       // AlignedBuffer data() + 1
+  Plus3,       // AlignedBuffer data() + 3
+  Plus4095,    // AlignedBuffer data() + 4095
+  Vector,      // a std::vector's storage (malloc alignment)
+};
+const char* to_string(BufKind kind);
+inline constexpr BufKind kAllBufKinds[] = {BufKind::Aligned, BufKind::Plus1, BufKind::Plus3,
+                                           BufKind::Plus4095, BufKind::Vector};
+
+// A caller buffer of `len` bytes at the address kind asks for, with kGuard sentinel bytes on each
+// side that nvio must never touch.
+class GuardedBuffer {
+ public:
+  GuardedBuffer(std::size_t len, BufKind kind);
+  unsigned char* data() const { return data_; }
+  std::size_t size() const { return len_; }
+  // Fills the caller bytes with the pattern for file offsets starting at `file_offset`.
+  void fill_pattern(std::uint64_t file_offset, std::uint64_t seed);
+  // Fills the caller bytes with the sentinel.
+  void fill_sentinel();
+  // The guard bytes on both sides are still the sentinel.
+  ::testing::AssertionResult guards_intact() const;
+
+ private:
+  nvio::AlignedBuffer aligned_;
+  std::vector<unsigned char> vector_;
+  unsigned char* base_ = nullptr;  // start of the leading guard
+  unsigned char* data_ = nullptr;
+  std::size_t len_ = 0;
+};
+
+// ---- engines ---------------------------------------------------------------------------------
+
+const char* engine_name(nvio::EngineKind kind);
+// Name generator for INSTANTIATE_TEST_SUITE_P over EngineKind.
+struct EngineParamName {
+  std::string operator()(const ::testing::TestParamInfo<nvio::EngineKind>& info) const;
+};
+#define NVIO_ALL_ENGINES                                                         \
+  ::testing::Values(::nvio::EngineKind::IoUring, ::nvio::EngineKind::Libaio,     \
+                    ::nvio::EngineKind::Psync, ::nvio::EngineKind::Auto)
+
+// Base fixture of the per-engine suites: skips an engine the machine lacks (with the probe's
+// reason), makes a temporary directory, and knows whether O_DIRECT works in it.
+class EngineTest : public ::testing::TestWithParam<nvio::EngineKind> {
+ protected:
+  void SetUp() override;
+  void TearDown() override;
+
+  // Options for this engine: direct On where the directory supports O_DIRECT, else Off.
+  nvio::Options base_options() const;
+  std::string file(const std::string& name) const { return dir_->file(name); }
+  const std::string& dir() const { return dir_->path(); }
+  bool direct_supported() const { return direct_.supported; }
+  const nvio::DirectIoInfo& direct_info() const { return direct_; }
+  nvio::EngineKind kind() const { return GetParam(); }
+
+  std::optional<TempDir> dir_;
+  nvio::DirectIoInfo direct_;
+};
+
+// ---- warnings --------------------------------------------------------------------------------
+
+// Every warning delivered since the process started (test_main installs a recording sink).
+std::vector<std::string> recorded_warnings();
+// The sink test_main installs; tests that replace the sink restore this one.
+nvio::WarningSink recording_sink();
+
+// ---- misc --------------------------------------------------------------------------------------
+
+// Expects `what` to contain `needle`, with a readable failure.
+::testing::AssertionResult contains(const std::string& what, const std::string& needle);
+
+// An RAII setenv/unsetenv for tests of the real environment.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value);
+  ~ScopedEnv();
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_;
+  std::optional<std::string> old_;
+};
+
+}  // namespace nvio_test

@@ -1,0 +1,698 @@
+#!/usr/bin/python3
+"""Compare `nvio bench` with fio on the same file, alternately, over several rounds.
+
+For every configuration (engine x op x queue depth) the script runs fio and `nvio bench` one
+after the other on the SAME file with the same block size, queue depth and O_DIRECT, once per
+round, and alternates which of the two goes first from one round to the next. It then prints,
+per configuration, the median GB/s (1e9 bytes/s) of each tool, the ratio nvio/fio, the median
+CPU seconds per GB of each and the ratio of those.
+
+Engines are matched by name: nvio io_uring <-> fio io_uring, libaio <-> libaio, psync <-> psync.
+fio's psync ioengine is synchronous and ignores iodepth (and nvio's psync engine ignores
+--queue-depth too), so psync is compared at queue depth 1 only.
+
+Fairness:
+  * the same file, laid out once before the rounds (one untimed sequential fio write), so reads
+    read real blocks and writes overwrite allocated blocks (no holes, no allocation);
+  * 1 MiB blocks (--block-size), O_DIRECT for both (fio --direct=1, nvio --direct on);
+  * one worker each: fio --numjobs=1 --thread, nvio --parallelism 1;
+  * one pass over the file per timed run: nvio --loops 1 (the script does the rounds).
+
+What is measured:
+  * nvio: `seconds`, `gb_per_s` and `cpu_s_per_gb` from `nvio bench --json` (wall time and
+    getrusage(RUSAGE_SELF) CPU time around the one timed call; buffer allocation and pattern
+    fill are outside the timed region);
+  * fio: `bw_bytes` of the job, and CPU = (usr_cpu + sys_cpu) / 100 x job_runtime, per GB of
+    io_bytes (fio with --thread samples getrusage(RUSAGE_THREAD) of its job thread).
+  * for information, each tool's whole-process CPU time (from the script's RUSAGE_CHILDREN) is
+    kept in the --json dump too; it includes set-up work that is not part of the I/O.
+
+--ramdisk (root only) runs everything on a RAM-backed block device instead of --dir: a tmpfs
+holding an image file, attached with `losetup --direct-io=on`, formatted ext4 and mounted;
+the device is always torn down afterwards, also on Ctrl-C or SIGTERM.
+
+Python 3 standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import mmap
+import os
+import platform
+import re
+import resource
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+ENGINES = ("io_uring", "libaio", "psync")
+OPS = ("read", "write")
+FILE_NAME = "nvio-fio-compare.dat"
+SLOW_RATIO = 0.95  # the acceptance bar: nvio >= 0.95 x fio throughput ...
+CPU_RATIO = 1.20  # ... and <= 1.2 x fio's CPU seconds per GB, at queue depth >= 32
+CHECKED_QD = 32
+
+
+class Failure(Exception):
+    """A fatal, explained error: printed as one line, exit status 1 (or .code)."""
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.code = code
+
+
+# ---- small helpers ----------------------------------------------------------------------------
+
+
+def parse_size(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d+)\s*([kKmMgGtT]?)(i?[bB])?\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"expected a size like 1G, 512M or 1073741824, got {text!r}")
+    value = int(m.group(1)) * 1024 ** " KMGT".index((m.group(2) or " ").upper())
+    if value <= 0:
+        raise argparse.ArgumentTypeError("size must be positive")
+    return value
+
+
+def parse_list(allowed: tuple[str, ...] | None, conv=str):
+    def parse(text: str):
+        items = [conv(t.strip()) for t in text.split(",") if t.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError("empty list")
+        if allowed is not None:
+            bad = [i for i in items if i not in allowed]
+            if bad:
+                raise argparse.ArgumentTypeError(f"unknown {bad}; choose from {','.join(allowed)}")
+        return items
+
+    return parse
+
+
+def positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return v
+
+
+def human(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run_cmd(cmd: list[str], timeout: float | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    """Runs cmd, capturing output. subprocess.run kills the child if we are interrupted."""
+    try:
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              timeout=timeout)
+    except FileNotFoundError:
+        raise Failure(f"{cmd[0]}: command not found") from None
+    except subprocess.TimeoutExpired:
+        raise Failure(f"timed out after {timeout:.0f} s: {' '.join(cmd)}") from None
+    if check and proc.returncode != 0:
+        raise Failure(f"`{' '.join(cmd)}` failed (exit {proc.returncode}): "
+                      f"{(proc.stderr or proc.stdout).strip()}")
+    return proc
+
+
+def children_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def find_nvio(explicit: str | None) -> str:
+    if explicit:
+        p = Path(explicit)
+        if p.is_file() and os.access(p, os.X_OK):
+            return str(p.resolve())
+        found = shutil.which(explicit)
+        if found:
+            return found
+        raise Failure(f"--nvio {explicit}: not an executable file")
+    default = REPO / "build" / "bin" / "nvio"
+    if default.is_file() and os.access(default, os.X_OK):
+        return str(default)
+    found = shutil.which("nvio")
+    if found:
+        return found
+    raise Failure(f"no nvio binary: neither {default} nor `nvio` on PATH; build it or pass --nvio")
+
+
+def check_direct_io(directory: Path) -> None:
+    """Writes and reads one aligned 4 KiB block with O_DIRECT in directory, or raises Failure."""
+    probe = directory / ".nvio-fio-compare-odirect-probe"
+    buf = mmap.mmap(-1, 4096)  # page aligned
+    buf.write(b"\x5a" * 4096)
+    try:
+        fd = os.open(probe, os.O_CREAT | os.O_RDWR | os.O_DIRECT, 0o644)
+    except OSError as e:
+        raise Failure(f"{directory}: O_DIRECT is not supported here ({e.strerror}); "
+                      "both tools need it for a fair comparison") from None
+    try:
+        if os.pwrite(fd, buf, 0) != 4096:
+            raise Failure(f"{directory}: short O_DIRECT write")
+        back = mmap.mmap(-1, 4096)
+        if os.preadv(fd, [back], 0) != 4096 or back[:] != buf[:]:
+            raise Failure(f"{directory}: O_DIRECT read-back mismatch")
+    except OSError as e:
+        raise Failure(f"{directory}: O_DIRECT I/O failed ({e.strerror})") from None
+    finally:
+        os.close(fd)
+        probe.unlink(missing_ok=True)
+
+
+def machine_info(nvio: str, fio: str, directory: Path) -> dict:
+    info = {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "nproc": os.cpu_count(),
+        "kernel": platform.release(),
+        "cpu": None,
+        "mem_total_kib": None,
+        "fio_version": run_cmd([fio, "--version"], timeout=30, check=False).stdout.strip(),
+        "nvio_version": run_cmd([nvio, "--version"], timeout=30, check=False).stdout.strip(),
+        "nvio_binary": nvio,
+        "nvio_commit": None,
+        "python": platform.python_version(),
+        "dir": str(directory),
+        "filesystem": None,
+    }
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                info["mem_total_kib"] = int(line.split()[1])
+    except OSError:
+        pass
+    git = shutil.which("git")
+    if git:
+        p = run_cmd([git, "-C", str(REPO), "rev-parse", "--short", "HEAD"], timeout=30, check=False)
+        if p.returncode == 0:
+            info["nvio_commit"] = p.stdout.strip()
+            dirty = run_cmd([git, "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                            timeout=30, check=False)
+            if dirty.returncode == 0 and dirty.stdout.strip():
+                info["nvio_commit"] += " (tracked files modified)"
+    df = shutil.which("df")
+    if df:
+        p = run_cmd([df, "-T", str(directory)], timeout=30, check=False)
+        lines = p.stdout.strip().splitlines()
+        if p.returncode == 0 and len(lines) >= 2:
+            f = lines[-1].split()
+            info["filesystem"] = f"{f[0]} ({f[1]})" if len(f) > 1 else lines[-1]
+    return info
+
+
+# ---- the RAM-backed block device --------------------------------------------------------------
+
+
+class RamDisk:
+    """tmpfs -> image file -> loop device (--direct-io=on) -> ext4 -> mount point.
+
+    Use as a context manager; __exit__ tears down whatever was set up, in reverse order, and
+    reports (but does not raise on) a step that fails, so the others still run.
+    """
+
+    def __init__(self, size: int):
+        self.size = size
+        self.base: Path | None = None
+        self.tmpfs: Path | None = None
+        self.mnt: Path | None = None
+        self.loop: str | None = None
+        self.tmpfs_mounted = False
+        self.ext4_mounted = False
+        self.dio = None  # what /sys/block/loopN/loop/dio says
+
+    def __enter__(self) -> "RamDisk":
+        try:
+            self._setup()
+        except BaseException:
+            self.teardown()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.teardown()
+
+    def _need(self, tool: str) -> str:
+        path = shutil.which(tool) or shutil.which(tool, path="/usr/sbin:/sbin:/usr/bin:/bin")
+        if not path:
+            raise Failure(f"--ramdisk needs `{tool}`, which is not installed")
+        return path
+
+    def _setup(self) -> None:
+        if os.geteuid() != 0:
+            raise Failure("--ramdisk needs root (mount, losetup, mkfs.ext4); run it as root", code=3)
+        mount, losetup, mkfs = self._need("mount"), self._need("losetup"), self._need("mkfs.ext4")
+        self._need("umount")
+        # ext4 needs room for its metadata and journal on top of the file itself.
+        image_size = self.size + max(256 << 20, self.size // 16)
+        image_size = (image_size + (1 << 20) - 1) // (1 << 20) * (1 << 20)
+        self.base = Path(tempfile.mkdtemp(prefix="nvio-ramdisk-"))
+        self.tmpfs = self.base / "tmpfs"
+        self.mnt = self.base / "mnt"
+        self.tmpfs.mkdir()
+        self.mnt.mkdir()
+        log(f"ramdisk: tmpfs of {human(image_size + (64 << 20))} at {self.tmpfs}")
+        p = run_cmd([mount, "-t", "tmpfs", "-o", f"size={image_size + (64 << 20)},mode=0700",
+                     "nvio-ramdisk", str(self.tmpfs)], timeout=60, check=False)
+        if p.returncode != 0:
+            raise Failure("--ramdisk: cannot mount a tmpfs here (mount exit "
+                          f"{p.returncode}: {p.stderr.strip()}); this sandbox does not permit it",
+                          code=3)
+        self.tmpfs_mounted = True
+        image = self.tmpfs / "disk.img"
+        fd = os.open(image, os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, image_size)  # allocate the RAM now, not during the runs
+        finally:
+            os.close(fd)
+        p = run_cmd([losetup, "--direct-io=on", "--find", "--show", str(image)], timeout=60,
+                    check=False)
+        if p.returncode != 0:
+            raise Failure("--ramdisk: `losetup --direct-io=on --find --show` failed (exit "
+                          f"{p.returncode}: {p.stderr.strip()}); loop devices are not permitted "
+                          "in this sandbox", code=3)
+        self.loop = p.stdout.strip()
+        try:
+            self.dio = Path(f"/sys/block/{Path(self.loop).name}/loop/dio").read_text().strip()
+        except OSError:
+            self.dio = None
+        if self.dio == "0":
+            log(f"ramdisk: warning: {self.loop} did not switch to direct I/O on its backing file "
+                "(the kernel refused it); the loop device double-caches in the page cache")
+        log(f"ramdisk: {self.loop} (direct-io={self.dio}), mkfs.ext4")
+        run_cmd([mkfs, "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", self.loop],
+                timeout=300)
+        p = run_cmd([mount, "-t", "ext4", self.loop, str(self.mnt)], timeout=60, check=False)
+        if p.returncode != 0:
+            raise Failure(f"--ramdisk: cannot mount ext4 from {self.loop} (exit {p.returncode}: "
+                          f"{p.stderr.strip()}); this sandbox does not permit it", code=3)
+        self.ext4_mounted = True
+        check_direct_io(self.mnt)
+        log(f"ramdisk: ext4 on {self.loop} mounted at {self.mnt}; O_DIRECT works")
+
+    def teardown(self) -> None:
+        # Ignore further Ctrl-C / SIGTERM while tearing down: a half-torn-down loop device is
+        # worse than a few more seconds.
+        old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        old_term = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            if self.ext4_mounted and self.mnt is not None:
+                if self._try(["umount", str(self.mnt)]) or self._try(["umount", "-l", str(self.mnt)]):
+                    self.ext4_mounted = False
+            if self.loop:
+                if self._try(["losetup", "-d", self.loop]):
+                    self.loop = None
+            if self.tmpfs_mounted and self.tmpfs is not None:
+                if self._try(["umount", str(self.tmpfs)]) or self._try(["umount", "-l", str(self.tmpfs)]):
+                    self.tmpfs_mounted = False
+            if self.base is not None and not self.ext4_mounted and not self.tmpfs_mounted:
+                for d in (self.mnt, self.tmpfs, self.base):
+                    try:
+                        if d is not None:
+                            d.rmdir()
+                    except OSError as e:
+                        log(f"ramdisk: teardown: rmdir {d}: {e.strerror}")
+                self.base = None
+            if self.ext4_mounted or self.tmpfs_mounted or self.loop:
+                log(f"ramdisk: teardown INCOMPLETE: ext4 mounted={self.ext4_mounted} "
+                    f"tmpfs mounted={self.tmpfs_mounted} loop={self.loop}; clean up by hand")
+            elif self.tmpfs is not None:
+                log("ramdisk: torn down")
+                self.tmpfs = None
+        finally:
+            signal.signal(signal.SIGINT, old_int)
+            signal.signal(signal.SIGTERM, old_term)
+
+    @staticmethod
+    def _try(cmd: list[str]) -> bool:
+        for attempt in range(5):
+            try:
+                p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   timeout=60)
+            except (OSError, subprocess.TimeoutExpired) as e:
+                log(f"ramdisk: teardown: {' '.join(cmd)}: {e}")
+                return False
+            if p.returncode == 0:
+                return True
+            if "busy" not in p.stderr.lower() or attempt == 4:
+                log(f"ramdisk: teardown: {' '.join(cmd)}: {p.stderr.strip()}")
+                return False
+            time.sleep(0.5)
+        return False
+
+
+# ---- one timed run of each tool ---------------------------------------------------------------
+
+
+FIO_EXTRA: list[str] = []  # --fio-arg, appended to every timed fio run
+
+
+def run_fio(fio: str, path: Path, size: int, bs: int, op: str, engine: str, qd: int,
+            timeout: float) -> dict:
+    cmd = [fio, "--name=nvio-compare", "--output-format=json", "--direct=1", f"--bs={bs}",
+           f"--iodepth={qd}", f"--rw={op}", f"--size={size}", f"--filename={path}",
+           f"--ioengine={engine}", "--numjobs=1", "--thread", "--group_reporting", *FIO_EXTRA]
+    cpu0 = children_cpu()
+    proc = run_cmd(cmd, timeout=timeout, check=False)
+    process_cpu = children_cpu() - cpu0
+    if proc.returncode != 0:
+        return {"error": f"fio exit {proc.returncode}: {proc.stderr.strip()[-500:]}", "cmd": cmd}
+    try:
+        # fio may print warnings before the JSON object.
+        data = json.loads(proc.stdout[proc.stdout.index("{"):])
+        job = data["jobs"][0]
+        side = job[op]
+        io_bytes = int(side["io_bytes"])
+        bw = float(side["bw_bytes"])
+        runtime_s = float(job["job_runtime"]) / 1000.0
+        cpu_s = (float(job["usr_cpu"]) + float(job["sys_cpu"])) / 100.0 * runtime_s
+    except (ValueError, KeyError, IndexError) as e:
+        return {"error": f"cannot parse fio JSON ({e}): {proc.stdout[:300]}", "cmd": cmd}
+    if io_bytes != size:
+        return {"error": f"fio moved {io_bytes} bytes, expected {size}", "cmd": cmd}
+    return {
+        "gb_per_s": bw / 1e9,
+        "seconds": io_bytes / bw if bw > 0 else None,
+        "cpu_s_per_gb": cpu_s / (io_bytes / 1e9),
+        "cpu_s": cpu_s,
+        "usr_cpu_pct": job["usr_cpu"],
+        "sys_cpu_pct": job["sys_cpu"],
+        "ctx": job.get("ctx"),
+        "io_bytes": io_bytes,
+        "job_runtime_ms": job["job_runtime"],
+        "process_cpu_s": process_cpu,
+        "cmd": cmd,
+    }
+
+
+def run_nvio(nvio: str, path: Path, size: int, bs: int, op: str, engine: str, qd: int,
+             timeout: float) -> dict:
+    cmd = [nvio, "bench", "--file", str(path), "--size", str(size), "--op", op, "--engine", engine,
+           "--block-size", str(bs), "--queue-depth", str(qd), "--parallelism", "1", "--direct",
+           "on", "--loops", "1", "--json"]
+    cpu0 = children_cpu()
+    proc = run_cmd(cmd, timeout=timeout, check=False)
+    process_cpu = children_cpu() - cpu0
+    if proc.returncode != 0:
+        return {"error": f"nvio exit {proc.returncode}: {proc.stderr.strip()[-500:]}", "cmd": cmd}
+    try:
+        data = json.loads(proc.stdout)
+        results = [r for r in data["results"] if r["op"] == op]
+        r = results[0]
+        got_engine = r.get("engine", data.get("engine"))
+    except (ValueError, KeyError, IndexError) as e:
+        return {"error": f"cannot parse nvio JSON ({e}): {proc.stdout[:300]}", "cmd": cmd}
+    if got_engine != engine:
+        return {"error": f"nvio ran engine {got_engine!r}, not {engine!r}", "cmd": cmd}
+    if int(r["bytes"]) != size:
+        return {"error": f"nvio moved {r['bytes']} bytes, expected {size}", "cmd": cmd}
+    return {
+        "gb_per_s": float(r["gb_per_s"]),
+        "seconds": float(r["seconds"]),
+        "cpu_s_per_gb": float(r["cpu_s_per_gb"]),
+        "seconds_all": r.get("seconds_all"),
+        "options": data.get("options"),
+        "process_cpu_s": process_cpu,
+        "cmd": cmd,
+    }
+
+
+# ---- the benchmark ----------------------------------------------------------------------------
+
+
+def configurations(engines, ops, qds) -> list[dict]:
+    out = []
+    for engine in engines:
+        for op in ops:
+            for qd in ([1] if engine == "psync" else qds):
+                out.append({"engine": engine, "op": op, "qd": qd})
+    return out
+
+
+def layout(fio: str, path: Path, size: int, bs: int, timeout: float) -> None:
+    """Writes the whole file once (untimed) so that no run meets holes or unallocated blocks."""
+    log(f"laying out {path} ({human(size)}) with one sequential O_DIRECT fio write")
+    cmd = [fio, "--name=nvio-compare-layout", "--output-format=json", "--direct=1", f"--bs={bs}",
+           "--iodepth=1", "--rw=write", f"--size={size}", f"--filename={path}",
+           "--ioengine=psync", "--numjobs=1", "--thread"]
+    run_cmd(cmd, timeout=timeout)
+    if path.stat().st_size < size:
+        raise Failure(f"layout of {path} left {path.stat().st_size} bytes, expected {size}")
+
+
+def verify_nvio(nvio: str, path: Path, size: int, bs: int, engines, timeout: float) -> dict:
+    """An untimed `nvio bench --verify --op both` per engine on the same file: a correctness
+    check, so a fast figure cannot come from a run that moved the wrong bytes."""
+    out = {}
+    for engine in engines:
+        qd = 1 if engine == "psync" else CHECKED_QD
+        cmd = [nvio, "bench", "--file", str(path), "--size", str(size), "--op", "both",
+               "--engine", engine, "--block-size", str(bs), "--queue-depth", str(qd),
+               "--parallelism", "1", "--direct", "on", "--loops", "1", "--verify", "--json"]
+        proc = run_cmd(cmd, timeout=timeout, check=False)
+        ok = proc.returncode == 0
+        detail = ""
+        if ok:
+            try:
+                ok = all(r.get("verified") is True for r in json.loads(proc.stdout)["results"])
+            except (ValueError, KeyError):
+                ok, detail = False, "unparsable JSON"
+        else:
+            detail = f"exit {proc.returncode}: {proc.stderr.strip()[-300:]}"
+        out[engine] = {"ok": ok, "detail": detail, "cmd": cmd}
+        log(f"verify {engine}: {'ok' if ok else 'FAILED ' + detail}")
+    return out
+
+
+def summarize(config: dict, runs: list[dict]) -> dict:
+    def med(tool, key):
+        vals = [r[tool][key] for r in runs if "error" not in r[tool] and r[tool].get(key) is not None]
+        return (statistics.median(vals), min(vals), max(vals), len(vals)) if vals else (None, None, None, 0)
+
+    n_gb, n_lo, n_hi, n_n = med("nvio", "gb_per_s")
+    f_gb, f_lo, f_hi, f_n = med("fio", "gb_per_s")
+    n_cpu = med("nvio", "cpu_s_per_gb")[0]
+    f_cpu = med("fio", "cpu_s_per_gb")[0]
+    paired = [r["nvio"]["gb_per_s"] / r["fio"]["gb_per_s"] for r in runs
+              if "error" not in r["nvio"] and "error" not in r["fio"] and r["fio"]["gb_per_s"] > 0]
+    ratio = n_gb / f_gb if n_gb and f_gb else None
+    cpu_ratio = n_cpu / f_cpu if n_cpu is not None and f_cpu else None
+    checked = config["qd"] >= CHECKED_QD
+    verdict = "n/a"
+    if ratio is None:
+        verdict = "ERROR"
+    elif checked:
+        flags = []
+        if ratio < SLOW_RATIO:
+            flags.append("SLOW")
+        if cpu_ratio is not None and cpu_ratio > CPU_RATIO:
+            flags.append("CPU")
+        verdict = "+".join(flags) if flags else "ok"
+    return {
+        **config,
+        "nvio_gb_per_s": n_gb, "nvio_gb_per_s_min": n_lo, "nvio_gb_per_s_max": n_hi, "nvio_n": n_n,
+        "fio_gb_per_s": f_gb, "fio_gb_per_s_min": f_lo, "fio_gb_per_s_max": f_hi, "fio_n": f_n,
+        "ratio": ratio,
+        "paired_ratio_min": min(paired) if paired else None,
+        "paired_ratio_max": max(paired) if paired else None,
+        "paired_ratio_median": statistics.median(paired) if paired else None,
+        "nvio_cpu_s_per_gb": n_cpu, "fio_cpu_s_per_gb": f_cpu, "cpu_ratio": cpu_ratio,
+        "verdict": verdict,
+    }
+
+
+def fmt(v, spec):
+    return "-" if v is None else format(v, spec)
+
+
+def table(summaries: list[dict]) -> str:
+    head = ("engine", "op", "qd", "nvio GB/s", "fio GB/s", "nvio/fio", "paired min-max",
+            "nvio CPU s/GB", "fio CPU s/GB", "CPU nvio/fio", "check")
+    rows = [head]
+    for s in summaries:
+        rows.append((s["engine"], s["op"], str(s["qd"]), fmt(s["nvio_gb_per_s"], ".3f"),
+                     fmt(s["fio_gb_per_s"], ".3f"), fmt(s["ratio"], ".3f"),
+                     f"{fmt(s['paired_ratio_min'], '.2f')}-{fmt(s['paired_ratio_max'], '.2f')}",
+                     fmt(s["nvio_cpu_s_per_gb"], ".4f"), fmt(s["fio_cpu_s_per_gb"], ".4f"),
+                     fmt(s["cpu_ratio"], ".2f"), s["verdict"]))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = []
+    for n, r in enumerate(rows):
+        lines.append("| " + " | ".join(c.ljust(w) if i < 3 else c.rjust(w)
+                                        for i, (c, w) in enumerate(zip(r, widths))) + " |")
+        if n == 0:
+            lines.append("|" + "|".join("-" * (w + 2) if i < 3 else "-" * (w + 1) + ":"
+                                        for i, w in enumerate(widths)) + "|")
+    return "\n".join(lines)
+
+
+def benchmark(args, directory: Path, nvio: str, fio: str, where: str) -> dict:
+    directory.mkdir(parents=True, exist_ok=True)
+    check_direct_io(directory)
+    path = directory / FILE_NAME
+    free = shutil.disk_usage(directory).free
+    existing = path.stat().st_size if path.exists() else 0
+    if free + existing < args.size + (64 << 20):
+        raise Failure(f"{directory}: {human(free)} free, the {human(args.size)} file does not fit")
+    # Generous per-run limit: 1 GiB at 20 MB/s is ~54 s.
+    timeout = max(120.0, args.size / 20e6 * 2)
+    info = machine_info(nvio, fio, directory)
+    info["where"] = where
+    configs = configurations(args.engines, args.ops, args.qds)
+    log(f"nvio {info['nvio_version']} ({nvio}), {info['fio_version']}, {where}: {directory}")
+    log(f"{len(configs)} configurations x {args.rounds} rounds x 2 tools, {human(args.size)} each")
+    layout(fio, path, args.size, args.block_size, timeout)
+    runs: dict[int, list[dict]] = {i: [] for i in range(len(configs))}
+    started = time.monotonic()
+    try:
+        for rnd in range(args.rounds):
+            order = ("nvio", "fio") if rnd % 2 == 0 else ("fio", "nvio")
+            for i, c in enumerate(configs):
+                entry = {"round": rnd + 1, "first": order[0]}
+                for tool in order:
+                    runner = run_nvio if tool == "nvio" else run_fio
+                    exe = nvio if tool == "nvio" else fio
+                    entry[tool] = runner(exe, path, args.size, args.block_size, c["op"],
+                                         c["engine"], c["qd"], timeout)
+                    if "error" in entry[tool]:
+                        log(f"  round {rnd + 1} {c['engine']} {c['op']} qd {c['qd']}: {tool} "
+                            f"ERROR {entry[tool]['error']}")
+                runs[i].append(entry)
+                n, f = entry["nvio"], entry["fio"]
+                log(f"  round {rnd + 1}/{args.rounds} {c['engine']:8} {c['op']:5} qd {c['qd']:3}: "
+                    f"nvio {fmt(n.get('gb_per_s'), '.3f')} GB/s {fmt(n.get('cpu_s_per_gb'), '.4f')} "
+                    f"s/GB | fio {fmt(f.get('gb_per_s'), '.3f')} GB/s "
+                    f"{fmt(f.get('cpu_s_per_gb'), '.4f')} s/GB  ({order[0]} first)")
+        verify = verify_nvio(nvio, path, args.size, args.block_size, args.engines, timeout) \
+            if args.verify else None
+    finally:
+        if not args.keep:
+            path.unlink(missing_ok=True)
+    summaries = [summarize(c, runs[i]) for i, c in enumerate(configs)]
+    return {
+        "machine": info,
+        "settings": {"size": args.size, "block_size": args.block_size, "rounds": args.rounds,
+                     "engines": args.engines, "ops": args.ops, "qds": args.qds, "direct": True,
+                     "nvio_parallelism": 1, "fio_numjobs": 1, "file": str(path),
+                     "fio_extra_args": list(FIO_EXTRA),
+                     "ramdisk": args.ramdisk},
+        "elapsed_s": time.monotonic() - started,
+        "summary": summaries,
+        "runs": [{"config": c, "rounds": runs[i]} for i, c in enumerate(configs)],
+        "verify": verify,
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="fio_compare.py",
+        description="Run fio and `nvio bench` alternately on the same file (1 MiB blocks, O_DIRECT, "
+                    "one worker each) for each engine/op/queue depth, several rounds, and print the "
+                    "median GB/s (1e9 bytes/s), the ratio nvio/fio, and CPU seconds per GB of each. "
+                    "psync is compared at queue depth 1 only (fio's psync ignores iodepth).",
+        epilog="Examples:  bench/fio_compare.py --dir /tmp/nvio-bench --size 1G --rounds 5\n"
+               "           sudo bench/fio_compare.py --ramdisk --size 1G --rounds 5 --json out.json\n"
+               "check column (queue depth >= 32 only): ok, SLOW (nvio < 0.95 x fio GB/s), "
+               "CPU (nvio > 1.2 x fio CPU s/GB); n/a below queue depth 32.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", type=Path, default=Path("/tmp/nvio-bench"),
+                    help="directory for the shared test file (default: %(default)s; made if missing)")
+    ap.add_argument("--size", type=parse_size, default=1 << 30,
+                    help="file size, K/M/G = powers of 1024 (default: 1G)")
+    ap.add_argument("--rounds", type=positive_int, default=5, help="rounds (default: %(default)s)")
+    ap.add_argument("--engines", type=parse_list(ENGINES), default=list(ENGINES),
+                    help="comma-separated engines (default: io_uring,libaio,psync)")
+    ap.add_argument("--qds", type=parse_list(None, positive_int), default=[8, 32, 128],
+                    help="comma-separated queue depths (default: 8,32,128; psync always runs at 1)")
+    ap.add_argument("--ops", type=parse_list(OPS), default=list(OPS),
+                    help="comma-separated ops (default: read,write)")
+    ap.add_argument("--block-size", type=parse_size, default=1 << 20,
+                    help="block size for both tools (default: 1M)")
+    ap.add_argument("--nvio", help="nvio binary (default: build/bin/nvio in the repo, else `nvio` on PATH)")
+    ap.add_argument("--fio", default="fio", help="fio binary (default: fio on PATH)")
+    ap.add_argument("--fio-arg", action="append", default=[], metavar="ARG",
+                    help="extra option for every timed fio run, e.g. --fio-arg=--mem=mmap "
+                         "(repeatable; default: none, i.e. fio's defaults)")
+    ap.add_argument("--ramdisk", action="store_true",
+                    help="root only: run on a RAM-backed ext4 (tmpfs image, losetup --direct-io=on) "
+                         "instead of --dir; always torn down afterwards")
+    ap.add_argument("--no-verify", dest="verify", action="store_false",
+                    help="skip the final untimed `nvio bench --verify` per engine on the same file")
+    ap.add_argument("--keep", action="store_true", help="keep the test file afterwards (not with --ramdisk)")
+    ap.add_argument("--json", metavar="FILE", nargs="?", const="-",
+                    help="dump everything (machine, settings, every run, summary) as JSON to FILE, "
+                         "or to stdout instead of the table when FILE is - or omitted")
+    args = ap.parse_args(argv)
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    FIO_EXTRA[:] = args.fio_arg
+    try:
+        nvio = find_nvio(args.nvio)
+        fio = shutil.which(args.fio)
+        if not fio:
+            raise Failure(f"fio not found ({args.fio}); apt-get install fio")
+        if args.ramdisk:
+            with RamDisk(args.size) as rd:
+                result = benchmark(args, rd.mnt, nvio, fio, "ramdisk")
+                result["machine"]["ramdisk"] = {"loop": rd.loop, "loop_dio": rd.dio,
+                                                "backing": "tmpfs image file", "fs": "ext4"}
+        else:
+            result = benchmark(args, args.dir, nvio, fio, "dir")
+    except Failure as e:
+        print(f"fio_compare.py: error: {e}", file=sys.stderr)
+        return e.code
+    except KeyboardInterrupt:
+        print("fio_compare.py: interrupted", file=sys.stderr)
+        return 130
+
+    m = result["machine"]
+    header = (f"nvio vs fio, {human(args.size)} file, {human(args.block_size)} blocks, O_DIRECT, "
+              f"1 worker each, {args.rounds} rounds alternating; medians, GB = 1e9 bytes\n"
+              f"{m['where']}: {m['dir']} on {m['filesystem']}"
+              + (f" (loop dio={m['ramdisk']['loop_dio']})" if args.ramdisk else "") + "\n"
+              f"{m['nproc']} CPUs ({m['cpu']}), Linux {m['kernel']}, {m['fio_version']}, "
+              f"{m['nvio_version']} commit {m['nvio_commit']}, {m['date']}"
+              + (f"\nextra fio options: {' '.join(args.fio_arg)}" if args.fio_arg else ""))
+    if args.json and args.json != "-":
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    if args.json == "-":
+        print(json.dumps(result, indent=2))
+    else:
+        print(header)
+        print(table(result["summary"]))
+        if result.get("verify"):
+            print("nvio --verify on the same file: " + ", ".join(
+                f"{e} {'ok' if v['ok'] else 'FAILED'}" for e, v in result["verify"].items()))
+    bad = [s for s in result["summary"] if s["verdict"] == "ERROR"]
+    if bad or (result.get("verify") and not all(v["ok"] for v in result["verify"].values())):
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -58,9 +58,9 @@ def _target(file: Any) -> Any:
 
 
 def _file_bytes(target: Any, offset: int, nbytes: int) -> bytes:
-    if isinstance(target, int):
-        return os.pread(target, nbytes, offset)
-    with open(target, "rb") as f:
+    # A caller's descriptor may be O_DIRECT or write-only: read through a fresh buffered one.
+    path = f"/proc/self/fd/{target}" if isinstance(target, int) else target
+    with open(path, "rb") as f:
         f.seek(offset)
         return f.read(nbytes)
 

@@ -75,9 +75,10 @@ def resolve(obj: Any, writable: bool) -> BufferRef:
         device_type = obj.__dlpack_device__()[0] if hasattr(obj, "__dlpack_device__") else 1
         if device_type != _DLPACK_CPU:
             raise TypeError("nvio: device (non-CPU) DLPack buffers are not supported by this build yet")
-        import numpy
-
-        return _from_numpy(numpy.from_dlpack(obj), writable)
+        capsule = obj.__dlpack__()
+        address, nbytes = _nvio.dlpack_address(capsule)
+        # The capsule stays unconsumed, so the producer's memory lives as long as it does.
+        return BufferRef(address, nbytes, (obj, capsule))
     raise TypeError(
         f"nvio: cannot use a {type(obj).__name__} as a buffer: expected a CPU torch tensor, a "
         "numpy array, an object with the buffer protocol, or one with __dlpack__"

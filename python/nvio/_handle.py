@@ -157,6 +157,16 @@ class Handle:
             self._futures.pop(ticket, None)
         self._core.wait_ticket(ticket)
 
+    def __del__(self) -> None:
+        # Finalizers run before a reference cycle is torn down (PEP 442), so this waits for I/O
+        # still in flight before the buffers its futures keep alive can be freed.
+        core = getattr(self, "_core", None)
+        if core is not None and core.pending():
+            try:
+                core.wait_all()
+            except BaseException:
+                pass
+
     def __enter__(self) -> "Handle":
         return self
 

@@ -73,7 +73,12 @@ def aio_handle_from_config(config: Mapping[str, Any]) -> _aio.aio_handle:
     Unknown keys are an error (a typo must not silently fall back to a default). ``thread_count``
     and ``num_threads`` are accepted for ``intra_op_parallelism`` with a DeprecationWarning.
     """
-    section = dict(config.get("aio", config))
+    if "aio" in config:
+        section = dict(config["aio"])
+    elif set(config) & (set(_AIO_DEFAULTS) | set(_PARALLELISM_ALIASES)):
+        section = dict(config)  # the aio section itself
+    else:
+        section = {}  # a whole DeepSpeed config without an aio section: DeepSpeed's defaults
     for alias in _PARALLELISM_ALIASES:
         if alias in section:
             warnings.warn(

@@ -350,6 +350,46 @@ PYBIND11_MODULE(_nvio, m) {
       },
       py::arg("obj"), py::arg("writable"));
 
+  m.def(
+      "dlpack_address",
+      [](py::capsule capsule) {
+        // DLPack's ABI (dlpack.h, stable since v0.2): a "dltensor" capsule holds a
+        // DLManagedTensor whose first member is the DLTensor. Only the fields needed to find the
+        // bytes are read; the capsule is not consumed, so its destructor still frees it.
+        struct DLTensorView {
+          void* data;
+          std::int32_t device_type;
+          std::int32_t device_id;
+          std::int32_t ndim;
+          std::uint8_t code;
+          std::uint8_t bits;
+          std::uint16_t lanes;
+          std::int64_t* shape;
+          std::int64_t* strides;
+          std::uint64_t byte_offset;
+        };
+        if (std::string(capsule.name() ? capsule.name() : "") != "dltensor") {
+          throw nvio::InvalidArgument("__dlpack__ did not return an unconsumed 'dltensor' capsule");
+        }
+        const auto* t = static_cast<const DLTensorView*>(capsule.get_pointer());
+        if (t->device_type != 1) {
+          throw nvio::InvalidArgument("the DLPack tensor is not in CPU memory");
+        }
+        const std::int64_t item = (std::int64_t{t->bits} * t->lanes + 7) / 8;
+        std::int64_t count = 1;
+        std::int64_t expected = 1;
+        for (std::int32_t d = t->ndim - 1; d >= 0; --d) {
+          if (t->strides != nullptr && t->shape[d] > 1 && t->strides[d] != expected) {
+            throw nvio::InvalidArgument("the DLPack tensor is not contiguous");
+          }
+          expected *= t->shape[d];
+          count *= t->shape[d];
+        }
+        const auto base = reinterpret_cast<std::uintptr_t>(t->data) + t->byte_offset;
+        return py::make_tuple(base, static_cast<std::size_t>(count * item));
+      },
+      py::arg("capsule"));
+
   m.def("is_locked", [](std::uintptr_t addr, std::size_t nbytes) {
     return nvio::is_locked_by_nvio(as_ptr(addr), nbytes);
   });

@@ -266,6 +266,12 @@ void check_target(const Operation& op, int fd) {
     throw IsADirectory(op.direction == Direction::Read ? IoOp::Read : IoOp::Write, op.path,
                        op.offset, op.length, EISDIR, "the path is a directory, not a file");
   }
+  if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) {
+    // Pipes, sockets, character devices and anonymous inodes (an io_uring ring, an eventfd) have
+    // no file offsets; a read from some of them would never complete.
+    throw InvalidArgument(fmt::format("{}: not a regular file or block device (mode {:o})",
+                                      op.path, st.st_mode & S_IFMT));
+  }
   if (op.direction == Direction::Read && S_ISREG(st.st_mode) &&
       op.end() > static_cast<std::uint64_t>(st.st_size)) {
     throw ShortFile(IoOp::Read, op.path, op.offset, op.length,
@@ -353,7 +359,15 @@ void plan(Operation& op, std::size_t block_size) {
     if (!dio.supported) {
       op.direct_fd = -1;
     } else {
-      const std::uint64_t a = dio.offset_align;
+      // Edges go through the page cache, so they must not share a page or a file-system block
+      // with the direct middle: a buffered write of a partial page reads, modifies and later
+      // writes back the whole page (or block), which would clobber direct-written bytes beside
+      // it. So the split is at the largest of the direct-I/O alignment, the page and st_blksize.
+      struct stat st {};
+      const std::uint64_t blksize =
+          ::fstat(op.direct_fd, &st) == 0 && st.st_blksize > 0 ? static_cast<std::uint64_t>(st.st_blksize) : 0;
+      const std::uint64_t page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+      const std::uint64_t a = std::max({std::uint64_t{dio.offset_align}, page, blksize});
       op.mem_align = std::max<std::uint32_t>(dio.mem_align, 1);
       op.offset_align = static_cast<std::uint32_t>(a);
       op.head_end = std::min(round_up(op.offset, a), op.end());

@@ -21,8 +21,14 @@ for _name in [k for k in os.environ if k.startswith("NVIO_")]:
     del os.environ[_name]
 
 try:
-    import nvio  # noqa: F401
+    import nvio
+
+    _built = getattr(nvio, "__file__", None) is not None  # not an empty (namespace) folder
 except ImportError:
+    _built = False
+if not _built:
+    for _mod in [m for m in sys.modules if m == "nvio" or m.startswith("nvio.")]:
+        del sys.modules[_mod]
     _root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     for _candidate in sorted(glob.glob(os.path.join(_root, "build*", "python"))):
         if glob.glob(os.path.join(_candidate, "nvio", "_nvio*.so")):

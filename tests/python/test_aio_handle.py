@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import nvio
-from conftest import ODD_OFFSETS, as_bytes, read_file, write_file
+from conftest import ENGINES, ODD_OFFSETS, as_bytes, read_file, require_engine, write_file
 
 ODD = (1 << 20) + 123
 
@@ -83,7 +83,11 @@ def test_constructor_positional_and_keyword():
 @pytest.mark.parametrize("iop", [1, 2, 3])
 @pytest.mark.parametrize("overlap_events", [False, True])
 @pytest.mark.parametrize("single_submit", [False, True])
-def test_option_matrix_roundtrip(tmp_path, single_submit, overlap_events, iop, locked, rng_bytes):
+def test_option_matrix_roundtrip(tmp_path, monkeypatch, engine, single_submit, overlap_events,
+                                 iop, locked, rng_bytes):
+    # aio_handle has no engine argument (DeepSpeed has none): NVIO_ENGINE picks it.
+    monkeypatch.setenv("NVIO_ENGINE", engine)
+    assert nvio.Handle().engine == engine
     h = nvio.aio_handle(block_size=64 * 1024, queue_depth=4, single_submit=single_submit,
                         overlap_events=overlap_events, intra_op_parallelism=iop)
     assert h.get_single_submit() is single_submit
@@ -260,9 +264,6 @@ def test_fd_forms(tmp_path, o_direct, rng_bytes):
         os.close(fd)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: validate=True on an O_DIRECT descriptor reads the file back with os.pread into an "
-    "unaligned buffer, which fails with EINVAL (a plain OSError, not a ValidationError)"))
 @pytest.mark.parametrize("is_read", [False, True], ids=["write", "read"])
 def test_validate_with_o_direct_fd(tmp_path, is_read, rng_bytes):
     data = rng_bytes(2 * 4096)
@@ -497,3 +498,33 @@ def test_numpy_buffers_through_aio_handle(tmp_path, rng_bytes):
     out = np.zeros(len(data), np.uint8)
     assert h.sync_pread(out, str(tmp_path / "n")) == 1
     assert out.tobytes() == data
+
+
+@pytest.mark.parametrize("engine_name", ["psync", "libaio", "io_uring"])
+def test_read_from_non_file_descriptor_raises(engine_name):
+    require_engine(engine_name)
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import os, nvio
+        ring = nvio.Handle(engine="io_uring")
+        fds = [int(x) for x in os.listdir("/proc/self/fd")
+               if os.path.exists(f"/proc/self/fd/{{x}}")
+               and "io_uring" in os.readlink(f"/proc/self/fd/{{x}}")]
+        if not fds:
+            raise SystemExit("no io_uring descriptor")
+        try:
+            nvio.Handle(engine="{engine_name}").read(bytearray(2), fds[0])
+        except ValueError as e:  # not a regular file or block device: refused before any I/O
+            assert isinstance(e, nvio.InvalidArgument)
+            print("raised", e)
+    """)
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(nvio.__file__)))
+    try:
+        r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                           timeout=8, env=env)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{engine_name}: the read never returned")
+    assert r.returncode == 0 and "raised" in r.stdout, r.stderr

@@ -99,10 +99,6 @@ def test_dlpack_write(tmp_path, rng_bytes):
     assert read_file(tmp_path / "d2.bin") == data
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: a read into a writable CPU tensor exposed only through __dlpack__ raises "
-    "ValueError('the array is read-only'): _buffers.resolve goes through numpy.from_dlpack, "
-    "which marks its arrays read-only (numpy < 2.1)"))
 def test_dlpack_read(tmp_path, rng_bytes):
     data = rng_bytes(5_555)
     path = write_file(tmp_path / "d.bin", data)

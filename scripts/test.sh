@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# One command that installs what is missing, builds, and runs the whole test suite (C++ and CLI).
-# Extra arguments go to ctest (e.g. -R conformance).
+# One command that installs what is missing, builds, and runs the whole test suite: the C++
+# conformance suite against every engine, the CLI tests and the Python tests, then the C++ and CLI
+# suites again under ASan+UBSan and under TSan (scripts/sanitize.sh). NVIO_TEST_QUICK=1 skips the
+# sanitizer passes. Extra arguments go to ctest (e.g. -R Conformance).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -8,3 +10,8 @@ scripts/deps.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNVIO_WERROR=ON >/dev/null
 cmake --build build -j"$(nproc)"
 ctest --test-dir build --output-on-failure -j"$(nproc)" "$@"
+
+if [ "${NVIO_TEST_QUICK:-0}" != "1" ]; then
+  scripts/sanitize.sh address,undefined "$@"
+  scripts/sanitize.sh thread "$@"
+fi

@@ -159,6 +159,8 @@ struct Handle::Impl {
   void worker_main(unsigned index, std::promise<void> ready);
   void run_blocking(const OperationPtr& op);
   Ticket register_async(const OperationPtr& op);
+  // The operation behind `ticket`, removed from the table when `collect` (a wait takes it).
+  OperationPtr find_ticket(Ticket ticket, bool collect);
 
   Options options;
   EngineKind engine_kind;
@@ -724,6 +726,17 @@ Ticket Handle::Impl::register_async(const OperationPtr& op) {
   return t;
 }
 
+OperationPtr Handle::Impl::find_ticket(Ticket ticket, bool collect) {
+  std::lock_guard lock(tickets_mutex);
+  auto it = tickets.find(ticket);
+  if (it == tickets.end()) {
+    throw InvalidArgument(fmt::format("ticket {} is unknown or was already waited for", ticket));
+  }
+  OperationPtr op = it->second;
+  if (collect) tickets.erase(it);
+  return op;
+}
+
 Handle::Handle() : Handle(resolve_options().values) {}
 Handle::Handle(const Options& options) : impl_(std::make_unique<Impl>(options)) {}
 Handle::~Handle() = default;
@@ -779,32 +792,13 @@ Ticket Handle::submit_write(const void* buf, std::size_t length, int fd, std::ui
 }
 
 void Handle::wait(Ticket ticket) {
-  OperationPtr op;
-  {
-    std::lock_guard lock(impl_->tickets_mutex);
-    auto it = impl_->tickets.find(ticket);
-    if (it == impl_->tickets.end()) {
-      throw InvalidArgument(
-          fmt::format("ticket {} is unknown or was already waited for", ticket));
-    }
-    op = it->second;
-    impl_->tickets.erase(it);
-  }
+  OperationPtr op = impl_->find_ticket(ticket, /*collect=*/true);
   impl_->wait_finished(*op);
   if (op->error) std::rethrow_exception(op->error);
 }
 
 bool Handle::done(Ticket ticket) const {
-  OperationPtr op;
-  {
-    std::lock_guard lock(impl_->tickets_mutex);
-    auto it = impl_->tickets.find(ticket);
-    if (it == impl_->tickets.end()) {
-      throw InvalidArgument(
-          fmt::format("ticket {} is unknown or was already waited for", ticket));
-    }
-    op = it->second;
-  }
+  OperationPtr op = impl_->find_ticket(ticket, /*collect=*/false);
   std::lock_guard lock(op->mutex);
   return op->finished;
 }

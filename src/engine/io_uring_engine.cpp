@@ -57,11 +57,10 @@ class IoUringEngine final : public Engine {
       ++queued;
     }
     if (queued == 0) return 0;
-    // Prepared SQEs stay in the ring until the kernel takes them, so they count as accepted even
-    // when this submit fails for lack of resources: reap() submits them again before waiting.
-    // Per-request errors arrive as completions.
-    const int rc = submit_pending();
-    if (rc < 0 && rc != -EAGAIN && rc != -EBUSY) return rc;
+    // Prepared SQEs stay in the ring until the kernel takes them and cannot be withdrawn, so they
+    // count as accepted even when this submit fails: reap() submits them again before waiting and
+    // reports a lasting failure there. Per-request errors arrive as completions.
+    submit_pending();
     return static_cast<int>(queued);
   }
 

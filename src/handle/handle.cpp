@@ -366,8 +366,9 @@ void plan(Operation& op, std::size_t block_size) {
       // writes back the whole page (or block), which would clobber direct-written bytes beside
       // it. So the split is at the largest of the direct-I/O alignment, the page and st_blksize.
       struct stat st {};
-      const std::uint64_t blksize =
-          ::fstat(op.direct_fd, &st) == 0 && st.st_blksize > 0 ? static_cast<std::uint64_t>(st.st_blksize) : 0;
+      const std::uint64_t blksize = ::fstat(op.direct_fd, &st) == 0 && st.st_blksize > 0
+                                        ? static_cast<std::uint64_t>(st.st_blksize)
+                                        : 0;
       const std::uint64_t page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
       const std::uint64_t a = std::max({std::uint64_t{dio.offset_align}, page, blksize});
       op.mem_align = std::max<std::uint32_t>(dio.mem_align, 1);
@@ -584,6 +585,8 @@ void Handle::Impl::worker_main(unsigned /*index*/, std::promise<void> ready) {
   auto complete = [&](const engine::Completion& c) {
     const auto tag = static_cast<unsigned>(c.tag);
     Slot& s = slots[tag];
+    // After an engine failure every slot was released; a late completion for one is dropped.
+    if (!s.op) return;
     OperationPtr op = s.op;
     const IoOp io_op = op->direction == Direction::Read ? IoOp::Read : IoOp::Write;
     if (c.result < 0) {

@@ -1,16 +1,19 @@
 #include "memory/bounce_pool.hpp"
 
+#include <algorithm>
+
 namespace nvio::detail {
 
-BouncePool::BouncePool(std::size_t chunk_size, std::size_t count)
-    : chunk_size_((chunk_size + 4095) / 4096 * 4096), count_(count) {}
+BouncePool::BouncePool(std::size_t chunk_size, std::size_t max_count)
+    : chunk_size_((chunk_size + 4095) / 4096 * 4096), max_count_(max_count) {}
 
 std::byte* BouncePool::acquire() {
-  if (!allocated_) {
-    slab_ = AlignedBuffer(chunk_size_ * count_, LockMode::Try);
-    free_.reserve(count_);
-    for (std::size_t i = count_; i > 0; --i) free_.push_back(slab_.bytes() + (i - 1) * chunk_size_);
-    allocated_ = true;
+  if (free_.empty()) {
+    // Slabs of 1, 1, 2, 4, ... chunks: few allocations, and at most twice what is in use.
+    const std::size_t grow = std::min(std::max<std::size_t>(allocated_, 1), max_count_ - allocated_);
+    AlignedBuffer& slab = slabs_.emplace_back(chunk_size_ * grow, LockMode::Try);
+    for (std::size_t i = grow; i > 0; --i) free_.push_back(slab.bytes() + (i - 1) * chunk_size_);
+    allocated_ += grow;
   }
   std::byte* chunk = free_.back();
   free_.pop_back();

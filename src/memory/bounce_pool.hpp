@@ -1,5 +1,7 @@
-// A fixed set of aligned bounce chunks, allocated on first use and reused for the life of its
-// owner, so that steady-state I/O through bounce buffers allocates nothing.
+// Aligned bounce chunks, allocated as the worker's concurrency needs them (never more than
+// `max_count`) and reused for the life of the owner, so that steady-state I/O through bounce
+// buffers allocates nothing and memory follows what is really in flight: a worker that only ever
+// bounces one piece at a time holds one chunk, not the whole cap.
 //
 // Ownership and thread-safety: each handle worker owns one pool and is its only user.
 #pragma once
@@ -13,21 +15,21 @@ namespace nvio::detail {
 
 class BouncePool {
  public:
-  // `chunk_size` is rounded up to a page; `count` chunks are made available.
-  BouncePool(std::size_t chunk_size, std::size_t count);
+  // `chunk_size` is rounded up to a page; at most `max_count` chunks are ever allocated.
+  BouncePool(std::size_t chunk_size, std::size_t max_count);
 
   std::size_t chunk_size() const noexcept { return chunk_size_; }
-  bool available() const noexcept { return !allocated_ || !free_.empty(); }
-  // Returns a page-aligned chunk, allocating the whole pool on first call. Precondition:
-  // available(). Throws MemoryError if the first allocation fails.
+  bool available() const noexcept { return !free_.empty() || allocated_ < max_count_; }
+  // Returns a page-aligned chunk, growing the pool by a slab (doubling, up to the cap) when none
+  // is free. Precondition: available(). Throws MemoryError if a slab cannot be allocated.
   std::byte* acquire();
   void release(std::byte* chunk) noexcept { free_.push_back(chunk); }
 
  private:
   std::size_t chunk_size_;
-  std::size_t count_;
-  bool allocated_ = false;
-  AlignedBuffer slab_;
+  std::size_t max_count_;
+  std::size_t allocated_ = 0;  // chunks in all slabs
+  std::vector<AlignedBuffer> slabs_;
   std::vector<std::byte*> free_;
 };
 

@@ -1,9 +1,11 @@
 // Handle options: every option, its one default, and its NVIO_* environment override.
 //
-// Precedence, lowest to highest: the default below, then the environment (NVIO_*), then values set
-// explicitly by the caller (OptionOverrides). Environment values are parsed strictly: a value that
-// does not parse raises InvalidArgument naming the variable; range checks apply to the merged
-// result (so an out-of-range environment value is an error unless an explicit value replaces it).
+// Precedence, lowest to highest: the default below, then the saved configuration file written by
+// `nvio tune --save` (see nvio/config.hpp), then the environment (NVIO_*), then values set
+// explicitly by the caller (OptionOverrides). Environment and configuration values are parsed
+// strictly: a value that does not parse raises InvalidArgument naming the variable or the file;
+// range checks apply to the merged result (so an out-of-range environment value is an error unless
+// an explicit value replaces it).
 //
 // | option               | default | environment                 | valid range                  |
 // |----------------------|---------|-----------------------------|------------------------------|
@@ -71,13 +73,18 @@ struct OptionOverrides {
   std::optional<DirectIo> direct;
 };
 
-enum class OptionSource { Default, Environment, Explicit };
+enum class OptionSource { Default, Config, Environment, Explicit };
 const char* to_string(OptionSource source) noexcept;
 
 struct EffectiveOptions {
   Options values;
   // Keyed by option name (as in the table above): where its value came from.
   std::map<std::string, OptionSource> sources;
+  // The configuration file consulted (empty when disabled), whether it exists, and the profile
+  // whose settings were applied (empty when none applied).
+  std::string config_path;
+  bool config_found = false;
+  std::string config_profile;
   // Keyed by option name: the environment variable that overrides it.
   static const std::map<std::string, std::string>& environment_names();
 };
@@ -85,8 +92,11 @@ struct EffectiveOptions {
 // Reads the environment through `getenv` (defaults to std::getenv; tests pass their own).
 using EnvLookup = std::function<const char*(const char*)>;
 
-// Resolves defaults < environment < overrides, validates the result, and records sources.
+// Resolves defaults < configuration file < environment < overrides, validates the result, and
+// records sources. `directory` picks the configuration profile of the file system that holds it;
+// empty picks the profile saved last (the default one). Throws InvalidArgument for a malformed
+// environment value or configuration file.
 EffectiveOptions resolve_options(const OptionOverrides& overrides = {},
-                                 const EnvLookup& getenv = {});
+                                 const EnvLookup& getenv = {}, const std::string& directory = {});
 
 }  // namespace nvio

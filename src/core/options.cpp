@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "nvio/config.hpp"
 #include "nvio/errors.hpp"
 
 namespace nvio {
@@ -34,6 +35,7 @@ const char* to_string(DirectIo mode) noexcept {
 const char* to_string(OptionSource source) noexcept {
   switch (source) {
     case OptionSource::Default: return "default";
+    case OptionSource::Config: return "config";
     case OptionSource::Environment: return "environment";
     case OptionSource::Explicit: return "explicit";
   }
@@ -152,9 +154,14 @@ unsigned parse_unsigned(const std::string& text, const std::string& what) {
 
 // Applies one option from each layer in turn; `parse` turns the environment text into a value.
 template <typename T, typename Parse>
-void layer(const char* name, T& value, const std::optional<T>& explicit_value,
-           const EnvLookup& getenv, EffectiveOptions& out, Parse parse) {
+void layer(const char* name, T& value, const std::optional<T>& config_value,
+           const std::optional<T>& explicit_value, const EnvLookup& getenv, EffectiveOptions& out,
+           Parse parse) {
   out.sources[name] = OptionSource::Default;
+  if (config_value) {
+    value = *config_value;
+    out.sources[name] = OptionSource::Config;
+  }
   const std::string& var = EffectiveOptions::environment_names().at(name);
   if (const char* text = getenv(var.c_str()); text != nullptr) {
     value = parse(std::string(text), var);
@@ -168,27 +175,46 @@ void layer(const char* name, T& value, const std::optional<T>& explicit_value,
 
 }  // namespace
 
-EffectiveOptions resolve_options(const OptionOverrides& overrides, const EnvLookup& getenv_fn) {
+EffectiveOptions resolve_options(const OptionOverrides& overrides, const EnvLookup& getenv_fn,
+                                 const std::string& directory) {
   const EnvLookup getenv = getenv_fn ? getenv_fn : [](const char* n) { return std::getenv(n); };
   EffectiveOptions out;
+  out.config_path = config_path(getenv);
+  OptionOverrides saved;
+  if (const std::optional<ConfigFile> file = load_config(out.config_path)) {
+    out.config_found = true;
+    if (const std::optional<ConfigProfile> profile = select_profile(*file, directory)) {
+      out.config_profile = profile->key;
+      saved = profile->options;
+    }
+  }
   Options& o = out.values;
-  layer("engine", o.engine, overrides.engine, getenv, out, parse_engine);
-  layer("block_size", o.block_size, overrides.block_size, getenv, out, parse_size);
-  layer("queue_depth", o.queue_depth, overrides.queue_depth, getenv, out, parse_unsigned);
-  layer("single_submit", o.single_submit, overrides.single_submit, getenv, out, parse_bool);
-  layer("overlap_events", o.overlap_events, overrides.overlap_events, getenv, out, parse_bool);
-  layer("intra_op_parallelism", o.intra_op_parallelism, overrides.intra_op_parallelism, getenv,
-        out, parse_unsigned);
-  layer("direct", o.direct, overrides.direct, getenv, out, parse_direct);
+  const OptionOverrides& x = overrides;
+  layer("engine", o.engine, saved.engine, x.engine, getenv, out, parse_engine);
+  layer("block_size", o.block_size, saved.block_size, x.block_size, getenv, out, parse_size);
+  layer("queue_depth", o.queue_depth, saved.queue_depth, x.queue_depth, getenv, out,
+        parse_unsigned);
+  layer("single_submit", o.single_submit, saved.single_submit, x.single_submit, getenv, out,
+        parse_bool);
+  layer("overlap_events", o.overlap_events, saved.overlap_events, x.overlap_events, getenv, out,
+        parse_bool);
+  layer("intra_op_parallelism", o.intra_op_parallelism, saved.intra_op_parallelism,
+        x.intra_op_parallelism, getenv, out, parse_unsigned);
+  layer("direct", o.direct, saved.direct, x.direct, getenv, out, parse_direct);
   try {
     o.validate();
   } catch (const InvalidArgument& e) {
-    // Say which layer the bad value came from, so an environment typo is easy to find.
+    // Say which layer the bad value came from, so an environment typo or a stale configuration
+    // file is easy to find.
     for (const auto& [name, source] : out.sources) {
-      if (source == OptionSource::Environment &&
-          std::string(e.what()).rfind(name + " ", 0) == 0) {
+      if (std::string(e.what()).rfind(name + " ", 0) != 0) continue;
+      if (source == OptionSource::Environment) {
         throw InvalidArgument(std::string(e.what()) + " (from " +
                               EffectiveOptions::environment_names().at(name) + ")");
+      }
+      if (source == OptionSource::Config) {
+        throw InvalidArgument(fmt::format("{} (from profile '{}' of configuration file {})",
+                                          e.what(), out.config_profile, out.config_path));
       }
     }
     throw;

@@ -174,9 +174,10 @@ nvio::OptionOverrides build_overrides(const BenchArgs& args) {
 
 // The library names the option ("queue_depth must be between 1 and 4096, got 0"); when the value
 // came from a flag, add the flag, as it already adds the variable for environment values.
-nvio::EffectiveOptions resolve_naming_flags(const nvio::OptionOverrides& o) {
+nvio::EffectiveOptions resolve_naming_flags(const nvio::OptionOverrides& o,
+                                            const std::string& directory) {
   try {
-    return nvio::resolve_options(o);
+    return nvio::resolve_options(o, {}, directory);
   } catch (const nvio::InvalidArgument& e) {
     const std::string what = e.what();
     const struct {
@@ -207,10 +208,12 @@ Plan make_plan(const BenchArgs& args) {
   plan.verify = args.verify;
   plan.keep = args.keep;
   plan.json = args.json;
-  plan.options = resolve_naming_flags(build_overrides(args));
   if (args.file) {
     plan.path = *args.file;
+    const std::filesystem::path parent = std::filesystem::path(plan.path).parent_path();
+    plan.options = resolve_naming_flags(build_overrides(args), parent.empty() ? "." : parent.string());
   } else {
+    plan.options = resolve_naming_flags(build_overrides(args), *args.dir);
     plan.path =
         (std::filesystem::path(*args.dir) / fmt::format("nvio-bench-{}.dat", ::getpid())).string();
     plan.scratch = true;
@@ -455,6 +458,8 @@ void print_json(const std::vector<OpResult>& results, const nvio::Handle& handle
   out["options"] = options_to_json(handle.options());
   out["engine"] = nvio::to_string(handle.engine());
   out["engine_reason"] = handle.engine_reason();
+  out["options_sources"] = sources_to_json(plan.options);
+  out["config"] = config_to_json(plan.options);
   out["file"] = plan.path;
   out["size"] = plan.size;
   out["version"] = nvio::version();
@@ -472,6 +477,10 @@ void print_table(const std::vector<OpResult>& results, const nvio::Handle& handl
       nvio::to_string(handle.engine()), handle.engine_reason(), human_bytes(o.block_size),
       o.queue_depth, o.single_submit, o.overlap_events, o.intra_op_parallelism,
       nvio::to_string(o.direct));
+  if (!plan.options.config_profile.empty()) {
+    fmt::print("settings from {} (profile {}): {}\n", plan.options.config_path,
+               plan.options.config_profile, configured_names(plan.options));
+  }
   fmt::print("GB/s = 1e9 bytes/s, GiB/s = 2^30 bytes/s; seconds and CPU s/GB are medians\n\n");
   fmt::print("{:<6} {:>14} {:>10} {:>9} {:>9} {:>10} {:>9}\n", "op", "bytes", "seconds", "GB/s",
              "GiB/s", "CPU s/GB", "verified");

@@ -50,6 +50,20 @@ struct BenchArgs {
   bool json = false;
 };
 
+struct TuneArgs {
+  std::string dir;
+  std::string size = "1G";
+  std::string budget = "60";
+  std::optional<std::string> trial_size;
+  std::optional<std::string> engines;
+  bool read_only = false;
+  bool write_only = false;
+  bool grid = false;
+  bool json = false;
+  bool save = false;
+  bool keep = false;
+};
+
 struct ReportArgs {
   std::string dir = ".";
   bool json = false;
@@ -58,14 +72,22 @@ struct ReportArgs {
 // Register the subcommand's flags on `app` (the subcommand itself), storing values into `args`.
 void add_bench_options(CLI::App& app, BenchArgs& args);
 void add_report_options(CLI::App& app, ReportArgs& args);
+void add_tune_options(CLI::App& app, TuneArgs& args);
 
 // Run a parsed subcommand. Throw UsageError / nvio::InvalidArgument for bad arguments (exit 2)
 // and other exceptions for failures (exit 1); return the exit code otherwise.
 int run_bench(const BenchArgs& args);
 int run_report(const ReportArgs& args);
+int run_tune(const TuneArgs& args);
 
 // The handle options as JSON, keyed by the option names of nvio::EffectiveOptions::sources.
 nlohmann::json options_to_json(const nvio::Options& options);
+
+// Where each option's value came from ({"engine": "config", ...}), the configuration file that
+// was consulted ({"path", "found", "profile"}), and the names of the options it set ("a, b").
+nlohmann::json sources_to_json(const nvio::EffectiveOptions& options);
+nlohmann::json config_to_json(const nvio::EffectiveOptions& options);
+std::string configured_names(const nvio::EffectiveOptions& options);
 
 // Renders a byte count for people: "1 GiB", "4 KiB", or plain bytes when not a whole unit.
 std::string human_bytes(unsigned long long bytes);

@@ -49,6 +49,11 @@ int run(int argc, char** argv) {
       app.add_subcommand("report", "Show engines, direct-I/O support, limits and options");
   nvio_cli::add_report_options(*report, report_args);
 
+  nvio_cli::TuneArgs tune_args;
+  CLI::App* tune = app.add_subcommand(
+      "tune", "Search for the fastest options for a directory's drive; --save makes them default");
+  nvio_cli::add_tune_options(*tune, tune_args);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version
@@ -59,7 +64,8 @@ int run(int argc, char** argv) {
   }
   if (bench->parsed()) return nvio_cli::run_bench(bench_args);
   if (report->parsed()) return nvio_cli::run_report(report_args);
-  throw nvio_cli::UsageError("a subcommand is required: bench or report (see nvio --help)");
+  if (tune->parsed()) return nvio_cli::run_tune(tune_args);
+  throw nvio_cli::UsageError("a subcommand is required: bench, tune or report (see nvio --help)");
 }
 
 }  // namespace

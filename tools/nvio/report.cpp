@@ -40,6 +40,28 @@ json options_to_json(const nvio::Options& o) {
   return out;
 }
 
+json sources_to_json(const nvio::EffectiveOptions& eff) {
+  json out = json::object();
+  for (const auto& [name, source] : eff.sources) out[name] = nvio::to_string(source);
+  return out;
+}
+
+json config_to_json(const nvio::EffectiveOptions& eff) {
+  return {{"path", eff.config_path.empty() ? json(nullptr) : json(eff.config_path)},
+          {"found", eff.config_found},
+          {"profile", eff.config_profile.empty() ? json(nullptr) : json(eff.config_profile)}};
+}
+
+std::string configured_names(const nvio::EffectiveOptions& eff) {
+  std::string out;
+  for (const auto& [name, source] : eff.sources) {
+    if (source != nvio::OptionSource::Config) continue;
+    if (!out.empty()) out += ", ";
+    out += name;
+  }
+  return out.empty() ? "none (overridden)" : out;
+}
+
 void add_report_options(CLI::App& app, ReportArgs& args) {
   app.add_option("--dir", args.dir, "Directory to probe for O_DIRECT support and alignment")
       ->type_name("DIR")
@@ -79,8 +101,7 @@ json dir_json(const std::string& dir) {
           {"source", info.source}};
 }
 
-json options_json() {
-  nvio::EffectiveOptions eff = nvio::resolve_options();
+json options_json(const nvio::EffectiveOptions& eff) {
   const json values = options_to_json(eff.values);
   json out = json::object();
   for (auto& [name, value] : values.items()) {
@@ -93,7 +114,8 @@ json options_json() {
 
 json gather(const ReportArgs& args) {
   // Options first: a malformed NVIO_* variable is a usage error and should stop before probing.
-  json options = options_json();
+  const nvio::EffectiveOptions eff = nvio::resolve_options({}, {}, args.dir);
+  json options = options_json(eff);
   nvio::SystemInfo sys = nvio::system_info();
   const nvio::AutoChoice& choice = nvio::auto_engine();
   return {{"version", nvio::version()},
@@ -105,7 +127,8 @@ json gather(const ReportArgs& args) {
           {"memlock_limit", optional_json(sys.memlock_limit)},
           {"aio_max_nr", optional_json(sys.aio_max_nr)},
           {"aio_nr", optional_json(sys.aio_nr)},
-          {"options", options}};
+          {"options", options},
+          {"config", config_to_json(eff)}};
 }
 
 std::string text_of(const json& value) {
@@ -135,6 +158,18 @@ void print_text(const json& r) {
              memlock.is_null() ? "unlimited" : human_bytes(memlock.get<std::uint64_t>()));
   fmt::print("fs.aio-max-nr     {}\n", text_of(r["aio_max_nr"]));
   fmt::print("fs.aio-nr         {}\n", text_of(r["aio_nr"]));
+  const json& c = r["config"];
+  if (c["path"].is_null()) {
+    fmt::print("config file       none (NVIO_CONFIG=none, or no HOME)\n");
+  } else if (!c["found"].get<bool>()) {
+    fmt::print("config file       {} (not found; `nvio tune --save` writes it)\n",
+               c["path"].get<std::string>());
+  } else if (c["profile"].is_null()) {
+    fmt::print("config file       {} (no profile applies here)\n", c["path"].get<std::string>());
+  } else {
+    fmt::print("config file       {} (profile {})\n", c["path"].get<std::string>(),
+               c["profile"].get<std::string>());
+  }
   fmt::print("options (value, source)\n");
   for (auto& [name, o] : r["options"].items()) {
     fmt::print("  {:<22}{:<12}{}\n", name, text_of(o["value"]), o["source"].get<std::string>());

@@ -1,0 +1,247 @@
+#include "nvio/config.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include "nvio/errors.hpp"
+
+namespace nvio {
+namespace {
+
+using nlohmann::json;
+
+[[noreturn]] void malformed(const std::string& path, const std::string& what) {
+  throw InvalidArgument(fmt::format("configuration file {}: {}", path, what));
+}
+
+unsigned json_unsigned(const json& v, const std::string& path, const std::string& where) {
+  if (!v.is_number_unsigned() || v.get<std::uint64_t>() > 0xffffffffu) {
+    malformed(path, fmt::format("{} must be a non-negative integer, got {}", where, v.dump()));
+  }
+  return v.get<unsigned>();
+}
+
+bool json_bool(const json& v, const std::string& path, const std::string& where) {
+  if (!v.is_boolean()) malformed(path, fmt::format("{} must be true or false, got {}", where, v.dump()));
+  return v.get<bool>();
+}
+
+std::string json_string(const json& v, const std::string& path, const std::string& where) {
+  if (!v.is_string()) malformed(path, fmt::format("{} must be a string, got {}", where, v.dump()));
+  return v.get<std::string>();
+}
+
+OptionOverrides parse_options(const json& j, const std::string& path, const std::string& where) {
+  if (!j.is_object()) malformed(path, where + " must be an object");
+  OptionOverrides o;
+  for (const auto& [name, value] : j.items()) {
+    const std::string at = where + "." + name;
+    // The value parsers name `at` in their messages; prefix the file so the user can find it.
+    try {
+      if (name == "engine") {
+        o.engine = parse_engine(json_string(value, path, at), at);
+      } else if (name == "block_size") {
+        o.block_size = value.is_string() ? parse_size(value.get<std::string>(), at)
+                                         : std::size_t{json_unsigned(value, path, at)};
+      } else if (name == "queue_depth") {
+        o.queue_depth = json_unsigned(value, path, at);
+      } else if (name == "intra_op_parallelism") {
+        o.intra_op_parallelism = json_unsigned(value, path, at);
+      } else if (name == "single_submit") {
+        o.single_submit = json_bool(value, path, at);
+      } else if (name == "overlap_events") {
+        o.overlap_events = json_bool(value, path, at);
+      } else if (name == "direct") {
+        o.direct = parse_direct(json_string(value, path, at), at);
+      } else {
+        malformed(path, fmt::format("unknown option '{}' in {}", name, where));
+      }
+    } catch (const InvalidArgument& e) {
+      const std::string msg = e.what();
+      if (msg.rfind("configuration file ", 0) == 0) throw;
+      malformed(path, msg);
+    }
+  }
+  return o;
+}
+
+json options_json(const OptionOverrides& o) {
+  json j = json::object();
+  if (o.engine) j["engine"] = to_string(*o.engine);
+  if (o.block_size) j["block_size"] = *o.block_size;
+  if (o.queue_depth) j["queue_depth"] = *o.queue_depth;
+  if (o.intra_op_parallelism) j["intra_op_parallelism"] = *o.intra_op_parallelism;
+  if (o.single_submit) j["single_submit"] = *o.single_submit;
+  if (o.overlap_events) j["overlap_events"] = *o.overlap_events;
+  if (o.direct) j["direct"] = to_string(*o.direct);
+  return j;
+}
+
+json profile_json(const ConfigProfile& p) {
+  return json{{"directory", p.directory}, {"filesystem", p.filesystem}, {"saved_at", p.saved_at},
+              {"note", p.note},           {"options", options_json(p.options)}};
+}
+
+ConfigFile parse_file(const std::string& text, const std::string& path) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    malformed(path, fmt::format("not valid JSON ({})", e.what()));
+  }
+  if (!j.is_object()) malformed(path, "the top level must be a JSON object");
+  if (!j.contains("version") || j["version"] != 1) {
+    malformed(path, "\"version\" must be 1 (written by a different nvio?)");
+  }
+  ConfigFile file;
+  if (j.contains("default")) file.default_key = json_string(j["default"], path, "default");
+  if (j.contains("profiles")) {
+    const json& profiles = j["profiles"];
+    if (!profiles.is_object()) malformed(path, "\"profiles\" must be an object");
+    for (const auto& [key, p] : profiles.items()) {
+      const std::string where = "profiles." + key;
+      if (!p.is_object()) malformed(path, where + " must be an object");
+      ConfigProfile profile;
+      profile.key = key;
+      auto text_field = [&](const char* name, std::string& out) {
+        if (p.contains(name)) out = json_string(p[name], path, where + "." + name);
+      };
+      text_field("directory", profile.directory);
+      text_field("filesystem", profile.filesystem);
+      text_field("saved_at", profile.saved_at);
+      text_field("note", profile.note);
+      if (!p.contains("options")) malformed(path, where + " has no \"options\"");
+      profile.options = parse_options(p["options"], path, where + ".options");
+      file.profiles.push_back(std::move(profile));
+    }
+  }
+  if (!file.default_key.empty() && select_profile(file, {}) == std::nullopt) {
+    malformed(path, fmt::format("\"default\" names profile '{}', which is not in \"profiles\"",
+                                file.default_key));
+  }
+  return file;
+}
+
+}  // namespace
+
+std::string config_path(const EnvLookup& getenv_fn) {
+  const EnvLookup getenv = getenv_fn ? getenv_fn : [](const char* n) { return std::getenv(n); };
+  if (const char* explicit_path = getenv("NVIO_CONFIG"); explicit_path != nullptr) {
+    const std::string p = explicit_path;
+    if (p == "none") return {};
+    if (p.empty()) {
+      throw InvalidArgument("NVIO_CONFIG is set but empty: give a file path, or 'none' to turn "
+                            "the configuration file off");
+    }
+    return p;
+  }
+  if (const char* xdg = getenv("XDG_CONFIG_HOME"); xdg != nullptr && xdg[0] == '/') {
+    return std::string(xdg) + "/nvio/config.json";
+  }
+  if (const char* home = getenv("HOME"); home != nullptr && home[0] != '\0') {
+    return std::string(home) + "/.config/nvio/config.json";
+  }
+  return {};
+}
+
+std::string device_key(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) throw_io_error(IoOp::Stat, path, 0, 0, errno);
+  return fmt::format("dev:{}:{}", major(st.st_dev), minor(st.st_dev));
+}
+
+std::optional<ConfigFile> load_config(const std::string& path) {
+  if (path.empty()) return std::nullopt;
+  std::ifstream in(path);
+  if (!in) {
+    const int err = errno;
+    if (err == ENOENT) return std::nullopt;
+    throw_io_error(IoOp::Open, path, 0, 0, err, "cannot read the configuration file");
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse_file(text.str(), path);
+}
+
+std::optional<ConfigProfile> select_profile(const ConfigFile& file, const std::string& directory) {
+  auto find = [&](const std::string& key) -> std::optional<ConfigProfile> {
+    for (const ConfigProfile& p : file.profiles) {
+      if (p.key == key) return p;
+    }
+    return std::nullopt;
+  };
+  if (!directory.empty()) {
+    struct stat st {};
+    if (::stat(directory.c_str(), &st) == 0) {
+      if (auto p = find(fmt::format("dev:{}:{}", major(st.st_dev), minor(st.st_dev)))) return p;
+    }
+  }
+  if (file.default_key.empty()) return std::nullopt;
+  return find(file.default_key);
+}
+
+void save_profile(const std::string& path, const ConfigProfile& profile) {
+  if (path.empty()) {
+    throw InvalidArgument("no configuration file to save to: NVIO_CONFIG is 'none', or neither "
+                          "XDG_CONFIG_HOME nor HOME is set");
+  }
+  ConfigFile file = load_config(path).value_or(ConfigFile{});
+  json profiles = json::object();
+  for (const ConfigProfile& p : file.profiles) {
+    if (p.key != profile.key) profiles[p.key] = profile_json(p);
+  }
+  profiles[profile.key] = profile_json(profile);
+  const json j{{"version", 1}, {"default", profile.key}, {"profiles", profiles}};
+
+  const std::filesystem::path target(path);
+  std::error_code ec;
+  if (target.has_parent_path()) {
+    std::filesystem::create_directories(target.parent_path(), ec);
+    if (ec) {
+      throw_io_error(IoOp::Open, target.parent_path().string(), 0, 0, ec.value(),
+                     "cannot create the configuration directory");
+    }
+  }
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const std::string text = j.dump(2) + "\n";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw_io_error(IoOp::Open, tmp, 0, text.size(), errno);
+  std::size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : EIO;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw_io_error(IoOp::Write, tmp, done, text.size() - done, err);
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  const int sync_rc = ::fsync(fd);
+  const int sync_err = errno;
+  if (::close(fd) != 0 || sync_rc != 0) {
+    const int err = sync_rc != 0 ? sync_err : errno;
+    ::unlink(tmp.c_str());
+    throw_io_error(IoOp::Sync, tmp, 0, text.size(), err);
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    throw_io_error(IoOp::Write, path, 0, text.size(), err, "cannot replace the configuration file");
+  }
+}
+
+}  // namespace nvio

@@ -1,0 +1,248 @@
+// The tuner's real measurer: trials that read and write a scratch file with nvio::Handle.
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/sysmacros.h>
+#include <sys/vfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <filesystem>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "handle/file.hpp"
+#include "nvio/config.hpp"
+#include "nvio/errors.hpp"
+#include "nvio/handle.hpp"
+#include "nvio/memory.hpp"
+#include "nvio/pattern.hpp"
+#include "nvio/system.hpp"
+#include "nvio/tune.hpp"
+
+namespace nvio {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double cpu_seconds() {
+  struct rusage ru {};
+  ::getrusage(RUSAGE_SELF, &ru);
+  auto secs = [](const timeval& t) { return double(t.tv_sec) + double(t.tv_usec) / 1e6; };
+  return secs(ru.ru_utime) + secs(ru.ru_stime);
+}
+
+std::string filesystem_name(const std::string& dir) {
+  struct statfs fs {};
+  if (::statfs(dir.c_str(), &fs) != 0) return "unknown";
+  static const std::map<unsigned long, const char*> kNames = {
+      {0xEF53, "ext4"},       {0x58465342, "xfs"},   {0x9123683E, "btrfs"},
+      {0x01021994, "tmpfs"},  {0x858458f6, "ramfs"}, {0x6969, "nfs"},
+      {0x794c7630, "overlay"}, {0xF2F52010, "f2fs"},  {0x2fc12fc1, "zfs"},
+      {0xff534d42, "cifs"},   {0x65735546, "fuse"},  {0x4d44, "vfat"}};
+  const auto it = kNames.find(static_cast<unsigned long>(fs.f_type));
+  return it == kNames.end() ? fmt::format("0x{:x}", static_cast<unsigned long>(fs.f_type))
+                            : it->second;
+}
+
+// The kernel's name for the block device holding `dir` (the whole disk for a partition), or "".
+std::string block_device_name(const std::string& dir) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) return {};
+  std::error_code ec;
+  const auto link = std::filesystem::canonical(
+      fmt::format("/sys/dev/block/{}:{}", major(st.st_dev), minor(st.st_dev)), ec);
+  if (ec) return {};
+  if (std::filesystem::exists(link / "partition", ec)) return link.parent_path().filename();
+  return link.filename();
+}
+
+// Warnings about results that may not reflect the drive.
+void add_cache_warnings(TuneResult& r) {
+  if (r.filesystem == "tmpfs" || r.filesystem == "ramfs") {
+    r.warnings.push_back(fmt::format(
+        "{} is on {}: the file lives in memory, so these figures measure memory, not a drive",
+        r.directory, r.filesystem));
+    return;
+  }
+  const std::string dev = block_device_name(r.directory);
+  for (const char* prefix : {"vd", "xvd", "loop", "nbd", "rbd", "zram", "ram"}) {
+    if (dev.rfind(prefix, 0) == 0) {
+      r.warnings.push_back(fmt::format(
+          "{} is on {}, a virtual or memory-backed device: the host may cache it, so the figures "
+          "can exceed what the physical drive sustains",
+          r.directory, dev));
+      return;
+    }
+  }
+}
+
+class FileMeasurer final : public Measurer {
+ public:
+  FileMeasurer(std::string path, std::uint64_t file_size, std::uint64_t trial_bytes,
+               Clock::time_point start)
+      : path_(std::move(path)),
+        file_size_(file_size),
+        trial_(trial_bytes),
+        start_(start),
+        buffer_(static_cast<std::size_t>(trial_bytes), LockMode::Try) {
+    pattern::fill(buffer_.data(), buffer_.size(), 0, 0x7475'6e65);
+  }
+
+  TuneSample measure(const Options& options, TuneMode mode) override {
+    Handle handle(options);  // threads and rings are set up outside the timed part
+    // Trials walk through the file so that consecutive ones touch different ranges.
+    const std::uint64_t slots = std::max<std::uint64_t>(1, file_size_ / trial_);
+    const std::uint64_t offset = (next_slot_++ % slots) * trial_;
+    evict(offset);
+    const double cpu0 = cpu_seconds();
+    const auto t0 = Clock::now();
+    if (mode == TuneMode::Read) {
+      handle.read(buffer_.data(), trial_, path_, offset);
+    } else {
+      // fdatasync at the end: the time until the data is on the drive, not in the page cache.
+      handle.write(buffer_.data(), trial_, path_, offset, WriteOptions{Truncate::No, Durability::Data});
+    }
+    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    TuneSample s;
+    s.cpu_seconds = cpu_seconds() - cpu0;
+    s.bytes = double(trial_);
+    s.gbps = s.bytes / std::max(secs, 1e-9) / 1e9;
+    if (mode == TuneMode::Write) evict(offset);
+    return s;
+  }
+
+  double now() override { return std::chrono::duration<double>(Clock::now() - start_).count(); }
+
+ private:
+  // Drops the range from the page cache so that a buffered read comes from the drive. The data
+  // is clean (written with fdatasync), so no root and no cache-wide drop are needed.
+  void evict(std::uint64_t offset) {
+    const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    ::posix_fadvise(fd, static_cast<off_t>(offset), static_cast<off_t>(trial_),
+                    POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+
+  std::string path_;
+  std::uint64_t file_size_;
+  std::uint64_t trial_;
+  Clock::time_point start_;
+  AlignedBuffer buffer_;
+  std::uint64_t next_slot_ = 0;
+};
+
+// Removes the scratch file when tuning ends, however it ends.
+class ScratchFile {
+ public:
+  ScratchFile(std::string path, bool keep) : path_(std::move(path)), keep_(keep) {}
+  ~ScratchFile() {
+    if (!keep_) ::unlink(path_.c_str());
+  }
+  ScratchFile(const ScratchFile&) = delete;
+  ScratchFile& operator=(const ScratchFile&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  bool keep_;
+};
+
+}  // namespace
+
+TuneResult tune_directory(const TuneRequest& request) {
+  const auto start = Clock::now();
+  request.space.validate();
+  const std::string& dir = request.directory;
+  if (dir.empty()) throw InvalidArgument("tuning needs a directory");
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) throw_io_error(IoOp::Stat, dir, 0, 0, errno);
+  if (!S_ISDIR(st.st_mode)) {
+    throw InvalidArgument(fmt::format("{}: not a directory (tune needs a directory to put its "
+                                      "scratch file in)",
+                                      dir));
+  }
+  const std::uint64_t mib = 1 << 20;
+  if (request.file_size < 16 * mib) {
+    throw InvalidArgument(fmt::format(
+        "tuning file size must be at least 16 MiB, got {} bytes", request.file_size));
+  }
+  if (request.trial_bytes > request.file_size) {
+    throw InvalidArgument(fmt::format("trial size {} is larger than the file size {}",
+                                      request.trial_bytes, request.file_size));
+  }
+  struct statvfs vfs {};
+  if (::statvfs(dir.c_str(), &vfs) == 0) {
+    const std::uint64_t free_bytes = std::uint64_t{vfs.f_bavail} * vfs.f_frsize;
+    if (free_bytes < request.file_size + 64 * mib) {
+      throw NoSpace(IoOp::Write, dir, 0, request.file_size, ENOSPC,
+                    fmt::format("only {} bytes are free; the tuning file needs {} (use a smaller "
+                                "size)",
+                                free_bytes, request.file_size));
+    }
+  }
+
+  TuneSpace space = request.space;
+  const DirectIoInfo dio = probe_directory(dir);
+  TuneResult pre;
+  pre.directory = dir;
+  pre.device = device_key(dir);
+  pre.filesystem = filesystem_name(dir);
+  pre.file_size = request.file_size;
+  if (!dio.supported) {
+    std::erase(space.direct, DirectIo::On);
+    pre.warnings.push_back(fmt::format(
+        "{} does not support O_DIRECT ({}): only buffered I/O was measured", dir, dio.source));
+    if (space.direct.empty()) space.direct.push_back(DirectIo::Off);
+  }
+  add_cache_warnings(pre);
+
+  ScratchFile file(fmt::format("{}/nvio-tune.{}.dat", dir, ::getpid()), request.keep_file);
+  // Create the file with data (not a sparse hole, which reads back without touching the drive)
+  // and note how fast that went, to size the trials.
+  std::uint64_t trial = request.trial_bytes;
+  {
+    const std::size_t chunk = static_cast<std::size_t>(std::min<std::uint64_t>(request.file_size, 64 * mib));
+    AlignedBuffer buf(chunk, LockMode::Try);
+    Options o;
+    o.direct = dio.supported ? DirectIo::On : DirectIo::Off;
+    Handle h(o);
+    const auto t0 = Clock::now();
+    for (std::uint64_t off = 0; off < request.file_size; off += chunk) {
+      const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(chunk, request.file_size - off));
+      pattern::fill(buf.data(), n, off, 0x7475'6e65);
+      const bool last = off + n == request.file_size;
+      h.write(buf.data(), n, file.path(), off,
+              WriteOptions{last ? Truncate::AtEnd : Truncate::No,
+                           last ? Durability::Data : Durability::None});
+    }
+    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (trial == 0) {
+      const double speed = double(request.file_size) / std::max(secs, 1e-6);
+      const std::uint64_t want = static_cast<std::uint64_t>(speed * 0.25) / mib * mib;
+      trial = std::clamp<std::uint64_t>(want, 32 * mib, std::max<std::uint64_t>(32 * mib, request.file_size / 4));
+      trial = std::min(trial, request.file_size);
+    }
+  }
+  if (trial < 64 * mib) {
+    pre.warnings.push_back(fmt::format(
+        "trials move only {} MiB each: small transfers make the figures noisier", trial / mib));
+  }
+
+  FileMeasurer measurer(file.path(), request.file_size, trial, start);
+  TuneResult result = search(space, measurer, request.settings);
+  result.directory = pre.directory;
+  result.device = pre.device;
+  result.filesystem = pre.filesystem;
+  result.file_size = request.file_size;
+  result.trial_bytes = trial;
+  result.warnings = std::move(pre.warnings);
+  return result;
+}
+
+}  // namespace nvio

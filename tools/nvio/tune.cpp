@@ -1,0 +1,303 @@
+// `nvio tune`: searches handle options for a directory within a time budget, prints the best ones
+// for read, write and mixed use (and DeepSpeed's "aio" section), and with --save writes them to the
+// configuration file that nvio then uses by default.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include <fmt/core.h>
+
+#include "cli.hpp"
+#include "nvio/config.hpp"
+#include "nvio/errors.hpp"
+#include "nvio/system.hpp"
+#include "nvio/tune.hpp"
+
+namespace nvio_cli {
+
+using nlohmann::json;
+
+void add_tune_options(CLI::App& app, TuneArgs& args) {
+  app.add_option("--dir", args.dir, "Directory on the drive to tune (a scratch file goes there)")
+      ->required()
+      ->type_name("DIR");
+  app.add_option("--size", args.size, "Scratch file size (K/M/G suffixes)")
+      ->type_name("BYTES")
+      ->capture_default_str();
+  app.add_option("--budget", args.budget, "Seconds to spend, setup included (not with --grid)")
+      ->type_name("SECONDS")
+      ->capture_default_str();
+  app.add_option("--trial-size", args.trial_size,
+                 "Bytes per measurement (default: about 0.25 s worth at the drive's write speed)")
+      ->type_name("BYTES");
+  auto* ro = app.add_flag("--read-only", args.read_only, "Tune reads only");
+  auto* wo = app.add_flag("--write-only", args.write_only, "Tune writes only");
+  ro->excludes(wo);
+  app.add_option("--engines", args.engines, "Comma-separated engines to try (default: available)")
+      ->type_name("LIST");
+  app.add_flag("--grid", args.grid,
+               "Measure every configuration of the space instead of searching (slow; for "
+               "checking the search)");
+  app.add_flag("--json", args.json, "Print every measured point as one JSON object");
+  app.add_flag("--save", args.save,
+               "Save the pick (mixed, else read or write) as this drive's default settings");
+  app.add_flag("--keep", args.keep, "Keep the scratch file");
+}
+
+namespace {
+
+double parse_budget(const std::string& text) {
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || !std::isfinite(v) || v <= 0 || v > 86400) {
+    throw UsageError("--budget: expected seconds between 0 and 86400, got '" + text + "'");
+  }
+  return v;
+}
+
+std::vector<nvio::EngineKind> parse_engines(const std::string& list) {
+  std::vector<nvio::EngineKind> out;
+  std::stringstream in(list);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    const nvio::EngineKind k = nvio::parse_engine(item, "--engines");
+    if (k == nvio::EngineKind::Auto) throw UsageError("--engines: name concrete engines, not auto");
+    const nvio::EngineProbe& probe = nvio::probe_engine(k);
+    if (!probe.available) {
+      throw nvio::EngineUnavailable(
+          fmt::format("--engines: {} is not available here: {}", nvio::to_string(k), probe.reason));
+    }
+    if (std::find(out.begin(), out.end(), k) == out.end()) out.push_back(k);
+  }
+  if (out.empty()) throw UsageError("--engines: the list is empty");
+  return out;
+}
+
+json options_json(const nvio::Options& o) { return options_to_json(o); }
+
+json pick_json(const std::optional<nvio::TunePick>& p) {
+  if (!p) return nullptr;
+  return {{"options", options_json(p->options)},
+          {"median_gbps", p->gbps},
+          {"spread", p->spread},
+          {"repeats", p->repeats},
+          {"cpu_s_per_gb", p->cpu_seconds_per_gb},
+          {"runner_up_gbps", p->runner_up_gbps}};
+}
+
+json deepspeed_json(const nvio::Options& o) {
+  // The keys DeepSpeed's "aio" config section reads, booleans as JSON booleans.
+  return {{"aio",
+           {{"block_size", o.block_size},
+            {"queue_depth", o.queue_depth},
+            {"intra_op_parallelism", o.intra_op_parallelism},
+            {"single_submit", o.single_submit},
+            {"overlap_events", o.overlap_events}}}};
+}
+
+json result_json(const nvio::TuneResult& r) {
+  json points = json::array();
+  for (const nvio::TunePoint& p : r.points) {
+    json samples = json::array();
+    for (const nvio::TuneSample& s : p.samples) samples.push_back(s.gbps);
+    points.push_back({{"mode", nvio::to_string(p.mode)},
+                      {"options", options_json(p.options)},
+                      {"samples_gbps", samples},
+                      {"median_gbps", p.median_gbps()},
+                      {"spread", p.spread()},
+                      {"cpu_s_per_gb", p.cpu_seconds_per_gb()}});
+  }
+  json modes = json::array();
+  for (nvio::TuneMode m : r.modes) modes.push_back(nvio::to_string(m));
+  json mixed = nullptr;
+  if (r.mixed) {
+    mixed = {{"options", options_json(r.mixed->options)},
+             {"read_gbps", r.mixed->read_gbps},
+             {"write_gbps", r.mixed->write_gbps},
+             {"mixed_gbps", r.mixed->mixed_gbps}};
+  }
+  return {{"nvio_version", nvio::version()},
+          {"directory", r.directory},
+          {"device", r.device},
+          {"filesystem", r.filesystem},
+          {"file_size", r.file_size},
+          {"trial_bytes", r.trial_bytes},
+          {"strategy", nvio::to_string(r.strategy)},
+          {"budget_s", r.budget_s},
+          {"elapsed_s", r.elapsed_s},
+          {"modes", modes},
+          {"warnings", r.warnings},
+          {"points", points},
+          {"best", {{"read", pick_json(r.read)}, {"write", pick_json(r.write)}, {"mixed", mixed}}},
+          {"deepspeed", deepspeed_json(r.recommended())}};
+}
+
+std::string describe(const nvio::Options& o) {
+  return fmt::format("{:<9} {:>8} {:>4} {:>4}  {:<6} {:<6} {}", nvio::to_string(o.engine),
+                     human_bytes(o.block_size), o.queue_depth, o.intra_op_parallelism,
+                     o.single_submit ? "true" : "false", o.overlap_events ? "true" : "false",
+                     nvio::to_string(o.direct));
+}
+
+void print_table(const nvio::TuneResult& r) {
+  const std::size_t measured = [&] {
+    std::size_t n = 0;
+    for (const auto& p : r.points) n += p.samples.size();
+    return n;
+  }();
+  fmt::print("nvio tune: {} ({}, {}), {} file, {} per trial\n", r.directory, r.filesystem,
+             r.device, human_bytes(r.file_size), human_bytes(r.trial_bytes));
+  if (r.strategy == nvio::TuneStrategy::Grid) {
+    fmt::print("grid: {} configurations, {} trials in {:.1f} s\n\n", r.points.size(), measured,
+               r.elapsed_s);
+  } else {
+    fmt::print("search: {} configurations, {} trials in {:.1f} s of a {:.0f} s budget\n\n",
+               r.points.size(), measured, r.elapsed_s, r.budget_s);
+  }
+  fmt::print("{:<6} {:>7} {:>8} {:>8} {:>9}  {:<9} {:>8} {:>4} {:>4}  {:<6} {:<6} {}\n", "mode",
+             "GB/s", "spread", "repeats", "CPU s/GB", "engine", "block", "qd", "par", "single",
+             "overlap", "direct");
+  for (const auto& [name, pick] : {std::pair{"read", r.read}, std::pair{"write", r.write}}) {
+    if (!pick) continue;
+    fmt::print("{:<6} {:>7.3f} {:>7.1f}% {:>8} {:>9.3f}  {}\n", name, pick->gbps,
+               pick->spread * 100, pick->repeats, pick->cpu_seconds_per_gb,
+               describe(pick->options));
+  }
+  if (r.mixed) {
+    fmt::print("{:<6} {:>7.3f} {:>8} {:>8} {:>9}  {}\n", "mixed", r.mixed->mixed_gbps, "", "", "",
+               describe(r.mixed->options));
+    fmt::print("       (read {:.3f} GB/s, write {:.3f} GB/s; mixed = harmonic mean, equal bytes "
+               "each way)\n",
+               r.mixed->read_gbps, r.mixed->write_gbps);
+  }
+  fmt::print("\nHow sure: spread is (max - min) / median over the pick's repeats.");
+  for (const auto& [name, pick] : {std::pair{"read", r.read}, std::pair{"write", r.write}}) {
+    if (!pick || pick->runner_up_gbps <= 0) continue;
+    const double margin = pick->gbps / pick->runner_up_gbps - 1;
+    fmt::print(" {} beats the next best by {:.1f}%{}.", name, margin * 100,
+               margin < pick->spread ? " (within the spread: a near tie)" : "");
+  }
+  fmt::print("\n");
+  for (const std::string& w : r.warnings) fmt::print("note: {}\n", w);
+  const nvio::Options best = r.recommended();
+  fmt::print("\nDeepSpeed config, \"aio\" section for the {} pick:\n{}\n",
+             r.mixed ? "mixed" : (r.read ? "read" : "write"), deepspeed_json(best).dump(2));
+  if (best.engine != nvio::EngineKind::Libaio || best.direct != nvio::DirectIo::On) {
+    fmt::print("(DeepSpeed itself always uses libaio with O_DIRECT; nvio's aio_handle also takes "
+               "engine {} and direct {} from the saved configuration)\n",
+               nvio::to_string(best.engine), nvio::to_string(best.direct));
+  }
+}
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  ::gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// A live progress line on stderr, only when stderr is a terminal (never in logs or pipes).
+class ProgressLine {
+ public:
+  ProgressLine() : enabled_(::isatty(STDERR_FILENO) == 1) {}
+  ~ProgressLine() { clear(); }
+  // Erases the line so that the results start on a clean one.
+  void clear() {
+    if (shown_) std::fprintf(stderr, "\r\033[K");
+    shown_ = false;
+  }
+  ProgressLine(const ProgressLine&) = delete;
+  ProgressLine& operator=(const ProgressLine&) = delete;
+
+  void update(const nvio::TuneProgress& p) {
+    if (!enabled_) return;
+    shown_ = true;
+    std::string best = "-";
+    if (p.best) {
+      const nvio::Options& o = p.best->options;
+      best = fmt::format("{:.2f} GB/s {} {} qd{} x{}", p.best->gbps, nvio::to_string(o.engine),
+                         human_bytes(o.block_size), o.queue_depth, o.intra_op_parallelism);
+    }
+    const std::string clock = p.budget_s > 0 ? fmt::format("{:5.1f}/{:.0f} s", p.elapsed_s, p.budget_s)
+                                             : fmt::format("{:6.1f} s", p.elapsed_s);
+    std::fprintf(stderr, "\r\033[K%s  %-5s %-7s %4zu points  best %s", clock.c_str(),
+                 nvio::to_string(p.mode), p.phase.c_str(), p.points, best.c_str());
+    std::fflush(stderr);
+  }
+
+ private:
+  bool enabled_;
+  bool shown_ = false;
+};
+
+}  // namespace
+
+int run_tune(const TuneArgs& args) {
+  nvio::TuneRequest req;
+  req.directory = args.dir;
+  req.file_size = nvio::parse_size(args.size, "--size");
+  if (args.trial_size) req.trial_bytes = nvio::parse_size(*args.trial_size, "--trial-size");
+  req.settings.budget_s = parse_budget(args.budget);
+  req.settings.strategy = args.grid ? nvio::TuneStrategy::Grid : nvio::TuneStrategy::Search;
+  if (args.read_only) req.settings.modes = {nvio::TuneMode::Read};
+  if (args.write_only) req.settings.modes = {nvio::TuneMode::Write};
+  if (args.engines) req.space.engines = parse_engines(*args.engines);
+  req.keep_file = args.keep;
+  // Settle where --save writes before spending a minute measuring.
+  const std::string config = args.save ? nvio::config_path() : std::string();
+  if (args.save && config.empty()) {
+    throw UsageError("--save: no configuration file: NVIO_CONFIG is 'none', or HOME is not set");
+  }
+  if (args.save) nvio::load_config(config);  // a malformed file is reported now, not after
+
+  ProgressLine progress;
+  req.settings.progress = [&](const nvio::TuneProgress& p) { progress.update(p); };
+  const nvio::TuneResult result = nvio::tune_directory(req);
+  progress.clear();
+
+  if (args.json) {
+    fmt::print("{}\n", result_json(result).dump(2));
+  } else {
+    print_table(result);
+  }
+  if (args.save) {
+    nvio::ConfigProfile profile;
+    profile.key = result.device;
+    profile.directory = std::filesystem::absolute(result.directory).lexically_normal().string();
+    profile.filesystem = result.filesystem;
+    profile.saved_at = utc_now();
+    profile.note = fmt::format("nvio tune {} pick, {:.0f} s budget",
+                               result.mixed ? "mixed" : (result.read ? "read" : "write"),
+                               result.budget_s);
+    const nvio::Options best = result.recommended();
+    profile.options.engine = best.engine;
+    profile.options.block_size = best.block_size;
+    profile.options.queue_depth = best.queue_depth;
+    profile.options.intra_op_parallelism = best.intra_op_parallelism;
+    profile.options.single_submit = best.single_submit;
+    profile.options.overlap_events = best.overlap_events;
+    profile.options.direct = best.direct;
+    nvio::save_profile(config, profile);
+    std::fprintf(args.json ? stderr : stdout,
+                 "saved to %s as profile %s (and the default); NVIO_* variables and explicit "
+                 "options still take precedence\n",
+                 config.c_str(), profile.key.c_str());
+  }
+  return kExitOk;
+}
+
+}  // namespace nvio_cli

@@ -223,6 +223,11 @@ def check_tune(data, what: str) -> None:
         raise Failure(f"{what}: not `nvio tune --json` output (no best / file_size)", code=2)
 
 
+def reused(path: Path, what: str, strategy: str) -> dict:
+    return {"cmd": None, "wall_s": None, "reused": str(path),
+            "result": load_tune(path, what, strategy)}
+
+
 def run_tune(nvio: str, args, grid: bool) -> dict:
     cmd = tune_cmd(nvio, args, grid)
     log(f"running {shlex.join(cmd)}" + (" (every configuration: this takes long)" if grid else ""))
@@ -444,10 +449,8 @@ def main(argv=None) -> int:
     try:
         nvio = find_nvio(args.nvio)
         # Reused results are read first, so a bad file fails before any long run starts.
-        grid = {"cmd": None, "wall_s": None, "reused": str(args.grid_json),
-                "result": load_tune(args.grid_json, "--grid-json", "grid")} if args.grid_json else None
-        tune = {"cmd": None, "wall_s": None, "reused": str(args.tune_json),
-                "result": load_tune(args.tune_json, "--tune-json", "search")} if args.tune_json else None
+        grid = reused(args.grid_json, "--grid-json", "grid") if args.grid_json else None
+        tune = reused(args.tune_json, "--tune-json", "search") if args.tune_json else None
         if grid is None or tune is None:
             require_tune(nvio)
         if tune is None:  # the short run first: it fails fast if something is wrong
@@ -469,9 +472,9 @@ def main(argv=None) -> int:
           f"{args.rounds} rounds alternating, medians, GB = 1e9 bytes")
     print(f"{info['nproc']} CPUs ({info['cpu']}), Linux {info['kernel']}, {info['nvio_version']} "
           f"commit {info['nvio_commit']}, {info['date']}")
-    print(f"search: {len(t.get('points') or [])} points measured in {fmt(t.get('elapsed_s'), '.1f')}"
-          f" s (budget {fmt(t.get('budget_s'), '.0f')} s); grid: {len(g.get('points') or [])} points"
-          f" in {fmt(g.get('elapsed_s'), '.1f')} s")
+    print(f"search: {len(t.get('points') or [])} points measured in "
+          f"{fmt(t.get('elapsed_s'), '.1f')} s (budget {fmt(t.get('budget_s'), '.0f')} s); "
+          f"grid: {len(g.get('points') or [])} points in {fmt(g.get('elapsed_s'), '.1f')} s")
     print()
     print(table(result["rows"], tune, grid))
     print()

@@ -4,11 +4,11 @@
 
 One row per mode (read, write), one panel per engine. In each panel the x-axis is the queue
 depth (log2) and there is one line per block size and O_DIRECT setting (colour: block size;
-solid: direct on, dashed: off); a point is the best median GB/s measured at that engine,
-direct, block size and queue depth over the remaining settings (parallelism, single_submit,
-overlap_events). The configuration the tuner chose is
-marked with a star. A search (the default strategy) measures only part of the space, so lines
-may have few points; ``nvio tune --grid`` fills them in.
+solid line, filled dots: direct on; dashed, hollow: off). A point is the best median GB/s
+measured at that engine, direct, block size and queue depth over the remaining settings
+(parallelism, single_submit, overlap_events). The configuration the tuner chose is marked with
+a star. A search (the default strategy) measures only part of the space, so lines may have few
+points; ``nvio tune --grid`` fills them in.
 
 This module imports nothing else from the nvio package (and matplotlib only when plotting), so
 it can also be run as a plain script, ``python3 path/to/tune_plot.py``, without the compiled
@@ -184,8 +184,10 @@ def plot(result: Dict[str, Any], path: str, mode: Optional[str] = None) -> None:
                 for b in blocks:
                     xs = sorted(q for (dd, bb, q) in cell if (dd, bb) == (d, b))
                     if xs:
+                        # Hollow markers for direct off: a lone point has no line style.
                         ax.plot(xs, [cell[(d, b, q)] for q in xs], linestyle=style[d],
-                                marker="o", markersize=3.5, linewidth=1.5, color=colour[b])
+                                marker="o", markersize=3.5, linewidth=1.5, color=colour[b],
+                                markerfacecolor=colour[b] if d == "on" else "white")
             if not cell:
                 ax.text(0.5, 0.5, "not measured", transform=ax.transAxes, ha="center",
                         va="center", color="0.5")
@@ -221,7 +223,8 @@ def plot(result: Dict[str, Any], path: str, mode: Optional[str] = None) -> None:
                 ax.set_ylabel(f"{m} GB/s (1e9 B/s)")
     handles = [Line2D([], [], color=colour[b], marker="o", markersize=4, label=_human_bytes(b))
                for b in blocks]
-    handles += [Line2D([], [], color="0.3", linestyle=style[d], label=f"direct {d}")
+    handles += [Line2D([], [], color="0.3", linestyle=style[d], marker="o", markersize=4,
+                       markerfacecolor="0.3" if d == "on" else "white", label=f"direct {d}")
                 for d in directs]
     handles.append(Line2D([], [], color="crimson", marker="*", markersize=12, linestyle="none",
                           markeredgecolor="black", label="chosen"))

@@ -10,6 +10,7 @@ NVIO_PACKAGES=(
   libgtest-dev
   python3 python3-dev python3-pytest pybind11-dev
   python3-numpy python3-torch python3-setuptools python3-wheel python3-venv
+  python3-matplotlib
   fio e2fsprogs
 )
 

@@ -1,10 +1,12 @@
 // Umbrella header for the nvio C++ API.
 #pragma once
 
+#include "nvio/config.hpp"
 #include "nvio/errors.hpp"
 #include "nvio/handle.hpp"
 #include "nvio/memory.hpp"
 #include "nvio/options.hpp"
 #include "nvio/pattern.hpp"
 #include "nvio/system.hpp"
+#include "nvio/tune.hpp"
 #include "nvio/warnings.hpp"

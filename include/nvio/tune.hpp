@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "nvio/config.hpp"
 #include "nvio/options.hpp"
 
 namespace nvio {
@@ -134,6 +135,14 @@ struct TuneResult {
   // The options to save and use by default: mixed when both modes ran, else the one measured.
   Options recommended() const;
 };
+
+// The result as a JSON document (the format `nvio tune --json` prints and nvio.tune() returns):
+// every measured point with its samples, the picks, and DeepSpeed's "aio" section for the
+// recommended options.
+std::string to_json(const TuneResult& result, int indent = 2);
+
+// The configuration profile that saves result.recommended() for result.device (see config.hpp).
+ConfigProfile to_profile(const TuneResult& result);
 
 // Runs the search (or the grid) against `measurer`. Throws InvalidArgument for a bad space or
 // settings; exceptions from the measurer propagate.

@@ -479,15 +479,29 @@ class Searcher {
         }
       }
     }
+    // What is left goes to more repeats of the candidates, the least measured first.
+    while (true) {
+      const Coord* fewest = nullptr;
+      TuneMode fewest_mode = a;
+      for (const Coord& c : todo) {
+        for (TuneMode mode : {a, b}) {
+          if (fewest == nullptr || samples(mode, c) < samples(fewest_mode, *fewest)) {
+            fewest = &c;
+            fewest_mode = mode;
+          }
+        }
+      }
+      if (fewest == nullptr || !sample(fewest_mode, *fewest, end, "cross")) return;
+    }
   }
 
   std::optional<TunePick> pick(TuneMode mode) {
-    // Prefer points measured more than once: a single lucky sample should not win.
+    // Prefer points measured at least three times: a single lucky sample should not win.
     std::size_t most = 0;
     for (const Key& k : coords_) {
       if (k.first == mode) most = std::max(most, samples(mode, k.second));
     }
-    const std::size_t need = std::min<std::size_t>(2, most);
+    const std::size_t need = std::min<std::size_t>(3, most);
     const TunePoint* best = nullptr;
     const TunePoint* second = nullptr;
     for (const Key& k : coords_) {

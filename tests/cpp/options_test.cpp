@@ -91,8 +91,8 @@ TEST(Options, ResolveDefaultsOnly) {
     ASSERT_EQ(eff.sources.count(n), 1u) << n;
     EXPECT_EQ(eff.sources.at(n), OptionSource::Default) << n;
   }
-  // It looked up exactly the documented variables.
-  std::set<std::string> expected;
+  // It looked up exactly the documented variables: the options' and the configuration file's.
+  std::set<std::string> expected = {"NVIO_CONFIG", "XDG_CONFIG_HOME", "HOME"};
   for (const auto& [opt, var] : nvio::EffectiveOptions::environment_names()) expected.insert(var);
   EXPECT_EQ(env.asked, expected);
 }

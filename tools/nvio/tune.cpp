@@ -7,8 +7,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <ctime>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -85,65 +83,6 @@ std::vector<nvio::EngineKind> parse_engines(const std::string& list) {
   return out;
 }
 
-json options_json(const nvio::Options& o) { return options_to_json(o); }
-
-json pick_json(const std::optional<nvio::TunePick>& p) {
-  if (!p) return nullptr;
-  return {{"options", options_json(p->options)},
-          {"median_gbps", p->gbps},
-          {"spread", p->spread},
-          {"repeats", p->repeats},
-          {"cpu_s_per_gb", p->cpu_seconds_per_gb},
-          {"runner_up_gbps", p->runner_up_gbps}};
-}
-
-json deepspeed_json(const nvio::Options& o) {
-  // The keys DeepSpeed's "aio" config section reads, booleans as JSON booleans.
-  return {{"aio",
-           {{"block_size", o.block_size},
-            {"queue_depth", o.queue_depth},
-            {"intra_op_parallelism", o.intra_op_parallelism},
-            {"single_submit", o.single_submit},
-            {"overlap_events", o.overlap_events}}}};
-}
-
-json result_json(const nvio::TuneResult& r) {
-  json points = json::array();
-  for (const nvio::TunePoint& p : r.points) {
-    json samples = json::array();
-    for (const nvio::TuneSample& s : p.samples) samples.push_back(s.gbps);
-    points.push_back({{"mode", nvio::to_string(p.mode)},
-                      {"options", options_json(p.options)},
-                      {"samples_gbps", samples},
-                      {"median_gbps", p.median_gbps()},
-                      {"spread", p.spread()},
-                      {"cpu_s_per_gb", p.cpu_seconds_per_gb()}});
-  }
-  json modes = json::array();
-  for (nvio::TuneMode m : r.modes) modes.push_back(nvio::to_string(m));
-  json mixed = nullptr;
-  if (r.mixed) {
-    mixed = {{"options", options_json(r.mixed->options)},
-             {"read_gbps", r.mixed->read_gbps},
-             {"write_gbps", r.mixed->write_gbps},
-             {"mixed_gbps", r.mixed->mixed_gbps}};
-  }
-  return {{"nvio_version", nvio::version()},
-          {"directory", r.directory},
-          {"device", r.device},
-          {"filesystem", r.filesystem},
-          {"file_size", r.file_size},
-          {"trial_bytes", r.trial_bytes},
-          {"strategy", nvio::to_string(r.strategy)},
-          {"budget_s", r.budget_s},
-          {"elapsed_s", r.elapsed_s},
-          {"modes", modes},
-          {"warnings", r.warnings},
-          {"points", points},
-          {"best", {{"read", pick_json(r.read)}, {"write", pick_json(r.write)}, {"mixed", mixed}}},
-          {"deepspeed", deepspeed_json(r.recommended())}};
-}
-
 std::string describe(const nvio::Options& o) {
   return fmt::format("{:<9} {:>8} {:>4} {:>4}  {:<6} {:<6} {}", nvio::to_string(o.engine),
                      human_bytes(o.block_size), o.queue_depth, o.intra_op_parallelism,
@@ -192,22 +131,14 @@ void print_table(const nvio::TuneResult& r) {
   fmt::print("\n");
   for (const std::string& w : r.warnings) fmt::print("note: {}\n", w);
   const nvio::Options best = r.recommended();
+  const json doc = json::parse(nvio::to_json(r));
   fmt::print("\nDeepSpeed config, \"aio\" section for the {} pick:\n{}\n",
-             r.mixed ? "mixed" : (r.read ? "read" : "write"), deepspeed_json(best).dump(2));
+             doc["recommended"].get<std::string>(), doc["deepspeed"].dump(2));
   if (best.engine != nvio::EngineKind::Libaio || best.direct != nvio::DirectIo::On) {
     fmt::print("(DeepSpeed itself always uses libaio with O_DIRECT; nvio's aio_handle also takes "
                "engine {} and direct {} from the saved configuration)\n",
                nvio::to_string(best.engine), nvio::to_string(best.direct));
   }
-}
-
-std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  ::gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
 }
 
 // A live progress line on stderr, only when stderr is a terminal (never in logs or pipes).
@@ -270,27 +201,12 @@ int run_tune(const TuneArgs& args) {
   progress.clear();
 
   if (args.json) {
-    fmt::print("{}\n", result_json(result).dump(2));
+    fmt::print("{}\n", nvio::to_json(result));
   } else {
     print_table(result);
   }
   if (args.save) {
-    nvio::ConfigProfile profile;
-    profile.key = result.device;
-    profile.directory = std::filesystem::absolute(result.directory).lexically_normal().string();
-    profile.filesystem = result.filesystem;
-    profile.saved_at = utc_now();
-    profile.note = fmt::format("nvio tune {} pick, {:.0f} s budget",
-                               result.mixed ? "mixed" : (result.read ? "read" : "write"),
-                               result.budget_s);
-    const nvio::Options best = result.recommended();
-    profile.options.engine = best.engine;
-    profile.options.block_size = best.block_size;
-    profile.options.queue_depth = best.queue_depth;
-    profile.options.intra_op_parallelism = best.intra_op_parallelism;
-    profile.options.single_submit = best.single_submit;
-    profile.options.overlap_events = best.overlap_events;
-    profile.options.direct = best.direct;
+    const nvio::ConfigProfile profile = nvio::to_profile(result);
     nvio::save_profile(config, profile);
     std::fprintf(args.json ? stderr : stdout,
                  "saved to %s as profile %s (and the default); NVIO_* variables and explicit "

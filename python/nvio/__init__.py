@@ -4,6 +4,8 @@ Two APIs over one core:
 
 * ``nvio.Handle``: ``read`` / ``write`` / ``read_async`` / ``write_async`` of any CPU torch tensor,
   numpy array or buffer, by path or file descriptor, at any offset and size.
+* ``nvio.tune(dir)``: finds the fastest options for a drive within a time budget; with
+  ``save=True`` they become the default of every handle (``nvio.Handle()``).
 * ``nvio.aio_handle``: a drop-in for DeepSpeed's DeepNVMe ``aio_handle`` (and
   ``nvio.deepspeed.AsyncIOBuilder`` for a one-line import change).
 
@@ -19,6 +21,7 @@ from typing import Any, Optional, Sequence, Union
 from . import _nvio
 from ._aio import ValidationError, aio_handle, aio_read, aio_write
 from ._handle import Future, Handle
+from ._tune import TuneResult, tune
 from ._nvio import (
     EngineUnavailable,
     Error,
@@ -36,7 +39,7 @@ __version__ = _nvio.__version__
 
 __all__ = [
     "Handle", "Future", "aio_handle", "aio_read", "aio_write", "empty_locked", "is_pinned",
-    "report", "Error", "InvalidArgument", "EngineUnavailable", "LockedMemoryError", "IOFailure",
+    "report", "tune", "TuneResult", "Error", "InvalidArgument", "EngineUnavailable", "LockedMemoryError", "IOFailure",
     "FileNotFound", "PermissionDenied", "IsADirectory", "NoSpace", "ShortFile", "ValidationError",
     "__version__",
 ]
@@ -113,7 +116,8 @@ def report(dir: Optional[str] = None) -> "dict[str, Any]":
     engines = {name: {"available": ok, "reason": why}
                for name, (ok, why) in _nvio.probe_engines().items()}
     auto, auto_reason = _nvio.auto_engine()
-    values, sources = _nvio.resolve_options()
+    target = os.path.abspath(dir or ".")
+    values, sources, config = _nvio.resolve_options(config_dir=target)
     info = _nvio.system_info()
     return {
         "version": __version__,
@@ -121,9 +125,10 @@ def report(dir: Optional[str] = None) -> "dict[str, Any]":
         "engines": engines,
         "auto_engine": auto,
         "auto_reason": auto_reason,
-        "dir": _nvio.probe_directory(os.path.abspath(dir or ".")),
+        "dir": _nvio.probe_directory(target),
         "memlock_limit": info["memlock_limit"],
         "aio_max_nr": info["aio_max_nr"],
         "aio_nr": info["aio_nr"],
         "options": {k: {"value": values[k], "source": sources[k]} for k in values},
+        "config": config,
     }

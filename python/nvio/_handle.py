@@ -58,8 +58,9 @@ class Future:
 class Handle:
     """Reads and writes buffers from and to files.
 
-    Every option left as ``None`` comes from its ``NVIO_*`` environment variable, else its
-    default (see ``nvio.report()["options"]``). Usable from several threads at once, and as a
+    Every option left as ``None`` comes from its ``NVIO_*`` environment variable, else the
+    settings saved by ``nvio tune --save`` / ``nvio.tune(save=True)``, else its default (see
+    ``nvio.report()["options"]`` for each value's source). Usable from several threads at once, and as a
     context manager that waits for outstanding operations on exit.
     """
 
@@ -73,17 +74,42 @@ class Handle:
         single_submit: Optional[bool] = None,
         overlap_events: Optional[bool] = None,
     ) -> None:
-        self._core = _nvio.Handle(
-            engine=engine,
-            block_size=block_size,
-            queue_depth=queue_depth,
-            single_submit=single_submit,
-            overlap_events=overlap_events,
-            intra_op_parallelism=intra_op_parallelism,
-            direct=direct,
+        self._init(
+            dict(
+                engine=engine,
+                block_size=block_size,
+                queue_depth=queue_depth,
+                single_submit=single_submit,
+                overlap_events=overlap_events,
+                intra_op_parallelism=intra_op_parallelism,
+                direct=direct,
+            ),
+            "",
         )
+
+    def _init(self, options: "dict[str, Any]", config_dir: str) -> None:
+        known = {"engine", "block_size", "queue_depth", "single_submit", "overlap_events",
+                 "intra_op_parallelism", "direct"}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise TypeError(f"nvio.Handle: unknown option(s) {unknown}; known: {sorted(known)}")
+        self._core = _nvio.Handle(**options, config_dir=config_dir)
         self._futures_lock = threading.Lock()
         self._futures: "dict[int, Future]" = {}
+
+    @classmethod
+    def from_config(cls, directory: Union[str, "os.PathLike[str]", None] = None, **options: Any) -> "Handle":
+        """A handle with the settings ``nvio tune --save`` stored for the drive holding
+        ``directory`` (default: the profile saved last), under ``NVIO_*`` variables and the
+        keyword ``options`` given here, which still win.
+
+        A plain ``Handle()`` already uses the profile saved last; use this to pick the profile of
+        another drive. The file is ``$NVIO_CONFIG``, else ``$XDG_CONFIG_HOME/nvio/config.json``,
+        else ``~/.config/nvio/config.json``.
+        """
+        self = cls.__new__(cls)
+        self._init(options, os.fspath(directory) if directory is not None else "")
+        return self
 
     @property
     def engine(self) -> str:

@@ -252,18 +252,19 @@ PYBIND11_MODULE(_nvio, m) {
                        std::optional<long long> queue_depth, std::optional<bool> single_submit,
                        std::optional<bool> overlap_events,
                        std::optional<long long> intra_op_parallelism,
-                       std::optional<std::string> direct) {
+                       std::optional<std::string> direct, const std::string& config_dir) {
              const nvio::OptionOverrides o =
                  overrides(engine, block_size, queue_depth, single_submit, overlap_events,
                            intra_op_parallelism, direct);
              return unlocked([&] {
-               return std::make_unique<nvio::Handle>(nvio::resolve_options(o).values);
+               return std::make_unique<nvio::Handle>(
+                   nvio::resolve_options(o, {}, config_dir).values);
              });
            }),
            py::arg("engine") = py::none(), py::arg("block_size") = py::none(),
            py::arg("queue_depth") = py::none(), py::arg("single_submit") = py::none(),
            py::arg("overlap_events") = py::none(), py::arg("intra_op_parallelism") = py::none(),
-           py::arg("direct") = py::none())
+           py::arg("direct") = py::none(), py::arg("config_dir") = std::string())
       .def(
           "read",
           [](nvio::Handle& h, std::uintptr_t addr, std::size_t nbytes, const Target& target,
@@ -399,18 +400,86 @@ PYBIND11_MODULE(_nvio, m) {
                               std::optional<long long> queue_depth,
                               std::optional<bool> single_submit, std::optional<bool> overlap_events,
                               std::optional<long long> intra_op_parallelism,
-                              std::optional<std::string> direct) {
-    const nvio::EffectiveOptions eff = nvio::resolve_options(overrides(
-        engine, block_size, queue_depth, single_submit, overlap_events, intra_op_parallelism,
-        direct));
+                              std::optional<std::string> direct, const std::string& config_dir) {
+    const nvio::EffectiveOptions eff = nvio::resolve_options(
+        overrides(engine, block_size, queue_depth, single_submit, overlap_events,
+                  intra_op_parallelism, direct),
+        {}, config_dir);
     py::dict sources;
     for (const auto& [name, src] : eff.sources) sources[py::str(name)] = nvio::to_string(src);
-    return py::make_tuple(options_dict(eff.values), sources);
+    py::dict config;
+    config["path"] = eff.config_path.empty() ? py::object(py::none()) : py::str(eff.config_path);
+    config["found"] = eff.config_found;
+    config["profile"] =
+        eff.config_profile.empty() ? py::object(py::none()) : py::str(eff.config_profile);
+    return py::make_tuple(options_dict(eff.values), sources, config);
   },
   py::arg("engine") = py::none(), py::arg("block_size") = py::none(),
   py::arg("queue_depth") = py::none(), py::arg("single_submit") = py::none(),
   py::arg("overlap_events") = py::none(), py::arg("intra_op_parallelism") = py::none(),
-  py::arg("direct") = py::none());
+  py::arg("direct") = py::none(), py::arg("config_dir") = std::string());
+
+  // ---- tuning -----------------------------------------------------------------------------
+  // Runs nvio::tune_directory without the GIL and returns its JSON document (the same format as
+  // `nvio tune --json`); with save=True also writes the recommended options to the
+  // configuration file and returns its path.
+  m.def(
+      "tune",
+      [](const std::string& directory, std::uint64_t size, double budget,
+         const std::vector<std::string>& modes, std::optional<std::vector<std::string>> engines,
+         std::uint64_t trial_bytes, bool grid, bool save, bool keep) {
+        nvio::TuneRequest req;
+        req.directory = directory;
+        req.file_size = size;
+        req.trial_bytes = trial_bytes;
+        req.keep_file = keep;
+        req.settings.budget_s = budget;
+        req.settings.strategy = grid ? nvio::TuneStrategy::Grid : nvio::TuneStrategy::Search;
+        req.settings.modes.clear();
+        for (const std::string& mode : modes) {
+          if (mode == "read") {
+            req.settings.modes.push_back(nvio::TuneMode::Read);
+          } else if (mode == "write") {
+            req.settings.modes.push_back(nvio::TuneMode::Write);
+          } else {
+            throw nvio::InvalidArgument("modes: expected 'read' and/or 'write', got '" + mode +
+                                        "'");
+          }
+        }
+        if (engines) {
+          req.space.engines.clear();
+          for (const std::string& e : *engines) {
+            const nvio::EngineKind k = nvio::parse_engine(e, "engines");
+            if (k == nvio::EngineKind::Auto) {
+              throw nvio::InvalidArgument("engines: name concrete engines, not auto");
+            }
+            const nvio::EngineProbe& probe = nvio::probe_engine(k);
+            if (!probe.available) {
+              throw nvio::EngineUnavailable(std::string("engines: ") + nvio::to_string(k) +
+                                            " is not available here: " + probe.reason);
+            }
+            req.space.engines.push_back(k);
+          }
+        }
+        const std::string config = save ? nvio::config_path() : std::string();
+        if (save && config.empty()) {
+          throw nvio::InvalidArgument(
+              "save: no configuration file: NVIO_CONFIG is 'none', or HOME is not set");
+        }
+        return unlocked([&] {
+          if (save) nvio::load_config(config);  // a malformed file is reported before tuning
+          const nvio::TuneResult result = nvio::tune_directory(req);
+          if (save) nvio::save_profile(config, nvio::to_profile(result));
+          return std::make_pair(nvio::to_json(result, -1), config);
+        });
+      },
+      py::arg("directory"), py::arg("size"), py::arg("budget"), py::arg("modes"),
+      py::arg("engines") = py::none(), py::arg("trial_bytes") = 0, py::arg("grid") = false,
+      py::arg("save") = false, py::arg("keep") = false);
+  m.def("config_path", [] { return nvio::config_path(); });
+  m.def("parse_size", [](const std::string& text, const std::string& what) {
+    return nvio::parse_size(text, what);
+  });
 
   m.def("probe_engines", [] {
     return unlocked([] {

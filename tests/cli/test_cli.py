@@ -1,7 +1,7 @@
 """Tests of the `nvio` command-line tool: exit codes, error lines, JSON shape, --verify, files.
 
 The binary comes from the NVIO_BIN environment variable (ctest sets it). Every run gets an
-environment without NVIO_* variables unless a test adds one, so a developer's settings cannot
+environment without NVIO_* variables (and NVIO_CONFIG=none) unless a test adds one, so a developer's settings cannot
 change the outcome. Sizes are small and odd so that the whole file runs in a few seconds.
 """
 
@@ -32,6 +32,7 @@ ENGINES = ("io_uring", "libaio", "psync")
 
 def clean_env(**extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith("NVIO_")}
+    env["NVIO_CONFIG"] = "none"  # nor a configuration file saved by `nvio tune --save`
     env.update(extra)
     return env
 

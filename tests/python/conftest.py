@@ -4,8 +4,8 @@ The package is imported from PYTHONPATH (ctest sets it to the build tree's ``pyt
 when it is not importable from there, the first ``build*/python`` folder of the checkout that
 holds a built extension is tried, so ``python3 -m pytest tests/python`` works after a plain build.
 
-Every test runs with the ``NVIO_*`` environment variables removed so that a developer's settings
-cannot change the outcome. Data is random (seeded per test) so that a misplaced byte, a piece
+Every test runs with the ``NVIO_*`` environment variables removed and ``NVIO_CONFIG=none`` so
+that a developer's settings and saved configuration cannot change the outcome. Data is random (seeded per test) so that a misplaced byte, a piece
 written twice or a missed piece shows up as a mismatch.
 """
 
@@ -19,6 +19,9 @@ import pytest
 
 for _name in [k for k in os.environ if k.startswith("NVIO_")]:
     del os.environ[_name]
+# Nor may a configuration file saved by `nvio tune --save`; tests of it point NVIO_CONFIG at their
+# own file.
+os.environ["NVIO_CONFIG"] = "none"
 
 try:
     import nvio

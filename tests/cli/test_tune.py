@@ -1,0 +1,154 @@
+"""`nvio tune` end to end with tiny budgets: JSON shape, the budget kept, --save and what it
+changes (`nvio report`, a plain `nvio bench`), and argument errors."""
+
+import json
+import os
+
+from test_cli import OPTION_NAMES, assert_one_error_line, bench_json, clean_env, nvio
+
+TINY = ("--size", "32M", "--budget", "3")
+
+
+def tune_json(tmp_path, *args, env=None):
+    r = nvio("tune", "--dir", tmp_path, "--json", *TINY, *args, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout), r
+
+
+def test_json_document_and_budget(tmp_path):
+    doc, r = tune_json(tmp_path)
+    assert doc["strategy"] == "search"
+    assert doc["modes"] == ["read", "write"]
+    assert doc["directory"] == str(tmp_path)
+    assert doc["device"].startswith("dev:")
+    assert doc["file_size"] == 32 << 20
+    assert 0 < doc["trial_bytes"] <= doc["file_size"]
+    # Within the budget (with room for one slow trial), and not giving up early.
+    assert doc["elapsed_s"] <= 3 * 1.5
+    assert len(doc["points"]) >= 4
+    for p in doc["points"]:
+        assert p["mode"] in ("read", "write")
+        assert set(p["options"]) == OPTION_NAMES
+        assert p["options"]["engine"] in ("io_uring", "libaio", "psync")
+        assert p["options"]["direct"] in ("on", "off")
+        assert len(p["samples_gbps"]) >= 1 and all(g > 0 for g in p["samples_gbps"])
+        assert min(p["samples_gbps"]) <= p["median_gbps"] <= max(p["samples_gbps"])
+    best = doc["best"]
+    for mode in ("read", "write"):
+        pick = best[mode]
+        # The pick is the measured point of that mode with the highest median among the most
+        # repeated ones, not a value made up.
+        same = [p for p in doc["points"] if p["mode"] == mode and p["options"] == pick["options"]]
+        assert len(same) == 1
+        assert same[0]["median_gbps"] == pick["median_gbps"]
+    mixed = best["mixed"]
+    r_, w_ = mixed["read_gbps"], mixed["write_gbps"]
+    assert abs(mixed["mixed_gbps"] - 2 * r_ * w_ / (r_ + w_)) < 1e-9
+    assert doc["recommended"] == "mixed"
+    aio = doc["deepspeed"]["aio"]
+    assert set(aio) == {"block_size", "queue_depth", "intra_op_parallelism", "single_submit",
+                        "overlap_events"}
+    assert isinstance(aio["single_submit"], bool) and isinstance(aio["overlap_events"], bool)
+    assert aio["block_size"] == mixed["options"]["block_size"]
+    # The scratch file is gone; no progress line when stderr is not a terminal.
+    assert os.listdir(tmp_path) == []
+    assert "\r" not in r.stderr
+
+
+def test_read_only_and_engines(tmp_path):
+    doc, _ = tune_json(tmp_path, "--read-only", "--engines", "psync")
+    assert doc["modes"] == ["read"]
+    assert doc["best"]["write"] is None and doc["best"]["mixed"] is None
+    assert doc["recommended"] == "read"
+    assert {p["options"]["engine"] for p in doc["points"]} == {"psync"}
+    assert {p["mode"] for p in doc["points"]} == {"read"}
+
+
+def test_text_output_has_table_and_deepspeed_section(tmp_path):
+    r = nvio("tune", "--dir", tmp_path, *TINY, "--write-only", timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "write " in r.stdout and "GB/s" in r.stdout and "spread" in r.stdout
+    assert '"aio"' in r.stdout and '"intra_op_parallelism"' in r.stdout
+    lines = r.stdout.splitlines()
+    assert any(line.startswith("write ") for line in lines)
+    assert not any(line.startswith(("read ", "mixed ")) for line in lines)  # write-only
+
+
+def test_save_then_report_bench_and_precedence(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    config = tmp_path / "cfg" / "config.json"
+    env = clean_env(NVIO_CONFIG=str(config))
+    doc, r = tune_json(work, "--save", env=env)
+    assert "saved to" in r.stderr
+    saved = json.loads(config.read_text())
+    profile = saved["profiles"][doc["device"]]
+    assert saved["default"] == doc["device"]
+    assert profile["options"] == doc["best"]["mixed"]["options"]
+
+    rep = json.loads(nvio("report", "--json", "--dir", work, env=env).stdout)
+    assert rep["config"] == {"path": str(config), "found": True, "profile": doc["device"]}
+    for name in OPTION_NAMES:
+        assert rep["options"][name]["source"] == "config", name
+        assert rep["options"][name]["value"] == profile["options"][name], name
+    text = nvio("report", "--dir", work, env=env).stdout
+    assert f"{config} (profile {doc['device']})" in text
+
+    # A plain bench uses the saved settings and says so.
+    out = bench_json("--dir", work, "--size", "1M", "--loops", "1", env=env)
+    assert out["options"] == profile["options"]
+    assert set(out["options_sources"].values()) == {"config"}
+    assert out["config"]["profile"] == doc["device"]
+    # The environment and explicit flags still win over the file.
+    env_qd = dict(env, NVIO_QUEUE_DEPTH="3")
+    out = bench_json("--dir", work, "--size", "1M", "--loops", "1", "--block-size", "64K",
+                     env=env_qd)
+    assert out["options"]["queue_depth"] == 3
+    assert out["options_sources"]["queue_depth"] == "environment"
+    assert out["options"]["block_size"] == 64 << 10
+    assert out["options_sources"]["block_size"] == "explicit"
+    assert out["options_sources"]["engine"] == "config"
+    # NVIO_CONFIG=none turns the file off.
+    out = bench_json("--dir", work, "--size", "1M", "--loops", "1", env=clean_env())
+    assert set(out["options_sources"].values()) == {"default"}
+
+
+def test_malformed_config_is_a_usage_error_naming_the_file(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text('{"version": 1, "profiles": {"k": {"options": {"queue_depth": "deep"}}}}')
+    env = clean_env(NVIO_CONFIG=str(config))
+    line = assert_one_error_line(nvio("report", "--dir", tmp_path, env=env))
+    assert str(config) in line and "queue_depth" in line
+    line = assert_one_error_line(nvio("bench", "--dir", tmp_path, "--size", "1M", env=env))
+    assert str(config) in line
+    # --save refuses before spending the budget.
+    line = assert_one_error_line(nvio("tune", "--dir", tmp_path, *TINY, "--save", env=env))
+    assert str(config) in line
+    assert os.listdir(tmp_path) == ["config.json"]
+
+
+def test_argument_errors(tmp_path):
+    cases = [
+        (("--budget", "abc"), "--budget"),
+        (("--budget", "0"), "--budget"),
+        (("--budget", "-5"), "--budget"),
+        (("--size", "12Q"), "--size"),
+        (("--size", "1M"), "16 MiB"),
+        (("--engines", "warp"), "--engines"),
+        (("--engines", "auto"), "concrete"),
+        (("--engines", ""), "--engines"),
+        (("--read-only", "--write-only"), "excludes"),
+        (("--trial-size", "64M", "--size", "32M"), "trial size"),
+    ]
+    for args, needle in cases:
+        line = assert_one_error_line(nvio("tune", "--dir", tmp_path, *args))
+        assert needle in line, (args, line)
+    line = assert_one_error_line(nvio("tune"))
+    assert "--dir" in line
+    # A missing directory is a failure of the run (exit 1), naming it.
+    line = assert_one_error_line(nvio("tune", "--dir", tmp_path / "nope", *TINY), code=1)
+    assert "nope" in line
+    line = assert_one_error_line(
+        nvio("tune", "--dir", tmp_path, *TINY, "--save", env=clean_env(NVIO_CONFIG="none")))
+    assert "--save" in line
+    assert os.listdir(tmp_path) == []

@@ -64,6 +64,12 @@ def test_tune_saves_and_handles_use_it(tmp_path, config):
     # DeepSpeed's handle takes its five settings explicitly but the engine from the file.
     ds = nvio.aio_handle()
     assert ds.get_queue_depth() == 128
+    from nvio.deepspeed import aio_handle_from_config
+
+    ds = aio_handle_from_config(result.deepspeed_config)
+    assert ds.get_queue_depth() == result.options["queue_depth"]
+    assert ds.get_block_size() == result.options["block_size"]
+    assert ds.get_intra_op_parallelism() == result.options["intra_op_parallelism"]
 
 
 def test_tune_read_only_without_save(tmp_path, config):

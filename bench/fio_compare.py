@@ -37,12 +37,9 @@ Python 3 standard library only.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import mmap
 import os
-import platform
-import re
 import resource
 import shutil
 import signal
@@ -53,7 +50,11 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+if str(Path(__file__).resolve().parent) not in sys.path:  # python3 -P leaves bench/ off sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import (Failure, error_exit, find_nvio, fmt, human, interrupt_on_sigterm, log,
+                      machine_info, parse_size, positive_int, run_cmd)
+
 ENGINES = ("io_uring", "libaio", "psync")
 OPS = ("read", "write")
 FILE_NAME = "nvio-fio-compare.dat"
@@ -62,25 +63,7 @@ CPU_RATIO = 1.20  # ... and <= 1.2 x fio's CPU seconds per GB, at queue depth >=
 CHECKED_QD = 32
 
 
-class Failure(Exception):
-    """A fatal, explained error: printed as one line, exit status 1 (or .code)."""
-
-    def __init__(self, message: str, code: int = 1):
-        super().__init__(message)
-        self.code = code
-
-
 # ---- small helpers ----------------------------------------------------------------------------
-
-
-def parse_size(text: str) -> int:
-    m = re.fullmatch(r"\s*(\d+)\s*([kKmMgGtT]?)(i?[bB])?\s*", text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"expected a size like 1G, 512M or 1073741824, got {text!r}")
-    value = int(m.group(1)) * 1024 ** " KMGT".index((m.group(2) or " ").upper())
-    if value <= 0:
-        raise argparse.ArgumentTypeError("size must be positive")
-    return value
 
 
 def parse_list(allowed: tuple[str, ...] | None, conv=str):
@@ -97,63 +80,9 @@ def parse_list(allowed: tuple[str, ...] | None, conv=str):
     return parse
 
 
-def positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return v
-
-
-def human(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale} {unit}"
-    return f"{n} B"
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def run_cmd(cmd: list[str], timeout: float | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    """Runs cmd, capturing output. subprocess.run kills the child if we are interrupted."""
-    try:
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              timeout=timeout)
-    except FileNotFoundError:
-        raise Failure(f"{cmd[0]}: command not found") from None
-    except subprocess.TimeoutExpired:
-        raise Failure(f"timed out after {timeout:.0f} s: {' '.join(cmd)}") from None
-    if check and proc.returncode != 0:
-        raise Failure(f"`{' '.join(cmd)}` failed (exit {proc.returncode}): "
-                      f"{(proc.stderr or proc.stdout).strip()}")
-    return proc
-
-
 def children_cpu() -> float:
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)
     return ru.ru_utime + ru.ru_stime
-
-
-def find_nvio(explicit: str | None) -> str:
-    if explicit:
-        p = Path(explicit)
-        if p.is_file() and os.access(p, os.X_OK):
-            return str(p.resolve())
-        found = shutil.which(explicit)
-        if found:
-            return found
-        raise Failure(f"--nvio {explicit}: not an executable file")
-    default = REPO / "build" / "bin" / "nvio"
-    if default.is_file() and os.access(default, os.X_OK):
-        return str(default)
-    found = shutil.which("nvio")
-    if found:
-        return found
-    raise Failure(f"no nvio binary: neither {default} nor `nvio` on PATH; build it or pass --nvio")
 
 
 def check_direct_io(directory: Path) -> None:
@@ -177,50 +106,6 @@ def check_direct_io(directory: Path) -> None:
     finally:
         os.close(fd)
         probe.unlink(missing_ok=True)
-
-
-def machine_info(nvio: str, fio: str, directory: Path) -> dict:
-    info = {
-        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "nproc": os.cpu_count(),
-        "kernel": platform.release(),
-        "cpu": None,
-        "mem_total_kib": None,
-        "fio_version": run_cmd([fio, "--version"], timeout=30, check=False).stdout.strip(),
-        "nvio_version": run_cmd([nvio, "--version"], timeout=30, check=False).stdout.strip(),
-        "nvio_binary": nvio,
-        "nvio_commit": None,
-        "python": platform.python_version(),
-        "dir": str(directory),
-        "filesystem": None,
-    }
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-                break
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                info["mem_total_kib"] = int(line.split()[1])
-    except OSError:
-        pass
-    git = shutil.which("git")
-    if git:
-        p = run_cmd([git, "-C", str(REPO), "rev-parse", "--short", "HEAD"], timeout=30, check=False)
-        if p.returncode == 0:
-            info["nvio_commit"] = p.stdout.strip()
-            dirty = run_cmd([git, "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
-                            timeout=30, check=False)
-            if dirty.returncode == 0 and dirty.stdout.strip():
-                info["nvio_commit"] += " (tracked files modified)"
-    df = shutil.which("df")
-    if df:
-        p = run_cmd([df, "-T", str(directory)], timeout=30, check=False)
-        lines = p.stdout.strip().splitlines()
-        if p.returncode == 0 and len(lines) >= 2:
-            f = lines[-1].split()
-            info["filesystem"] = f"{f[0]} ({f[1]})" if len(f) > 1 else lines[-1]
-    return info
 
 
 # ---- the RAM-backed block device --------------------------------------------------------------
@@ -523,10 +408,6 @@ def summarize(config: dict, runs: list[dict]) -> dict:
     }
 
 
-def fmt(v, spec):
-    return "-" if v is None else format(v, spec)
-
-
 def table(summaries: list[dict]) -> str:
     head = ("engine", "op", "qd", "nvio GB/s", "fio GB/s", "nvio/fio", "paired min-max",
             "nvio CPU s/GB", "fio CPU s/GB", "CPU nvio/fio", "check")
@@ -558,7 +439,7 @@ def benchmark(args, directory: Path, nvio: str, fio: str, where: str) -> dict:
         raise Failure(f"{directory}: {human(free)} free, the {human(args.size)} file does not fit")
     # Generous per-run limit: 1 GiB at 20 MB/s is ~54 s.
     timeout = max(120.0, args.size / 20e6 * 2)
-    info = machine_info(nvio, fio, directory)
+    info = machine_info(nvio, directory, fio=fio, full=True)
     info["where"] = where
     configs = configurations(args.engines, args.ops, args.qds)
     log(f"nvio {info['nvio_version']} ({nvio}), {info['fio_version']}, {where}: {directory}")
@@ -646,10 +527,7 @@ def main(argv=None) -> int:
                          "or to stdout instead of the table when FILE is - or omitted")
     args = ap.parse_args(argv)
 
-    def on_term(signum, frame):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_term)
+    interrupt_on_sigterm()
     FIO_EXTRA[:] = args.fio_arg
     try:
         nvio = find_nvio(args.nvio)
@@ -663,12 +541,8 @@ def main(argv=None) -> int:
                                                 "backing": "tmpfs image file", "fs": "ext4"}
         else:
             result = benchmark(args, args.dir, nvio, fio, "dir")
-    except Failure as e:
-        print(f"fio_compare.py: error: {e}", file=sys.stderr)
-        return e.code
-    except KeyboardInterrupt:
-        print("fio_compare.py: interrupted", file=sys.stderr)
-        return 130
+    except (Failure, KeyboardInterrupt) as e:
+        return error_exit("fio_compare.py", e)
 
     m = result["machine"]
     header = (f"nvio vs fio, {human(args.size)} file, {human(args.block_size)} blocks, O_DIRECT, "

@@ -28,14 +28,16 @@ import json
 import os
 import platform
 import random
-import re
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+if str(Path(__file__).resolve().parent) not in sys.path:  # python3 -P leaves bench/ off sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import REPO, built_nvio, size_type
+
 SMALL_SIZES = (4096, 16384, 65536)
 
 for _name in [k for k in os.environ if k.startswith("NVIO_")]:
@@ -55,20 +57,17 @@ def _import_nvio():
     return nvio
 
 
-def parse_size(text: str) -> int:
-    m = re.fullmatch(r"\s*(\d+)\s*([kKmMgG]?)(i?[bB])?\s*", text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"expected a size like 1G, 512M or 4096, got {text!r}")
-    return int(m.group(1)) * 1024 ** " KMG".index((m.group(2) or " ").upper())
+# K/M/G only, and zero allowed, as this script has always taken.
+parse_size = size_type(units="KMG", example="4096", allow_zero=True)
 
 
 def find_cli(given: str | None) -> str:
     if given:
         return given
-    found = sorted(glob.glob(str(REPO / "build*" / "bin" / "nvio")), key=os.path.getmtime)
+    found = built_nvio(newest_of_all=True)
     if not found:
         sys.exit("python_bench: no nvio binary under build*/bin; build it or pass --nvio PATH")
-    return found[-1]
+    return found
 
 
 def cli_run(cli: str, path: Path, size: int, op: str, loops: int) -> list[float]:

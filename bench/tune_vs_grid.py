@@ -24,21 +24,22 @@ Python 3 standard library only.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import re
 import shlex
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+if str(Path(__file__).resolve().parent) not in sys.path:  # python3 -P leaves bench/ off sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib
+from benchlib import (Failure, child_env, error_exit, find_nvio, fmt, human, interrupt_on_sigterm,
+                      log, machine_info, parse_size, positive_int, positive_seconds)
+
 MODES = ("read", "write")
 FILE_NAME = "nvio-tune-vs-grid.dat"
 # The options a tune result names and `nvio bench` takes; all must match for a fair run.
@@ -46,107 +47,13 @@ OPTION_KEYS = ("engine", "block_size", "queue_depth", "intra_op_parallelism", "s
                "overlap_events", "direct")
 
 
-class Failure(Exception):
-    """A fatal, explained error: printed as one line, exit status 1 (or .code)."""
-
-    def __init__(self, message: str, code: int = 1):
-        super().__init__(message)
-        self.code = code
-
-
 # ---- small helpers ----------------------------------------------------------------------------
 
 
-def parse_size(text: str) -> int:
-    m = re.fullmatch(r"\s*(\d+)\s*([kKmMgGtT]?)(i?[bB])?\s*", text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"expected a size like 1G, 512M or 1073741824, got {text!r}")
-    value = int(m.group(1)) * 1024 ** " KMGT".index((m.group(2) or " ").upper())
-    if value <= 0:
-        raise argparse.ArgumentTypeError("size must be positive")
-    return value
-
-
-def positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return v
-
-
-def positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
-    return v
-
-
-def human(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale} {unit}"
-    return f"{n} B"
-
-
-def short_bytes(n: int) -> str:
-    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale}{unit}"
-    return str(n)
-
-
-def fmt(v, spec):
-    return "-" if v is None else format(v, spec)
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def child_env() -> dict:
-    # A developer's NVIO_* settings would change what `tune` searches and what `bench` runs.
-    return {k: v for k, v in os.environ.items() if not k.startswith("NVIO_")}
-
-
 def run_cmd(cmd: list[str], timeout: float | None = None) -> subprocess.CompletedProcess:
-    """Runs cmd, capturing output; raises Failure when it cannot start, times out or fails."""
-    try:
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              timeout=timeout, env=child_env())
-    except FileNotFoundError:
-        raise Failure(f"{cmd[0]}: command not found") from None
-    except subprocess.TimeoutExpired:
-        raise Failure(f"timed out after {timeout:.0f} s: {shlex.join(cmd)}") from None
-    if proc.returncode != 0:
-        last = (proc.stderr or proc.stdout).strip().splitlines()
-        raise Failure(f"`{shlex.join(cmd)}` failed (exit {proc.returncode}): "
-                      f"{last[-1] if last else 'no output'}")
-    return proc
-
-
-def find_nvio(explicit: str | None) -> str:
-    if explicit:
-        p = Path(explicit)
-        if p.is_file() and os.access(p, os.X_OK):
-            return str(p.resolve())
-        found = shutil.which(explicit)
-        if found:
-            return found
-        raise Failure(f"--nvio {explicit}: not an executable file", code=2)
-    default = REPO / "build" / "bin" / "nvio"
-    if default.is_file() and os.access(default, os.X_OK):
-        return str(default)
-    found = shutil.which("nvio")
-    if found:
-        return found
-    raise Failure(f"no nvio binary: neither {default} nor `nvio` on PATH; build it or pass --nvio",
-                  code=2)
+    """Runs cmd without NVIO_* in its environment; raises Failure when it cannot start, times out
+    or fails (naming the command shell-quoted, with the last line of its output)."""
+    return benchlib.run_cmd(cmd, timeout=timeout, env=child_env(), short_error=True)
 
 
 def require_tune(nvio: str) -> None:
@@ -156,34 +63,6 @@ def require_tune(nvio: str) -> None:
     if not re.search(r"^\s+tune\s", proc.stdout, re.MULTILINE):
         raise Failure(f"{nvio} has no `tune` subcommand (too old?); build one that has it or "
                       "pass --nvio", code=2)
-
-
-def machine_info(nvio: str, directory: Path) -> dict:
-    info = {
-        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "nproc": os.cpu_count(),
-        "kernel": platform.release(),
-        "cpu": None,
-        "nvio_version": subprocess.run([nvio, "--version"], stdout=subprocess.PIPE,
-                                       stderr=subprocess.DEVNULL, text=True).stdout.strip(),
-        "nvio_binary": nvio,
-        "nvio_commit": None,
-        "dir": str(directory),
-    }
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    git = shutil.which("git")
-    if git:
-        p = subprocess.run([git, "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        if p.returncode == 0:
-            info["nvio_commit"] = p.stdout.strip()
-    return info
 
 
 # ---- the two tuner runs -----------------------------------------------------------------------
@@ -259,7 +138,7 @@ def options_of(best: dict | None) -> dict | None:
 def describe(o: dict | None) -> str:
     if o is None:
         return "-"
-    text = (f"{o['engine']} {short_bytes(int(o['block_size']))} qd{o['queue_depth']} "
+    text = (f"{o['engine']} {human(int(o['block_size']), short=True)} qd{o['queue_depth']} "
             f"p{o['intra_op_parallelism']} direct {o['direct']}")
     if o["single_submit"]:
         text += " single_submit"
@@ -426,7 +305,7 @@ def main(argv=None) -> int:
                          "1024 (default: tune's own; the head-to-head uses the grid's file size)")
     ap.add_argument("--engines", help="comma-separated engines, passed to both tuner runs "
                                       "(default: tune's own)")
-    ap.add_argument("--budget", type=positive_float,
+    ap.add_argument("--budget", type=positive_seconds,
                     help="seconds, passed to the search run only (default: tune's own)")
     ap.add_argument("--rounds", type=positive_int, default=5,
                     help="head-to-head rounds per mode (default: %(default)s)")
@@ -442,12 +321,9 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the head-to-head file afterwards")
     args = ap.parse_args(argv)
 
-    def on_term(signum, frame):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_term)
+    interrupt_on_sigterm()
     try:
-        nvio = find_nvio(args.nvio)
+        nvio = find_nvio(args.nvio, code=2)
         # Reused results are read first, so a bad file fails before any long run starts.
         grid = reused(args.grid_json, "--grid-json", "grid") if args.grid_json else None
         tune = reused(args.tune_json, "--tune-json", "search") if args.tune_json else None
@@ -459,12 +335,8 @@ def main(argv=None) -> int:
             grid = run_tune(nvio, args, grid=True)
         info = machine_info(nvio, args.dir)
         result = compare(args, nvio, tune, grid)
-    except Failure as e:
-        print(f"tune_vs_grid.py: error: {e}", file=sys.stderr)
-        return e.code
-    except KeyboardInterrupt:
-        print("tune_vs_grid.py: interrupted", file=sys.stderr)
-        return 130
+    except (Failure, KeyboardInterrupt) as e:
+        return error_exit("tune_vs_grid.py", e)
 
     t, g = tune["result"], grid["result"]
     print(f"nvio tune vs nvio tune --grid: {args.dir} ({g.get('filesystem', '?')} on "

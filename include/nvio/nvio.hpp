@@ -2,6 +2,7 @@
 #pragma once
 
 #include "nvio/errors.hpp"
+#include "nvio/gpu.hpp"
 #include "nvio/handle.hpp"
 #include "nvio/memory.hpp"
 #include "nvio/options.hpp"

@@ -19,7 +19,7 @@ using nvio::resolve_options;
 const std::vector<std::string> kOptionNames = {"engine",        "block_size",
                                                "queue_depth",   "single_submit",
                                                "overlap_events", "intra_op_parallelism",
-                                               "direct"};
+                                               "direct",        "gpu_direct"};
 
 // A fake environment: the only variables resolve_options() sees; records what it asked for.
 struct FakeEnv {
@@ -71,7 +71,8 @@ TEST(Options, EnvironmentNames) {
       {"single_submit", "NVIO_SINGLE_SUBMIT"},
       {"overlap_events", "NVIO_OVERLAP_EVENTS"},
       {"intra_op_parallelism", "NVIO_INTRA_OP_PARALLELISM"},
-      {"direct", "NVIO_DIRECT"}};
+      {"direct", "NVIO_DIRECT"},
+      {"gpu_direct", "NVIO_GPU_DIRECT"}};
   EXPECT_EQ(names, expected);
 }
 

@@ -14,10 +14,17 @@ std::byte* BouncePool::acquire() {
     AlignedBuffer& slab = slabs_.emplace_back(chunk_size_ * grow, LockMode::Try);
     for (std::size_t i = grow; i > 0; --i) free_.push_back(slab.bytes() + (i - 1) * chunk_size_);
     allocated_ += grow;
+    if (hook_) hook_(slab.bytes(), slab.size());
   }
   std::byte* chunk = free_.back();
   free_.pop_back();
   return chunk;
+}
+
+void BouncePool::on_slab(SlabHook hook) {
+  hook_ = std::move(hook);
+  if (!hook_) return;
+  for (AlignedBuffer& slab : slabs_) hook_(slab.bytes(), slab.size());
 }
 
 }  // namespace nvio::detail

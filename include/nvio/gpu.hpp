@@ -3,7 +3,8 @@
 // nvio has no build or run dependency on CUDA. The CUDA driver (libcuda.so.1) and cuFile
 // (libcufile.so.0) are loaded with dlopen the first time device memory is used or gpu_info() is
 // called; the same build runs with and without a GPU and with and without cuFile. Environment
-// overrides for the libraries (a path; a missing file means "unavailable" with the loader's reason):
+// overrides for the libraries (a path; a missing file means "unavailable" with the loader's
+// reason):
 //   NVIO_CUDA_DRIVER_LIBRARY   default libcuda.so.1
 //   NVIO_CUFILE_LIBRARY        default libcufile.so.0, then libcufile.so
 //

@@ -43,7 +43,7 @@ inline constexpr unsigned CU_MEMORYTYPE_DEVICE = 2;
 inline constexpr unsigned CU_MEMORYTYPE_ARRAY = 3;
 inline constexpr unsigned CU_MEMORYTYPE_UNIFIED = 4;
 
-inline constexpr unsigned CU_MEMHOSTREGISTER_PORTABLE = 0x01;
+inline constexpr unsigned kMemHostRegisterPortable = 0x01;  // CU_MEMHOSTREGISTER_PORTABLE (a macro)
 inline constexpr unsigned CU_STREAM_NON_BLOCKING = 0x1;
 inline constexpr unsigned CU_EVENT_DISABLE_TIMING = 0x2;
 
@@ -87,8 +87,8 @@ using PFN_cudaRuntimeGetVersion = int (*)(int* runtimeVersion);
 // ---- cuFile (cufile.h) ------------------------------------------------------------------------
 using CUfileOpError = int;  // enum CUfileOpError
 inline constexpr CUfileOpError CU_FILE_SUCCESS = 0;
-inline constexpr int CUFILEOP_BASE_ERR = 5000;
-inline constexpr CUfileOpError CU_FILE_CUDA_DRIVER_ERROR = CUFILEOP_BASE_ERR + 11;
+inline constexpr int kCuFileOpBaseErr = 5000;  // CUFILEOP_BASE_ERR (a macro)
+inline constexpr CUfileOpError CU_FILE_CUDA_DRIVER_ERROR = kCuFileOpBaseErr + 11;
 
 struct CUfileError_t {
   CUfileOpError err;

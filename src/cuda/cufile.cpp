@@ -1,12 +1,12 @@
 #include "cuda/cufile.hpp"
 
+#include <fmt/format.h>
+
 #include <cerrno>
 #include <cstdlib>
 #include <map>
 #include <mutex>
 #include <utility>
-
-#include <fmt/format.h>
 
 #include "cuda/driver.hpp"
 #include "nvio/errors.hpp"
@@ -29,9 +29,10 @@ struct CuFileErrorInfo {
 const std::map<int, CuFileErrorInfo>& cufile_errors() {
   static const std::map<int, CuFileErrorInfo> table = {
       {0, {"CU_FILE_SUCCESS", "success"}},
-      {5001, {"CU_FILE_DRIVER_NOT_INITIALIZED",
-              "nvidia-fs is not loaded and compatibility mode is off (allow_compat_mode in "
-              "cufile.json)"}},
+      {5001,
+       {"CU_FILE_DRIVER_NOT_INITIALIZED",
+        "nvidia-fs is not loaded and compatibility mode is off (allow_compat_mode in "
+        "cufile.json)"}},
       {5002, {"CU_FILE_DRIVER_INVALID_PROPS", "invalid driver property"}},
       {5003, {"CU_FILE_DRIVER_UNSUPPORTED_LIMIT", "driver property out of range"}},
       {5004, {"CU_FILE_DRIVER_VERSION_MISMATCH", "nvidia-fs version does not match"}},
@@ -194,7 +195,8 @@ CuFileHandle::~CuFileHandle() {
   if (handle_ != nullptr) cufile().handle_deregister(handle_);
 }
 
-CuFileHandle::CuFileHandle(CuFileHandle&& o) noexcept : handle_(std::exchange(o.handle_, nullptr)) {}
+CuFileHandle::CuFileHandle(CuFileHandle&& o) noexcept
+    : handle_(std::exchange(o.handle_, nullptr)) {}
 
 CuFileHandle& CuFileHandle::operator=(CuFileHandle&& o) noexcept {
   if (this != &o) {
@@ -234,8 +236,8 @@ namespace nvio {
 
 bool gds_register_buffer(void* ptr, std::size_t length) {
   if (ptr == nullptr || length == 0) {
-    throw InvalidArgument(fmt::format("gds_register_buffer: empty buffer ({} bytes at {})", length,
-                                      ptr));
+    throw InvalidArgument(
+        fmt::format("gds_register_buffer: empty buffer ({} bytes at {})", length, ptr));
   }
   if (gpu_info().gds_mode == GdsMode::Unavailable) return false;
   const cuda::CuFile& c = cuda::cufile();

@@ -1,11 +1,11 @@
 #include "cuda/driver.hpp"
 
+#include <fmt/format.h>
+
 #include <cstdlib>
 #include <map>
 #include <mutex>
 #include <utility>
-
-#include <fmt/format.h>
 
 #include "cuda/device_ops.hpp"
 #include "nvio/errors.hpp"
@@ -83,8 +83,8 @@ Driver load_driver(Library lib) {
   }
   d.init_result = d.init(0);
   if (d.init_result != abi::CUDA_SUCCESS) {
-    d.reason = fmt::format("cuInit: {}: {}", d.error_name(d.init_result),
-                           d.error_string(d.init_result));
+    d.reason =
+        fmt::format("cuInit: {}: {}", d.error_name(d.init_result), d.error_string(d.init_result));
     return d;
   }
   d.ok = true;
@@ -152,7 +152,7 @@ class DriverOps final : public DeviceOps {
   int make_current(int device) noexcept override { return make_context_current(d_, device); }
   int host_register(void* ptr, std::size_t length) noexcept override {
     // PORTABLE: usable from every context, so one registration serves all devices.
-    return d_.mem_host_register(ptr, length, abi::CU_MEMHOSTREGISTER_PORTABLE);
+    return d_.mem_host_register(ptr, length, abi::kMemHostRegisterPortable);
   }
   int host_unregister(void* ptr) noexcept override { return d_.mem_host_unregister(ptr); }
   int stream_create(void** stream) noexcept override {
@@ -217,7 +217,8 @@ std::shared_ptr<DeviceOps> device_ops() {
   if (auto o = device_ops_override()) return o;
   const Driver& d = driver();
   if (!d.ok) {
-    throw GpuError("CUDA driver", d.init_result, d.init_result != 0 ? d.error_name(d.init_result) : "",
+    throw GpuError("CUDA driver", d.init_result,
+                   d.init_result != 0 ? d.error_name(d.init_result) : "",
                    "device memory was given but the CUDA driver cannot be used: " + d.reason);
   }
   // Shares the process-lifetime driver; the deleter does nothing to it.
@@ -377,7 +378,7 @@ void DeviceBuffer::copy_to_host(void* dst, std::size_t length, std::size_t offse
 HostRegistration::HostRegistration(void* ptr, std::size_t length) {
   const cuda::Driver& d = usable_driver("cuMemHostRegister");
   check(d, "cuMemHostRegister",
-        d.mem_host_register(ptr, length, cuda::abi::CU_MEMHOSTREGISTER_PORTABLE));
+        d.mem_host_register(ptr, length, cuda::abi::kMemHostRegisterPortable));
   ptr_ = ptr;
 }
 

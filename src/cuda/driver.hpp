@@ -18,9 +18,9 @@ inline constexpr const char* kDriverSoname = "libcuda.so.1";
 
 struct Driver {
   Library lib;
-  bool ok = false;       // loaded, every symbol found, cuInit succeeded
-  std::string reason;    // why not ok (or "loaded")
-  int init_result = 0;   // cuInit's CUresult
+  bool ok = false;      // loaded, every symbol found, cuInit succeeded
+  std::string reason;   // why not ok (or "loaded")
+  int init_result = 0;  // cuInit's CUresult
   abi::PFN_cuGetErrorName get_error_name = nullptr;
   abi::PFN_cuGetErrorString get_error_string = nullptr;
   abi::PFN_cuInit init = nullptr;

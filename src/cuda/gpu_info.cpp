@@ -1,11 +1,10 @@
 // gpu_info(): what the machine offers for device memory, probed once, never throwing.
+#include <fmt/format.h>
 #include <sys/stat.h>
 
 #include <filesystem>
 #include <mutex>
 #include <system_error>
-
-#include <fmt/format.h>
 
 #include "cuda/cufile.hpp"
 #include "cuda/driver.hpp"
@@ -40,8 +39,8 @@ std::optional<int> runtime_version(std::string& path) {
       {"libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0", "libcudart.so"});
   path = rt.path();
   if (!rt) return std::nullopt;
-  auto fn = reinterpret_cast<cuda::abi::PFN_cudaRuntimeGetVersion>(
-      rt.symbol("cudaRuntimeGetVersion"));
+  auto fn =
+      reinterpret_cast<cuda::abi::PFN_cudaRuntimeGetVersion>(rt.symbol("cudaRuntimeGetVersion"));
   int v = 0;
   if (fn == nullptr || fn(&v) != 0) return std::nullopt;
   return v;

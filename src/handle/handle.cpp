@@ -18,6 +18,7 @@
 #include "nvio/handle.hpp"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -34,8 +35,6 @@
 #include <mutex>
 #include <thread>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "cuda/cufile.hpp"
 #include "cuda/device_ops.hpp"
@@ -89,8 +88,8 @@ struct Operation {
   cuda::Transport transport = cuda::Transport::Bounce;
   std::shared_ptr<cuda::DeviceOps> device_ops;  // device memory: the operations to use
   cuda::CuFileHandle cufile;                    // GDS: direct_fd registered with cuFile
-  std::uint32_t mem_align = 1;     // direct I/O: buffer address alignment
-  std::uint32_t offset_align = 1;  // direct I/O: file offset and length alignment
+  std::uint32_t mem_align = 1;                  // direct I/O: buffer address alignment
+  std::uint32_t offset_align = 1;               // direct I/O: file offset and length alignment
   // Plan: [offset, head_end) and [tail_begin, end) are unaligned edges done through the buffered
   // descriptor; [head_end, tail_begin) is cut into pieces of `piece_size`, direct when direct_fd
   // is set. Without direct I/O, head_end == offset and tail_begin == end.
@@ -122,8 +121,8 @@ struct Operation {
     const std::size_t middle = middle_pieces();
     if (index < middle) {
       const std::uint64_t start = head_end + index * piece_size;
-      const std::size_t len = static_cast<std::size_t>(
-          std::min<std::uint64_t>(piece_size, tail_begin - start));
+      const std::size_t len =
+          static_cast<std::size_t>(std::min<std::uint64_t>(piece_size, tail_begin - start));
       return Piece{start, len, direct_fd >= 0};
     }
     return Piece{tail_begin, static_cast<std::size_t>(end() - tail_begin), false};
@@ -302,8 +301,8 @@ void check_target(const Operation& op, int fd) {
   if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) {
     // Pipes, sockets, character devices and anonymous inodes (an io_uring ring, an eventfd) have
     // no file offsets; a read from some of them would never complete.
-    throw InvalidArgument(fmt::format("{}: not a regular file or block device (mode {:o})",
-                                      op.path, st.st_mode & S_IFMT));
+    throw InvalidArgument(fmt::format("{}: not a regular file or block device (mode {:o})", op.path,
+                                      st.st_mode & S_IFMT));
   }
   if (op.direction == Direction::Read && S_ISREG(st.st_mode) &&
       op.end() > static_cast<std::uint64_t>(st.st_size)) {
@@ -337,8 +336,7 @@ void open_path(Operation& op, const std::string& path, DirectIo direct) {
       throw IoError(IoOp::Open, path, op.offset, op.length, EINVAL,
                     "the file system refuses O_DIRECT and direct=on was requested");
     }
-    warn(fmt::format("O_DIRECT is not supported for '{}'; using buffered I/O", path),
-         "no-direct");
+    warn(fmt::format("O_DIRECT is not supported for '{}'; using buffered I/O", path), "no-direct");
   }
   if (op.owned_direct) op.direct_fd = op.owned_direct.get();
 }
@@ -406,7 +404,8 @@ void plan(Operation& op, std::size_t block_size) {
       op.offset_align = static_cast<std::uint32_t>(a);
       op.head_end = std::min(round_up(op.offset, a), op.end());
       op.tail_begin = std::max(round_down(op.end(), a), op.head_end);
-      op.piece_size = static_cast<std::size_t>(std::max<std::uint64_t>(a, round_down(block_size, a)));
+      op.piece_size =
+          static_cast<std::size_t>(std::max<std::uint64_t>(a, round_down(block_size, a)));
       if ((op.has_head() || op.tail_begin < op.end()) && op.buffered_fd < 0) {
         throw InvalidArgument(fmt::format(
             "{}: offset {} and length {} are not aligned to {} bytes, and no buffered descriptor "
@@ -419,7 +418,8 @@ void plan(Operation& op, std::size_t block_size) {
     op.head_end = op.offset;
     op.tail_begin = op.end();
   }
-  op.piece_count = (op.has_head() ? 1 : 0) + op.middle_pieces() + (op.tail_begin < op.end() ? 1 : 0);
+  op.piece_count =
+      (op.has_head() ? 1 : 0) + op.middle_pieces() + (op.tail_begin < op.end() ? 1 : 0);
 }
 
 }  // namespace
@@ -435,8 +435,7 @@ OperationPtr Handle::Impl::prepare(Direction dir, std::byte* buf, std::size_t le
   op->length = length;
   op->write_options = wopts;
   if (buf == nullptr && length > 0) {
-    throw InvalidArgument(
-        fmt::format("{}: buffer is null but length is {}", op->path, length));
+    throw InvalidArgument(fmt::format("{}: buffer is null but length is {}", op->path, length));
   }
   if (offset > std::numeric_limits<std::uint64_t>::max() - length ||
       offset + length > static_cast<std::uint64_t>(std::numeric_limits<off_t>::max())) {
@@ -681,11 +680,12 @@ std::exception_ptr run_gds_piece(Operation& op, const Piece& p) {
     if (rc != cuda::kSuccess) cuda::throw_gpu_error(*op.device_ops, "cuCtxSetCurrent", rc);
     while (done < p.length) {
       const std::uint64_t at = p.file_offset + done;
-      const std::int64_t n = cuda::gds_transfer(op.cufile, is_read, user + done, p.length - done, at);
+      const std::int64_t n =
+          cuda::gds_transfer(op.cufile, is_read, user + done, p.length - done, at);
       if (n < 0) {
         const int err = static_cast<int>(-n);
         if (err == EINTR || err == EAGAIN) continue;
-        if (err > cuda::abi::CUFILEOP_BASE_ERR) {
+        if (err > cuda::abi::kCuFileOpBaseErr) {
           throw GpuError(is_read ? "cuFileRead" : "cuFileWrite", err, cuda::cufile_error_name(err),
                          cuda::cufile_error_text(err), op.path, at, p.length - done);
         }
@@ -739,8 +739,8 @@ void Handle::Impl::worker_main(unsigned /*index*/, std::promise<void> ready) {
 
   auto request_for = [](const Slot& s, unsigned tag) {
     std::byte* base = s.bounce != nullptr ? s.bounce : s.user;
-    return engine::Request{s.fd,          s.op->direction,         base + s.done,
-                           s.length - s.done, s.file_offset + s.done, tag};
+    return engine::Request{
+        s.fd, s.op->direction, base + s.done, s.length - s.done, s.file_offset + s.done, tag};
   };
   auto release_slot = [&](unsigned tag) {
     Slot& s = slots[tag];
@@ -817,8 +817,8 @@ void Handle::Impl::worker_main(unsigned /*index*/, std::promise<void> ready) {
       const std::uint64_t at = s.file_offset + s.done;
       const std::size_t left = s.length - s.done;
       release_slot(tag);
-      fail(*op, io_error_ptr(io_op, op->path, at, left, err,
-                             s.direct ? "O_DIRECT" : std::string{}));
+      fail(*op,
+           io_error_ptr(io_op, op->path, at, left, err, s.direct ? "O_DIRECT" : std::string{}));
       return;
     }
     if (c.result == 0) {
@@ -1077,8 +1077,8 @@ void Handle::write(const void* buf, std::size_t length, const std::string& path,
 
 void Handle::read(void* buf, std::size_t length, int fd, std::uint64_t offset,
                   const ReadOptions& read_options) {
-  impl_->run_blocking(impl_->prepare(Direction::Read, static_cast<std::byte*>(buf), length,
-                                     nullptr, fd, offset, as_write_options(read_options)));
+  impl_->run_blocking(impl_->prepare(Direction::Read, static_cast<std::byte*>(buf), length, nullptr,
+                                     fd, offset, as_write_options(read_options)));
 }
 
 void Handle::write(const void* buf, std::size_t length, int fd, std::uint64_t offset,
@@ -1090,9 +1090,8 @@ void Handle::write(const void* buf, std::size_t length, int fd, std::uint64_t of
 
 Ticket Handle::submit_read(void* buf, std::size_t length, const std::string& path,
                            std::uint64_t offset, const ReadOptions& read_options) {
-  return impl_->register_async(impl_->prepare(Direction::Read, static_cast<std::byte*>(buf),
-                                              length, &path, -1, offset,
-                                              as_write_options(read_options)));
+  return impl_->register_async(impl_->prepare(Direction::Read, static_cast<std::byte*>(buf), length,
+                                              &path, -1, offset, as_write_options(read_options)));
 }
 
 Ticket Handle::submit_write(const void* buf, std::size_t length, const std::string& path,
@@ -1104,9 +1103,8 @@ Ticket Handle::submit_write(const void* buf, std::size_t length, const std::stri
 
 Ticket Handle::submit_read(void* buf, std::size_t length, int fd, std::uint64_t offset,
                            const ReadOptions& read_options) {
-  return impl_->register_async(impl_->prepare(Direction::Read, static_cast<std::byte*>(buf),
-                                              length, nullptr, fd, offset,
-                                              as_write_options(read_options)));
+  return impl_->register_async(impl_->prepare(Direction::Read, static_cast<std::byte*>(buf), length,
+                                              nullptr, fd, offset, as_write_options(read_options)));
 }
 
 Ticket Handle::submit_write(const void* buf, std::size_t length, int fd, std::uint64_t offset,

@@ -106,8 +106,10 @@ TEST(Options, EnvironmentOverridesDefaults) {
               {"NVIO_SINGLE_SUBMIT", "true"},
               {"NVIO_OVERLAP_EVENTS", "off"},
               {"NVIO_INTRA_OP_PARALLELISM", "4"},
-              {"NVIO_DIRECT", "on"}};
+              {"NVIO_DIRECT", "on"},
+              {"NVIO_GPU_DIRECT", "off"}};
   auto eff = resolve_options({}, env.lookup());
+  EXPECT_EQ(eff.values.gpu_direct, nvio::GpuDirect::Off);
   EXPECT_EQ(eff.values.engine, EngineKind::Psync);
   EXPECT_EQ(eff.values.block_size, 64 * KiB);
   EXPECT_EQ(eff.values.queue_depth, 32u);
@@ -232,6 +234,11 @@ TEST(Options, EngineAndDirectSpellings) {
   EXPECT_TRUE(rejects_naming([] { nvio::parse_engine("io-uring-x", "--engine"); }, "--engine"));
   EXPECT_TRUE(rejects_naming([] { nvio::parse_engine("", "--engine"); }, "--engine"));
   EXPECT_TRUE(rejects_naming([] { nvio::parse_direct("maybe", "--direct"); }, "--direct"));
+  EXPECT_EQ(nvio::parse_gpu_direct("AUTO"), nvio::GpuDirect::Auto);
+  EXPECT_EQ(nvio::parse_gpu_direct("on"), nvio::GpuDirect::On);
+  EXPECT_EQ(nvio::parse_gpu_direct("0"), nvio::GpuDirect::Off);
+  EXPECT_TRUE(rejects_naming([] { nvio::parse_gpu_direct("p2p", "NVIO_GPU_DIRECT"); },
+                             "NVIO_GPU_DIRECT"));
 }
 
 TEST(Options, StrictParsingNamesTheVariable) {

@@ -59,7 +59,9 @@ class Handle:
     """Reads and writes buffers from and to files.
 
     Every option left as ``None`` comes from its ``NVIO_*`` environment variable, else its
-    default (see ``nvio.report()["options"]``). Usable from several threads at once, and as a
+    default (see ``nvio.report()["options"]``). CUDA tensors (and ``__cuda_array_interface__`` /
+    CUDA ``__dlpack__`` buffers) are moved by the best path here: GPUDirect Storage when it is real
+    peer-to-peer, else the pipelined host bounce path (``gpu_direct``: auto, on, off). Usable from several threads at once, and as a
     context manager that waits for outstanding operations on exit.
     """
 
@@ -72,6 +74,7 @@ class Handle:
         direct: Optional[str] = None,
         single_submit: Optional[bool] = None,
         overlap_events: Optional[bool] = None,
+        gpu_direct: Optional[str] = None,
     ) -> None:
         self._core = _nvio.Handle(
             engine=engine,
@@ -81,6 +84,7 @@ class Handle:
             overlap_events=overlap_events,
             intra_op_parallelism=intra_op_parallelism,
             direct=direct,
+            gpu_direct=gpu_direct,
         )
         self._futures_lock = threading.Lock()
         self._futures: "dict[int, Future]" = {}
@@ -101,7 +105,7 @@ class Handle:
     def read(self, buf: Any, file: PathOrFd, offset: int = 0) -> int:
         """Fills `buf` from `file` at `offset`; returns the number of bytes read."""
         ref = _buffers.resolve(buf, writable=True)
-        self._core.read(ref.address, ref.nbytes, _target(file), offset)
+        self._core.read(ref.address, ref.nbytes, _target(file), offset, ref.device)
         return ref.nbytes
 
     def write(
@@ -113,12 +117,12 @@ class Handle:
         makes the file end where the write ends. ``sync=True`` fdatasyncs before returning.
         """
         ref = _buffers.resolve(buf, writable=False)
-        self._core.write(ref.address, ref.nbytes, _target(file), offset, truncate, sync)
+        self._core.write(ref.address, ref.nbytes, _target(file), offset, truncate, sync, ref.device)
         return ref.nbytes
 
     def read_async(self, buf: Any, file: PathOrFd, offset: int = 0) -> Future:
         ref = _buffers.resolve(buf, writable=True)
-        ticket = self._core.submit_read(ref.address, ref.nbytes, _target(file), offset)
+        ticket = self._core.submit_read(ref.address, ref.nbytes, _target(file), offset, ref.device)
         return self._track(Future(self, ticket, ref.nbytes, ref.owner))
 
     def write_async(
@@ -126,7 +130,7 @@ class Handle:
     ) -> Future:
         ref = _buffers.resolve(buf, writable=False)
         ticket = self._core.submit_write(
-            ref.address, ref.nbytes, _target(file), offset, truncate, sync
+            ref.address, ref.nbytes, _target(file), offset, truncate, sync, ref.device
         )
         return self._track(Future(self, ticket, ref.nbytes, ref.owner))
 

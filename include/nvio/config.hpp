@@ -14,7 +14,7 @@
 //                      "options": { "engine": "io_uring", "block_size": 1048576,
 //                                   "queue_depth": 32, "intra_op_parallelism": 2,
 //                                   "single_submit": false, "overlap_events": true,
-//                                   "direct": "on" } } } }
+//                                   "direct": "on", "gpu_direct": "auto" } } } }
 //
 // Profiles are keyed by the device that holds the tuned directory ("dev:MAJOR:MINOR"), so one file
 // serves several drives. resolve_options() applies the profile of the directory it is given, else

@@ -6,6 +6,8 @@
 //   ├── InvalidArgument       a bad option or argument (caught before any I/O is issued)
 //   ├── EngineUnavailable     an explicitly requested engine cannot be used on this machine
 //   ├── MemoryError           allocation or locking of buffers failed where it was required
+//   ├── GpuError              a CUDA driver or cuFile call failed, or no usable GPU for device
+//   │                         memory; carries the API, its error code and name, path and range
 //   └── IoError               a system call on a file failed; carries op, path, offset, length, errno
 //       ├── FileNotFound      ENOENT
 //       ├── PermissionDenied  EACCES, EPERM, EROFS
@@ -44,6 +46,32 @@ class MemoryError : public Error {
 
  private:
   int errno_;
+};
+
+// A CUDA driver or cuFile failure (or CUDA missing where device memory was given). `api` is the
+// function that failed ("cuMemcpyHtoDAsync", "cuFileRead", "dlopen"), `code` its CUresult or
+// CUfileOpError value (0 when there is none, e.g. the driver could not be loaded), `code_name`
+// its symbolic name ("CUDA_ERROR_INVALID_VALUE", "CU_FILE_IO_NOT_SUPPORTED"). `path`, `offset`
+// and `length` locate the I/O it was part of (empty / 0 when it was not part of one).
+class GpuError : public Error {
+ public:
+  GpuError(std::string api, int code, std::string code_name, const std::string& detail,
+           std::string path = {}, std::uint64_t offset = 0, std::uint64_t length = 0);
+
+  const std::string& api() const noexcept { return api_; }
+  int code() const noexcept { return code_; }
+  const std::string& code_name() const noexcept { return code_name_; }
+  const std::string& path() const noexcept { return path_; }
+  std::uint64_t offset() const noexcept { return offset_; }
+  std::uint64_t length() const noexcept { return length_; }
+
+ private:
+  std::string api_;
+  int code_;
+  std::string code_name_;
+  std::string path_;
+  std::uint64_t offset_;
+  std::uint64_t length_;
 };
 
 // What the failed system call was doing, in the words used in messages.

@@ -25,6 +25,7 @@
 #include <memory>
 #include <string>
 
+#include "nvio/gpu.hpp"
 #include "nvio/options.hpp"
 
 namespace nvio {
@@ -32,9 +33,18 @@ namespace nvio {
 enum class Truncate { No, AtEnd };    // AtEnd: the file size becomes offset + length
 enum class Durability { None, Data };  // Data: fdatasync before the operation completes
 
+// `memory` says where the buffer lives. Device buffers (CUDA device memory) move through a
+// pipeline of locked host bounce chunks and asynchronous copies on a CUDA stream per worker, or
+// through cuFile (GPUDirect Storage) as Options::gpu_direct decides; see gpu.hpp. Auto asks CUDA
+// when the process has already loaded it, and means Host otherwise.
+struct ReadOptions {
+  MemoryKind memory = MemoryKind::Auto;
+};
+
 struct WriteOptions {
   Truncate truncate = Truncate::No;
   Durability durability = Durability::None;
+  MemoryKind memory = MemoryKind::Auto;
 };
 
 // Identifies one asynchronous operation of one handle. 0 is never a valid ticket.
@@ -54,22 +64,25 @@ class Handle {
   Handle& operator=(Handle&&) = delete;
 
   // Blocking operations: return when every byte is transferred, or throw.
-  void read(void* buf, std::size_t length, const std::string& path, std::uint64_t offset = 0);
+  void read(void* buf, std::size_t length, const std::string& path, std::uint64_t offset = 0,
+            const ReadOptions& read_options = {});
   void write(const void* buf, std::size_t length, const std::string& path,
              std::uint64_t offset = 0, const WriteOptions& write_options = {});
   // By an already open descriptor; nvio does not close it. The descriptor must stay open until
   // the operation completes.
-  void read(void* buf, std::size_t length, int fd, std::uint64_t offset = 0);
+  void read(void* buf, std::size_t length, int fd, std::uint64_t offset = 0,
+            const ReadOptions& read_options = {});
   void write(const void* buf, std::size_t length, int fd, std::uint64_t offset = 0,
              const WriteOptions& write_options = {});
 
   // Asynchronous operations: argument errors and failures to open the file throw here; I/O
   // errors are raised by the wait that collects the ticket. The buffer must stay valid until then.
   Ticket submit_read(void* buf, std::size_t length, const std::string& path,
-                     std::uint64_t offset = 0);
+                     std::uint64_t offset = 0, const ReadOptions& read_options = {});
   Ticket submit_write(const void* buf, std::size_t length, const std::string& path,
                       std::uint64_t offset = 0, const WriteOptions& write_options = {});
-  Ticket submit_read(void* buf, std::size_t length, int fd, std::uint64_t offset = 0);
+  Ticket submit_read(void* buf, std::size_t length, int fd, std::uint64_t offset = 0,
+                     const ReadOptions& read_options = {});
   Ticket submit_write(const void* buf, std::size_t length, int fd, std::uint64_t offset = 0,
                       const WriteOptions& write_options = {});
 

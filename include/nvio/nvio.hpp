@@ -3,6 +3,7 @@
 
 #include "nvio/config.hpp"
 #include "nvio/errors.hpp"
+#include "nvio/gpu.hpp"
 #include "nvio/handle.hpp"
 #include "nvio/memory.hpp"
 #include "nvio/options.hpp"

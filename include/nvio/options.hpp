@@ -16,6 +16,12 @@
 // | overlap_events       | true    | NVIO_OVERLAP_EVENTS         | as above                     |
 // | intra_op_parallelism | 1       | NVIO_INTRA_OP_PARALLELISM   | 1 .. 256                     |
 // | direct               | auto    | NVIO_DIRECT                 | auto, on, off                |
+// | gpu_direct           | auto    | NVIO_GPU_DIRECT             | auto, on, off                |
+//
+// gpu_direct decides how device (CUDA) memory moves: auto uses GPUDirect Storage through cuFile
+// only when it is real peer-to-peer (nvidia-fs or PCI P2PDMA), else the pipelined host bounce
+// path; on uses cuFile even in its compatibility mode (and falls back to the bounce path, with one
+// warning, when cuFile is missing or refuses the file); off always bounces. See gpu.hpp.
 //
 // overlap_events defaults to true here (keep the queue full, reap as completions arrive), which is
 // the faster policy; DeepSpeed's aio_handle defaults it to false and nvio's DeepSpeed-compatible
@@ -32,12 +38,15 @@ namespace nvio {
 
 enum class EngineKind { Auto, IoUring, Libaio, Psync };
 enum class DirectIo { Auto, On, Off };
+enum class GpuDirect { Auto, On, Off };
 
 const char* to_string(EngineKind kind) noexcept;
 const char* to_string(DirectIo mode) noexcept;
 // Strict parsers: throw InvalidArgument naming `what` on anything unrecognised.
 EngineKind parse_engine(const std::string& text, const std::string& what = "engine");
 DirectIo parse_direct(const std::string& text, const std::string& what = "direct");
+GpuDirect parse_gpu_direct(const std::string& text, const std::string& what = "gpu_direct");
+const char* to_string(GpuDirect mode) noexcept;
 bool parse_bool(const std::string& text, const std::string& what);
 // Accepts plain bytes or a K/M/G/T suffix (powers of 1024, optional trailing "iB"/"B").
 std::size_t parse_size(const std::string& text, const std::string& what);
@@ -51,6 +60,7 @@ struct Options {
   bool overlap_events = true;
   unsigned intra_op_parallelism = 1;
   DirectIo direct = DirectIo::Auto;
+  GpuDirect gpu_direct = GpuDirect::Auto;
 
   // Throws InvalidArgument naming the first option out of range.
   void validate() const;
@@ -71,6 +81,7 @@ struct OptionOverrides {
   std::optional<bool> overlap_events;
   std::optional<unsigned> intra_op_parallelism;
   std::optional<DirectIo> direct;
+  std::optional<GpuDirect> gpu_direct;
 };
 
 enum class OptionSource { Default, Config, Environment, Explicit };

@@ -37,12 +37,27 @@ from ._nvio import (
 
 __version__ = _nvio.__version__
 
+# ---- GPU (issue 5) ----------------------------------------------------------------------------
+from ._aio import gds_handle  # noqa: E402
+from ._nvio import GpuError  # noqa: E402
+
+
+def gpu_info() -> "dict[str, Any]":
+    """What this machine offers for CUDA memory: the driver (loaded, path, reason, version), the
+    runtime version, the devices, cuFile, and the GPUDirect Storage mode ("p2p", "compatibility"
+    or "unavailable") with its reason. Probed once per process; never raises."""
+    return _nvio.gpu_info()
+
+
+# ---- end GPU --------------------------------------------------------------------------------
+
 __all__ = [
     "Handle", "Future", "aio_handle", "aio_read", "aio_write", "empty_locked", "is_pinned",
     "report", "tune", "TuneResult", "Error", "InvalidArgument", "EngineUnavailable", "LockedMemoryError", "IOFailure",
     "FileNotFound", "PermissionDenied", "IsADirectory", "NoSpace", "ShortFile", "ValidationError",
     "__version__",
 ]
+__all__ += ["gds_handle", "gpu_info", "GpuError"]
 
 
 def _is_torch_dtype(dtype: Any) -> bool:

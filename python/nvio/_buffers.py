@@ -1,10 +1,13 @@
 """Turning Python buffers into (address, nbytes) for the core, without copies.
 
-Accepted: CPU torch tensors of any dtype, numpy arrays, anything with the buffer protocol
-(bytearray, memoryview, array.array, bytes for writes), and objects with ``__dlpack__`` on the CPU.
-Reads need a writable, contiguous buffer: a read-only or non-contiguous one raises ``ValueError``
-(never a silent copy whose result would be lost). Device (CUDA) buffers raise ``TypeError`` until
-GPU support lands.
+Accepted: torch tensors of any dtype on the CPU or a CUDA device, numpy arrays, anything with the
+buffer protocol (bytearray, memoryview, array.array, bytes for writes), objects with
+``__cuda_array_interface__`` (CuPy, Numba, ...), and objects with ``__dlpack__`` in CPU, CUDA,
+CUDA-host (pinned) or CUDA-managed memory. Reads need a writable, contiguous buffer: a read-only or
+non-contiguous one raises ``ValueError`` (never a silent copy whose result would be lost).
+
+``BufferRef.device`` tells the core the memory is CUDA device memory (moved through the GPU path);
+pinned host memory (kDLCUDAHost) is host memory.
 """
 
 from __future__ import annotations
@@ -14,12 +17,17 @@ from typing import Any, NamedTuple
 from . import _nvio
 
 _DLPACK_CPU = 1
+_DLPACK_CUDA = 2
+_DLPACK_CUDA_HOST = 3
+_DLPACK_CUDA_MANAGED = 13
+_DLPACK_KNOWN = (_DLPACK_CPU, _DLPACK_CUDA, _DLPACK_CUDA_HOST, _DLPACK_CUDA_MANAGED)
 
 
 class BufferRef(NamedTuple):
     address: int
     nbytes: int
     owner: Any  # keeps the memory alive while an operation may touch it
+    device: bool = False  # CUDA device (or managed) memory
 
 
 def _torch():
@@ -29,17 +37,46 @@ def _torch():
 
 
 def _from_torch(t: Any, writable: bool) -> BufferRef:
-    if t.device.type != "cpu":
+    if t.device.type not in ("cpu", "cuda"):
         raise TypeError(
-            f"nvio: {t.device.type} tensors are not supported by this build yet; "
-            "copy the tensor to the CPU first"
+            f"nvio: {t.device.type} tensors are not supported; use CPU or CUDA tensors"
         )
     if not t.is_contiguous():
         raise ValueError(
             "nvio: the tensor is not contiguous; pass t.contiguous() "
             "(and copy the result back after a read)"
         )
-    return BufferRef(t.data_ptr(), t.numel() * t.element_size(), t)
+    return BufferRef(t.data_ptr(), t.numel() * t.element_size(), t, t.device.type == "cuda")
+
+
+def _typestr_itemsize(typestr: str) -> int:
+    digits = "".join(c for c in typestr if c.isdigit())
+    if not digits:
+        raise ValueError(f"nvio: cannot read the item size of typestr {typestr!r}")
+    return int(digits)
+
+
+def _from_cuda_array_interface(obj: Any, writable: bool) -> BufferRef:
+    """Version 2/3 of the CUDA Array Interface: data=(ptr, read_only), shape, typestr, strides."""
+    cai = obj.__cuda_array_interface__
+    ptr, read_only = cai["data"]
+    if writable and read_only:
+        raise ValueError(f"nvio: the {type(obj).__name__} is read-only and cannot be read into")
+    itemsize = _typestr_itemsize(cai["typestr"])
+    shape = tuple(int(d) for d in cai["shape"])
+    strides = cai.get("strides")
+    count = 1
+    for d in shape:
+        count *= d
+    if strides is not None:
+        expected = itemsize
+        for dim, stride in zip(reversed(shape), reversed(tuple(strides))):
+            if dim > 1 and stride != expected:
+                raise ValueError("nvio: the CUDA array is not C-contiguous; pass a contiguous copy")
+            expected *= dim
+    if count > 0 and not ptr:
+        raise ValueError("nvio: the CUDA array has a null data pointer")
+    return BufferRef(int(ptr), count * itemsize, obj, True)
 
 
 def _from_numpy(a: Any, writable: bool) -> BufferRef:
@@ -61,7 +98,7 @@ def resolve(obj: Any, writable: bool) -> BufferRef:
     if type(obj).__module__ == "numpy" and hasattr(obj, "__array_interface__"):
         return _from_numpy(obj, writable)
     if hasattr(obj, "__cuda_array_interface__"):
-        raise TypeError("nvio: device (CUDA) buffers are not supported by this build yet")
+        return _from_cuda_array_interface(obj, writable)
     try:
         view = memoryview(obj)
     except TypeError:
@@ -73,13 +110,16 @@ def resolve(obj: Any, writable: bool) -> BufferRef:
         return BufferRef(address, nbytes, view)
     if hasattr(obj, "__dlpack__"):
         device_type = obj.__dlpack_device__()[0] if hasattr(obj, "__dlpack_device__") else 1
-        if device_type != _DLPACK_CPU:
-            raise TypeError("nvio: device (non-CPU) DLPack buffers are not supported by this build yet")
+        if int(device_type) not in _DLPACK_KNOWN:
+            raise TypeError(
+                f"nvio: DLPack device type {int(device_type)} is neither CPU nor CUDA memory"
+            )
         capsule = obj.__dlpack__()
-        address, nbytes = _nvio.dlpack_address(capsule)
+        address, nbytes, kind = _nvio.dlpack_address(capsule)
+        device = kind in (_DLPACK_CUDA, _DLPACK_CUDA_MANAGED)
         # The capsule stays unconsumed, so the producer's memory lives as long as it does.
-        return BufferRef(address, nbytes, (obj, capsule))
+        return BufferRef(address, nbytes, (obj, capsule), device)
     raise TypeError(
-        f"nvio: cannot use a {type(obj).__name__} as a buffer: expected a CPU torch tensor, a "
-        "numpy array, an object with the buffer protocol, or one with __dlpack__"
+        f"nvio: cannot use a {type(obj).__name__} as a buffer: expected a torch tensor, a numpy "
+        "array, an object with the buffer protocol, __cuda_array_interface__ or __dlpack__"
     )

@@ -60,7 +60,10 @@ class Handle:
 
     Every option left as ``None`` comes from its ``NVIO_*`` environment variable, else the
     settings saved by ``nvio tune --save`` / ``nvio.tune(save=True)``, else its default (see
-    ``nvio.report()["options"]`` for each value's source). Usable from several threads at once, and as a
+    ``nvio.report()["options"]`` for each value's source). CUDA tensors (and
+    ``__cuda_array_interface__`` / CUDA ``__dlpack__`` buffers) are moved by the best path here:
+    GPUDirect Storage when it is real peer-to-peer, else the pipelined host bounce path
+    (``gpu_direct``: auto, on, off). Usable from several threads at once, and as a
     context manager that waits for outstanding operations on exit.
     """
 
@@ -73,6 +76,7 @@ class Handle:
         direct: Optional[str] = None,
         single_submit: Optional[bool] = None,
         overlap_events: Optional[bool] = None,
+        gpu_direct: Optional[str] = None,
     ) -> None:
         self._init(
             dict(
@@ -83,13 +87,14 @@ class Handle:
                 overlap_events=overlap_events,
                 intra_op_parallelism=intra_op_parallelism,
                 direct=direct,
+                gpu_direct=gpu_direct,
             ),
             "",
         )
 
     def _init(self, options: "dict[str, Any]", config_dir: str) -> None:
         known = {"engine", "block_size", "queue_depth", "single_submit", "overlap_events",
-                 "intra_op_parallelism", "direct"}
+                 "intra_op_parallelism", "direct", "gpu_direct"}
         unknown = sorted(set(options) - known)
         if unknown:
             raise TypeError(f"nvio.Handle: unknown option(s) {unknown}; known: {sorted(known)}")
@@ -127,7 +132,7 @@ class Handle:
     def read(self, buf: Any, file: PathOrFd, offset: int = 0) -> int:
         """Fills `buf` from `file` at `offset`; returns the number of bytes read."""
         ref = _buffers.resolve(buf, writable=True)
-        self._core.read(ref.address, ref.nbytes, _target(file), offset)
+        self._core.read(ref.address, ref.nbytes, _target(file), offset, ref.device)
         return ref.nbytes
 
     def write(
@@ -139,12 +144,12 @@ class Handle:
         makes the file end where the write ends. ``sync=True`` fdatasyncs before returning.
         """
         ref = _buffers.resolve(buf, writable=False)
-        self._core.write(ref.address, ref.nbytes, _target(file), offset, truncate, sync)
+        self._core.write(ref.address, ref.nbytes, _target(file), offset, truncate, sync, ref.device)
         return ref.nbytes
 
     def read_async(self, buf: Any, file: PathOrFd, offset: int = 0) -> Future:
         ref = _buffers.resolve(buf, writable=True)
-        ticket = self._core.submit_read(ref.address, ref.nbytes, _target(file), offset)
+        ticket = self._core.submit_read(ref.address, ref.nbytes, _target(file), offset, ref.device)
         return self._track(Future(self, ticket, ref.nbytes, ref.owner))
 
     def write_async(
@@ -152,7 +157,7 @@ class Handle:
     ) -> Future:
         ref = _buffers.resolve(buf, writable=False)
         ticket = self._core.submit_write(
-            ref.address, ref.nbytes, _target(file), offset, truncate, sync
+            ref.address, ref.nbytes, _target(file), offset, truncate, sync, ref.device
         )
         return self._track(Future(self, ticket, ref.nbytes, ref.owner))
 

@@ -2,6 +2,8 @@
 
     from nvio.deepspeed import AsyncIOBuilder      # was: from deepspeed.ops.op_builder import ...
     h = AsyncIOBuilder().load().aio_handle()
+    from nvio.deepspeed import GDSBuilder
+    g = GDSBuilder().load().gds_handle()
 
 and ``aio_handle_from_config(ds_config)`` for a DeepSpeed config's ``aio`` section.
 """
@@ -44,6 +46,29 @@ class AsyncIOBuilder:
     def load(self, verbose: bool = True) -> types.ModuleType:
         """The op module: ``aio_handle``, ``aio_read``, ``aio_write``, ``deepspeed_memcpy``."""
         module = types.ModuleType("async_io", "nvio's implementation of DeepSpeed's async_io op")
+        module.aio_handle = _aio.aio_handle
+        module.aio_read = _aio.aio_read
+        module.aio_write = _aio.aio_write
+        module.deepspeed_memcpy = _deepspeed_memcpy
+        return module
+
+
+class GDSBuilder:
+    """Stands in for ``deepspeed.ops.op_builder.GDSBuilder``: ``GDSBuilder().load().gds_handle()``.
+
+    Works on every machine: without a GPU or cuFile the handle still moves host tensors, and CUDA
+    tensors through the host bounce path (said once)."""
+
+    NAME = "gds"
+
+    def is_compatible(self, verbose: bool = False) -> bool:
+        """True: gds_handle always works, through cuFile when it can and the bounce path else."""
+        return True
+
+    def load(self, verbose: bool = True) -> types.ModuleType:
+        """The op module: ``gds_handle`` plus the ``async_io`` names DeepSpeed's gds op has."""
+        module = types.ModuleType("gds", "nvio's implementation of DeepSpeed's gds op")
+        module.gds_handle = _aio.gds_handle
         module.aio_handle = _aio.aio_handle
         module.aio_read = _aio.aio_read
         module.aio_write = _aio.aio_write

@@ -69,6 +69,7 @@ struct PyErrors {
   PyObject* is_directory;
   PyObject* no_space;
   PyObject* short_file;
+  PyObject* gpu;
 };
 PyErrors g_errors;
 
@@ -123,6 +124,15 @@ void translate(std::exception_ptr p) {
     PyErr_SetString(g_errors.engine_unavailable, e.what());
   } catch (const nvio::MemoryError& e) {
     PyErr_SetString(g_errors.memory, e.what());
+  } catch (const nvio::GpuError& e) {
+    py::object exc = py::reinterpret_borrow<py::object>(g_errors.gpu)(e.what());
+    exc.attr("api") = e.api();
+    exc.attr("code") = e.code();
+    exc.attr("code_name") = e.code_name();
+    exc.attr("path") = e.path();
+    exc.attr("offset") = e.offset();
+    exc.attr("length") = e.length();
+    PyErr_SetObject(g_errors.gpu, exc.ptr());
   } catch (const nvio::Error& e) {
     PyErr_SetString(g_errors.error, e.what());
   }
@@ -147,7 +157,8 @@ nvio::OptionOverrides overrides(const std::optional<std::string>& engine,
                                 const std::optional<bool>& single_submit,
                                 const std::optional<bool>& overlap_events,
                                 const std::optional<long long>& intra_op_parallelism,
-                                const std::optional<std::string>& direct) {
+                                const std::optional<std::string>& direct,
+                                const std::optional<std::string>& gpu_direct) {
   nvio::OptionOverrides o;
   if (engine) o.engine = nvio::parse_engine(*engine);
   if (block_size && (*block_size < static_cast<long long>(nvio::kMinBlockSize) ||
@@ -164,6 +175,7 @@ nvio::OptionOverrides overrides(const std::optional<std::string>& engine,
   o.intra_op_parallelism =
       checked<unsigned>(intra_op_parallelism, "intra_op_parallelism", nvio::kMaxParallelism);
   if (direct) o.direct = nvio::parse_direct(*direct);
+  if (gpu_direct) o.gpu_direct = nvio::parse_gpu_direct(*gpu_direct);
   return o;
 }
 
@@ -176,8 +188,20 @@ std::uint64_t checked_offset(long long offset) {
   return static_cast<std::uint64_t>(offset);
 }
 
-nvio::WriteOptions write_options(bool truncate, bool sync) {
+// Python always knows where a buffer lives (nvio/_buffers.py), so nothing is left to Auto.
+nvio::MemoryKind memory_of(bool device) {
+  return device ? nvio::MemoryKind::Device : nvio::MemoryKind::Host;
+}
+
+nvio::ReadOptions read_options(bool device) {
+  nvio::ReadOptions r;
+  r.memory = memory_of(device);
+  return r;
+}
+
+nvio::WriteOptions write_options(bool truncate, bool sync, bool device) {
   nvio::WriteOptions w;
+  w.memory = memory_of(device);
   w.truncate = truncate ? nvio::Truncate::AtEnd : nvio::Truncate::No;
   w.durability = sync ? nvio::Durability::Data : nvio::Durability::None;
   return w;
@@ -195,6 +219,7 @@ py::dict options_dict(const nvio::Options& o) {
   d["overlap_events"] = o.overlap_events;
   d["intra_op_parallelism"] = o.intra_op_parallelism;
   d["direct"] = nvio::to_string(o.direct);
+  d["gpu_direct"] = nvio::to_string(o.gpu_direct);
   return d;
 }
 
@@ -240,6 +265,9 @@ PYBIND11_MODULE(_nvio, m) {
   g_errors.no_space = make_error(m, "NoSpace", {g_errors.io}, "The device is full.");
   g_errors.short_file = make_error(m, "ShortFile", {g_errors.io, PyExc_EOFError},
                                    "A read asked for bytes past the end of the file.");
+  g_errors.gpu = make_error(m, "GpuError", {g_errors.error, PyExc_RuntimeError},
+                            "A CUDA driver or cuFile call failed, or CUDA is unusable for device "
+                            "memory (attributes: api, code, code_name, path, offset, length).");
   py::register_exception_translator(&translate);
 
   nvio::set_warning_sink([](const std::string& msg) {
@@ -252,10 +280,11 @@ PYBIND11_MODULE(_nvio, m) {
                        std::optional<long long> queue_depth, std::optional<bool> single_submit,
                        std::optional<bool> overlap_events,
                        std::optional<long long> intra_op_parallelism,
-                       std::optional<std::string> direct, const std::string& config_dir) {
+                       std::optional<std::string> direct, std::optional<std::string> gpu_direct,
+                       const std::string& config_dir) {
              const nvio::OptionOverrides o =
                  overrides(engine, block_size, queue_depth, single_submit, overlap_events,
-                           intra_op_parallelism, direct);
+                           intra_op_parallelism, direct, gpu_direct);
              return unlocked([&] {
                return std::make_unique<nvio::Handle>(
                    nvio::resolve_options(o, {}, config_dir).values);
@@ -264,47 +293,52 @@ PYBIND11_MODULE(_nvio, m) {
            py::arg("engine") = py::none(), py::arg("block_size") = py::none(),
            py::arg("queue_depth") = py::none(), py::arg("single_submit") = py::none(),
            py::arg("overlap_events") = py::none(), py::arg("intra_op_parallelism") = py::none(),
-           py::arg("direct") = py::none(), py::arg("config_dir") = std::string())
+           py::arg("direct") = py::none(), py::arg("gpu_direct") = py::none(),
+           py::arg("config_dir") = std::string())
       .def(
           "read",
           [](nvio::Handle& h, std::uintptr_t addr, std::size_t nbytes, const Target& target,
-             long long offset) {
+             long long offset, bool device) {
             const std::uint64_t off = checked_offset(offset);
+            const nvio::ReadOptions r = read_options(device);
             unlocked([&] {
-              std::visit([&](const auto& t) { h.read(as_ptr(addr), nbytes, t, off); }, target);
+              std::visit([&](const auto& t) { h.read(as_ptr(addr), nbytes, t, off, r); }, target);
             });
           },
-          py::arg("address"), py::arg("nbytes"), py::arg("target"), py::arg("offset") = 0)
+          py::arg("address"), py::arg("nbytes"), py::arg("target"), py::arg("offset") = 0,
+          py::arg("device") = false)
       .def(
           "write",
           [](nvio::Handle& h, std::uintptr_t addr, std::size_t nbytes, const Target& target,
-             long long offset, bool truncate, bool sync) {
+             long long offset, bool truncate, bool sync, bool device) {
             const std::uint64_t off = checked_offset(offset);
-            const nvio::WriteOptions w = write_options(truncate, sync);
+            const nvio::WriteOptions w = write_options(truncate, sync, device);
             unlocked([&] {
               std::visit([&](const auto& t) { h.write(as_ptr(addr), nbytes, t, off, w); }, target);
             });
           },
           py::arg("address"), py::arg("nbytes"), py::arg("target"), py::arg("offset") = 0,
-          py::arg("truncate") = false, py::arg("sync") = false)
+          py::arg("truncate") = false, py::arg("sync") = false, py::arg("device") = false)
       .def(
           "submit_read",
           [](nvio::Handle& h, std::uintptr_t addr, std::size_t nbytes, const Target& target,
-             long long offset) {
+             long long offset, bool device) {
             const std::uint64_t off = checked_offset(offset);
+            const nvio::ReadOptions r = read_options(device);
             return unlocked([&] {
               return std::visit(
-                  [&](const auto& t) { return h.submit_read(as_ptr(addr), nbytes, t, off); },
+                  [&](const auto& t) { return h.submit_read(as_ptr(addr), nbytes, t, off, r); },
                   target);
             });
           },
-          py::arg("address"), py::arg("nbytes"), py::arg("target"), py::arg("offset") = 0)
+          py::arg("address"), py::arg("nbytes"), py::arg("target"), py::arg("offset") = 0,
+          py::arg("device") = false)
       .def(
           "submit_write",
           [](nvio::Handle& h, std::uintptr_t addr, std::size_t nbytes, const Target& target,
-             long long offset, bool truncate, bool sync) {
+             long long offset, bool truncate, bool sync, bool device) {
             const std::uint64_t off = checked_offset(offset);
-            const nvio::WriteOptions w = write_options(truncate, sync);
+            const nvio::WriteOptions w = write_options(truncate, sync, device);
             return unlocked([&] {
               return std::visit(
                   [&](const auto& t) { return h.submit_write(as_ptr(addr), nbytes, t, off, w); },
@@ -312,7 +346,7 @@ PYBIND11_MODULE(_nvio, m) {
             });
           },
           py::arg("address"), py::arg("nbytes"), py::arg("target"), py::arg("offset") = 0,
-          py::arg("truncate") = false, py::arg("sync") = false)
+          py::arg("truncate") = false, py::arg("sync") = false, py::arg("device") = false)
       .def("wait_ticket", [](nvio::Handle& h, nvio::Ticket t) { unlocked([&] { h.wait(t); }); })
       .def("wait_all", [](nvio::Handle& h) { return unlocked([&] { return h.wait(); }); })
       .def("done", [](const nvio::Handle& h, nvio::Ticket t) { return h.done(t); })
@@ -373,8 +407,12 @@ PYBIND11_MODULE(_nvio, m) {
           throw nvio::InvalidArgument("__dlpack__ did not return an unconsumed 'dltensor' capsule");
         }
         const auto* t = static_cast<const DLTensorView*>(capsule.get_pointer());
-        if (t->device_type != 1) {
-          throw nvio::InvalidArgument("the DLPack tensor is not in CPU memory");
+        // kDLCPU 1, kDLCUDA 2, kDLCUDAHost 3 (pinned host memory), kDLCUDAManaged 13.
+        if (t->device_type != 1 && t->device_type != 2 && t->device_type != 3 &&
+            t->device_type != 13) {
+          throw nvio::InvalidArgument("the DLPack tensor is on device type " +
+                                      std::to_string(t->device_type) +
+                                      ", neither CPU nor CUDA memory");
         }
         const std::int64_t item = (std::int64_t{t->bits} * t->lanes + 7) / 8;
         std::int64_t count = 1;
@@ -387,7 +425,7 @@ PYBIND11_MODULE(_nvio, m) {
           count *= t->shape[d];
         }
         const auto base = reinterpret_cast<std::uintptr_t>(t->data) + t->byte_offset;
-        return py::make_tuple(base, static_cast<std::size_t>(count * item));
+        return py::make_tuple(base, static_cast<std::size_t>(count * item), t->device_type);
       },
       py::arg("capsule"));
 
@@ -400,10 +438,12 @@ PYBIND11_MODULE(_nvio, m) {
                               std::optional<long long> queue_depth,
                               std::optional<bool> single_submit, std::optional<bool> overlap_events,
                               std::optional<long long> intra_op_parallelism,
-                              std::optional<std::string> direct, const std::string& config_dir) {
+                              std::optional<std::string> direct,
+                              std::optional<std::string> gpu_direct,
+                              const std::string& config_dir) {
     const nvio::EffectiveOptions eff = nvio::resolve_options(
         overrides(engine, block_size, queue_depth, single_submit, overlap_events,
-                  intra_op_parallelism, direct),
+                  intra_op_parallelism, direct, gpu_direct),
         {}, config_dir);
     py::dict sources;
     for (const auto& [name, src] : eff.sources) sources[py::str(name)] = nvio::to_string(src);
@@ -417,7 +457,8 @@ PYBIND11_MODULE(_nvio, m) {
   py::arg("engine") = py::none(), py::arg("block_size") = py::none(),
   py::arg("queue_depth") = py::none(), py::arg("single_submit") = py::none(),
   py::arg("overlap_events") = py::none(), py::arg("intra_op_parallelism") = py::none(),
-  py::arg("direct") = py::none(), py::arg("config_dir") = std::string());
+  py::arg("direct") = py::none(), py::arg("gpu_direct") = py::none(),
+  py::arg("config_dir") = std::string());
 
   // ---- tuning -----------------------------------------------------------------------------
   // Runs nvio::tune_directory without the GIL and returns its JSON document (the same format as
@@ -523,6 +564,46 @@ PYBIND11_MODULE(_nvio, m) {
                                      std::uint64_t seed) {
     return nvio::pattern::first_mismatch(as_ptr(addr), n, off, seed);
   });
+  // ---- GPU (issue 5) ---------------------------------------------------------------------------
+  m.def("gpu_info", [] {
+    // The first call probes (dlopen, cuInit, cuFileDriverOpen): without the GIL.
+    const nvio::GpuInfo& g = *unlocked([] { return &nvio::gpu_info(); });
+    py::list devices;
+    for (const auto& dev : g.devices) {
+      py::dict d;
+      d["ordinal"] = dev.ordinal;
+      d["name"] = dev.name;
+      d["memory"] = dev.total_memory;
+      d["pci_bus_id"] = dev.pci_bus_id;
+      devices.append(d);
+    }
+    py::dict d;
+    d["driver_loaded"] = g.driver_loaded;
+    d["driver_path"] = g.driver_path;
+    d["driver_reason"] = g.driver_reason;
+    d["driver_version"] = g.driver_version;
+    d["runtime_version"] = g.runtime_version ? py::cast(*g.runtime_version) : py::none();
+    d["devices"] = devices;
+    d["cufile_loaded"] = g.cufile_loaded;
+    d["cufile_path"] = g.cufile_path;
+    d["cufile_reason"] = g.cufile_reason;
+    d["gds_mode"] = nvio::to_string(g.gds_mode);
+    d["gds_reason"] = g.gds_reason;
+    return d;
+  });
+  m.def(
+      "gds_register",
+      [](std::uintptr_t addr, std::size_t nbytes) {
+        return unlocked([&] { return nvio::gds_register_buffer(as_ptr(addr), nbytes); });
+      },
+      py::arg("address"), py::arg("nbytes"));
+  m.def(
+      "gds_deregister",
+      [](std::uintptr_t addr) {
+        return unlocked([&] { return nvio::gds_deregister_buffer(as_ptr(addr)); });
+      },
+      py::arg("address"));
+
   m.attr("__version__") = nvio::version();
   m.attr("MIN_BLOCK_SIZE") = nvio::kMinBlockSize;
 }

@@ -65,6 +65,8 @@ OptionOverrides parse_options(const json& j, const std::string& path, const std:
         o.overlap_events = json_bool(value, path, at);
       } else if (name == "direct") {
         o.direct = parse_direct(json_string(value, path, at), at);
+      } else if (name == "gpu_direct") {
+        o.gpu_direct = parse_gpu_direct(json_string(value, path, at), at);
       } else {
         malformed(path, fmt::format("unknown option '{}' in {}", name, where));
       }
@@ -86,6 +88,7 @@ json options_json(const OptionOverrides& o) {
   if (o.single_submit) j["single_submit"] = *o.single_submit;
   if (o.overlap_events) j["overlap_events"] = *o.overlap_events;
   if (o.direct) j["direct"] = to_string(*o.direct);
+  if (o.gpu_direct) j["gpu_direct"] = to_string(*o.gpu_direct);
   return j;
 }
 

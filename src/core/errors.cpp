@@ -54,6 +54,30 @@ ShortFile::ShortFile(IoOp op, std::string path, std::uint64_t offset, std::uint6
                           file_size, offset + length)),
       file_size_(file_size) {}
 
+namespace {
+
+std::string gpu_message(const std::string& api, int code, const std::string& code_name,
+                        const std::string& detail, const std::string& path, std::uint64_t offset,
+                        std::uint64_t length) {
+  std::string msg = api + " failed";
+  if (!path.empty()) msg += fmt::format(" on '{}' at offset {} length {}", path, offset, length);
+  if (!code_name.empty()) msg += fmt::format(": {} ({})", code_name, code);
+  if (!detail.empty()) msg += ": " + detail;
+  return msg;
+}
+
+}  // namespace
+
+GpuError::GpuError(std::string api, int code, std::string code_name, const std::string& detail,
+                   std::string path, std::uint64_t offset, std::uint64_t length)
+    : Error(gpu_message(api, code, code_name, detail, path, offset, length)),
+      api_(std::move(api)),
+      code_(code),
+      code_name_(std::move(code_name)),
+      path_(std::move(path)),
+      offset_(offset),
+      length_(length) {}
+
 void throw_io_error(IoOp op, const std::string& path, std::uint64_t offset, std::uint64_t length,
                     int err, const std::string& detail) {
   switch (err) {

@@ -74,6 +74,23 @@ DirectIo parse_direct(const std::string& text, const std::string& what) {
   reject(what, text, "auto, on or off");
 }
 
+const char* to_string(GpuDirect mode) noexcept {
+  switch (mode) {
+    case GpuDirect::Auto: return "auto";
+    case GpuDirect::On: return "on";
+    case GpuDirect::Off: return "off";
+  }
+  return "?";
+}
+
+GpuDirect parse_gpu_direct(const std::string& text, const std::string& what) {
+  const std::string t = lower(text);
+  if (t == "auto") return GpuDirect::Auto;
+  if (t == "on" || t == "true" || t == "1" || t == "yes") return GpuDirect::On;
+  if (t == "off" || t == "false" || t == "0" || t == "no") return GpuDirect::Off;
+  reject(what, text, "auto, on or off");
+}
+
 bool parse_bool(const std::string& text, const std::string& what) {
   const std::string t = lower(text);
   if (t == "1" || t == "true" || t == "yes" || t == "on") return true;
@@ -138,6 +155,7 @@ const std::map<std::string, std::string>& EffectiveOptions::environment_names() 
       {"overlap_events", "NVIO_OVERLAP_EVENTS"},
       {"intra_op_parallelism", "NVIO_INTRA_OP_PARALLELISM"},
       {"direct", "NVIO_DIRECT"},
+      {"gpu_direct", "NVIO_GPU_DIRECT"},
   };
   return names;
 }
@@ -201,6 +219,8 @@ EffectiveOptions resolve_options(const OptionOverrides& overrides, const EnvLook
   layer("intra_op_parallelism", o.intra_op_parallelism, saved.intra_op_parallelism,
         x.intra_op_parallelism, getenv, out, parse_unsigned);
   layer("direct", o.direct, saved.direct, x.direct, getenv, out, parse_direct);
+  layer("gpu_direct", o.gpu_direct, saved.gpu_direct, x.gpu_direct, getenv, out,
+        parse_gpu_direct);
   try {
     o.validate();
   } catch (const InvalidArgument& e) {

@@ -5,10 +5,20 @@
 //               its outcome. Shared between the submitting thread and the workers.
 //   Worker      one thread with its own engine and bounce pool; takes pieces from the handle's
 //               queue of operations and keeps up to queue_depth of them in flight.
+//   DeviceLane  a worker's CUDA state (stream per device, an event per slot, registrations of
+//               its bounce slabs), made when the worker first meets device memory.
+//
+// Device memory (bounce transport): every piece goes through a bounce chunk. A read goes disk ->
+// chunk, then an asynchronous host-to-device copy on the worker's stream and an event; the slot
+// and its chunk are released when the event completes. A write starts with a device-to-host copy
+// into the chunk; when its event completes the disk write is submitted. Disk I/O of some pieces
+// and PCIe copies of others are in flight at the same time within one request. With the GDS
+// transport, pieces run through cuFile (synchronous) on the workers instead.
 //   Handle      owns the queue, the workers and the table of asynchronous tickets.
 #include "nvio/handle.hpp"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -26,8 +36,8 @@
 #include <thread>
 #include <vector>
 
-#include <fmt/format.h>
-
+#include "cuda/cufile.hpp"
+#include "cuda/device_ops.hpp"
 #include "engine/engine.hpp"
 #include "handle/file.hpp"
 #include "memory/bounce_pool.hpp"
@@ -73,8 +83,13 @@ struct Operation {
   std::uint64_t offset = 0;
   std::size_t length = 0;
   WriteOptions write_options;
-  std::uint32_t mem_align = 1;     // direct I/O: buffer address alignment
-  std::uint32_t offset_align = 1;  // direct I/O: file offset and length alignment
+  MemoryKind memory = MemoryKind::Host;  // resolved: never Auto
+  int device = -1;                       // device memory: its CUDA device ordinal
+  cuda::Transport transport = cuda::Transport::Bounce;
+  std::shared_ptr<cuda::DeviceOps> device_ops;  // device memory: the operations to use
+  cuda::CuFileHandle cufile;                    // GDS: direct_fd registered with cuFile
+  std::uint32_t mem_align = 1;                  // direct I/O: buffer address alignment
+  std::uint32_t offset_align = 1;               // direct I/O: file offset and length alignment
   // Plan: [offset, head_end) and [tail_begin, end) are unaligned edges done through the buffered
   // descriptor; [head_end, tail_begin) is cut into pieces of `piece_size`, direct when direct_fd
   // is set. Without direct I/O, head_end == offset and tail_begin == end.
@@ -106,14 +121,15 @@ struct Operation {
     const std::size_t middle = middle_pieces();
     if (index < middle) {
       const std::uint64_t start = head_end + index * piece_size;
-      const std::size_t len = static_cast<std::size_t>(
-          std::min<std::uint64_t>(piece_size, tail_begin - start));
+      const std::size_t len =
+          static_cast<std::size_t>(std::min<std::uint64_t>(piece_size, tail_begin - start));
       return Piece{start, len, direct_fd >= 0};
     }
     return Piece{tail_begin, static_cast<std::size_t>(end() - tail_begin), false};
   }
 
   bool needs_bounce(const Piece& p) const {
+    if (memory == MemoryKind::Device) return transport == cuda::Transport::Bounce;
     const auto addr = reinterpret_cast<std::uintptr_t>(buf + (p.file_offset - offset));
     return p.direct && addr % mem_align != 0;
   }
@@ -127,8 +143,13 @@ struct Operation {
 
 using OperationPtr = std::shared_ptr<Operation>;
 
+// Where a slot of device memory stands: on the disk, or in a copy between the bounce chunk and
+// the device that its slot event will report.
+enum class Phase { Disk, ToHost, ToDevice };
+
 // A piece in flight on a worker: where it stands after partial completions.
 struct Slot {
+  Phase phase = Phase::Disk;
   OperationPtr op;
   std::uint64_t file_offset = 0;
   std::size_t length = 0;
@@ -148,6 +169,8 @@ struct Handle::Impl {
 
   OperationPtr prepare(Direction dir, std::byte* buf, std::size_t length, const std::string* path,
                        int fd, std::uint64_t offset, const WriteOptions& wopts);
+  // Device memory: finds its device and the transport (bounce or GDS) once the file is open.
+  void prepare_device(Operation& op);
   void enqueue(const OperationPtr& op);
   void wait_finished(Operation& op);
   void finish_piece(Operation& op, std::size_t count);
@@ -204,6 +227,13 @@ EngineKind choose_engine(EngineKind requested, std::string& reason) {
 Handle::Impl::Impl(const Options& opts) : options(opts) {
   options.validate();
   engine_kind = choose_engine(options.engine, engine_reason);
+  if (options.gpu_direct == GpuDirect::On && !cuda::device_ops_override()) {
+    // Asked for explicitly: say at once (and once per process) when it cannot be honoured.
+    const GpuInfo& info = gpu_info();
+    const cuda::TransportChoice choice =
+        cuda::choose_transport(options.gpu_direct, info.gds_mode, info.gds_reason);
+    if (choice.warn) warn(choice.reason, "gds-fallback");
+  }
   // Workers make their engines on their own threads (an io_uring ring is then used only by the
   // thread that created it); the first failure is reported here.
   std::vector<std::future<void>> started;
@@ -271,8 +301,8 @@ void check_target(const Operation& op, int fd) {
   if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) {
     // Pipes, sockets, character devices and anonymous inodes (an io_uring ring, an eventfd) have
     // no file offsets; a read from some of them would never complete.
-    throw InvalidArgument(fmt::format("{}: not a regular file or block device (mode {:o})",
-                                      op.path, st.st_mode & S_IFMT));
+    throw InvalidArgument(fmt::format("{}: not a regular file or block device (mode {:o})", op.path,
+                                      st.st_mode & S_IFMT));
   }
   if (op.direction == Direction::Read && S_ISREG(st.st_mode) &&
       op.end() > static_cast<std::uint64_t>(st.st_size)) {
@@ -306,8 +336,7 @@ void open_path(Operation& op, const std::string& path, DirectIo direct) {
       throw IoError(IoOp::Open, path, op.offset, op.length, EINVAL,
                     "the file system refuses O_DIRECT and direct=on was requested");
     }
-    warn(fmt::format("O_DIRECT is not supported for '{}'; using buffered I/O", path),
-         "no-direct");
+    warn(fmt::format("O_DIRECT is not supported for '{}'; using buffered I/O", path), "no-direct");
   }
   if (op.owned_direct) op.direct_fd = op.owned_direct.get();
 }
@@ -375,7 +404,8 @@ void plan(Operation& op, std::size_t block_size) {
       op.offset_align = static_cast<std::uint32_t>(a);
       op.head_end = std::min(round_up(op.offset, a), op.end());
       op.tail_begin = std::max(round_down(op.end(), a), op.head_end);
-      op.piece_size = static_cast<std::size_t>(std::max<std::uint64_t>(a, round_down(block_size, a)));
+      op.piece_size =
+          static_cast<std::size_t>(std::max<std::uint64_t>(a, round_down(block_size, a)));
       if ((op.has_head() || op.tail_begin < op.end()) && op.buffered_fd < 0) {
         throw InvalidArgument(fmt::format(
             "{}: offset {} and length {} are not aligned to {} bytes, and no buffered descriptor "
@@ -388,7 +418,8 @@ void plan(Operation& op, std::size_t block_size) {
     op.head_end = op.offset;
     op.tail_begin = op.end();
   }
-  op.piece_count = (op.has_head() ? 1 : 0) + op.middle_pieces() + (op.tail_begin < op.end() ? 1 : 0);
+  op.piece_count =
+      (op.has_head() ? 1 : 0) + op.middle_pieces() + (op.tail_begin < op.end() ? 1 : 0);
 }
 
 }  // namespace
@@ -404,13 +435,27 @@ OperationPtr Handle::Impl::prepare(Direction dir, std::byte* buf, std::size_t le
   op->length = length;
   op->write_options = wopts;
   if (buf == nullptr && length > 0) {
-    throw InvalidArgument(
-        fmt::format("{}: buffer is null but length is {}", op->path, length));
+    throw InvalidArgument(fmt::format("{}: buffer is null but length is {}", op->path, length));
   }
   if (offset > std::numeric_limits<std::uint64_t>::max() - length ||
       offset + length > static_cast<std::uint64_t>(std::numeric_limits<off_t>::max())) {
     throw InvalidArgument(fmt::format("{}: offset {} + length {} is past the largest file offset",
                                       op->path, offset, length));
+  }
+  op->memory = wopts.memory;
+  if (op->memory == MemoryKind::Auto) op->memory = length > 0 ? memory_kind(buf) : MemoryKind::Host;
+  if (op->memory == MemoryKind::Device && length > 0) {
+    op->device_ops = cuda::device_ops();  // GpuError when CUDA cannot be used
+    const std::optional<int> device = op->device_ops->device_of(buf);
+    if (!device) {
+      throw InvalidArgument(fmt::format(
+          "{}: the buffer at {} was given as device memory, but CUDA does not know it as device "
+          "memory",
+          op->path, static_cast<const void*>(buf)));
+    }
+    op->device = *device;
+  } else {
+    op->memory = MemoryKind::Host;
   }
   if (path != nullptr) {
     if (path->empty()) throw InvalidArgument("file path is empty");
@@ -420,8 +465,41 @@ OperationPtr Handle::Impl::prepare(Direction dir, std::byte* buf, std::size_t le
     adopt_fd(*op, fd, options.direct);
   }
   plan(*op, options.block_size);
+  if (op->memory == MemoryKind::Device) prepare_device(*op);
   op->remaining.store(op->piece_count);
   return op;
+}
+
+void Handle::Impl::prepare_device(Operation& op) {
+  // A test's fake device memory is host memory: cuFile must never see it.
+  if (options.gpu_direct == GpuDirect::Off || cuda::device_ops_override()) return;
+  const GpuInfo& info = gpu_info();
+  cuda::TransportChoice choice =
+      cuda::choose_transport(options.gpu_direct, info.gds_mode, info.gds_reason);
+  if (choice.transport == cuda::Transport::Gds && op.direct_fd < 0) {
+    choice = {cuda::Transport::Bounce, options.gpu_direct == GpuDirect::On,
+              fmt::format("gpu_direct=on but '{}' cannot be opened with O_DIRECT, which cuFile "
+                          "needs; device memory moves through the host bounce path",
+                          op.path)};
+  }
+  if (choice.transport == cuda::Transport::Gds) {
+    try {
+      op.cufile = cuda::CuFileHandle(op.direct_fd, op.path);
+    } catch (const GpuError& e) {
+      choice = {cuda::Transport::Bounce, options.gpu_direct == GpuDirect::On,
+                std::string(e.what()) + "; device memory moves through the host bounce path"};
+    }
+  }
+  if (choice.warn) warn(choice.reason, "gds-fallback");
+  op.transport = choice.transport;
+  if (op.transport == cuda::Transport::Gds) {
+    // cuFile takes any offset and length itself: the whole request is cut into block_size
+    // pieces on the O_DIRECT descriptor, with no buffered edges.
+    op.head_end = op.offset;
+    op.tail_begin = op.end();
+    op.piece_size = options.block_size;
+    op.piece_count = op.middle_pieces();
+  }
 }
 
 void Handle::Impl::enqueue(const OperationPtr& op) {
@@ -471,6 +549,7 @@ void Handle::Impl::finish_piece(Operation& op, std::size_t count) {
   }
   {
     std::lock_guard lock(op.mutex);
+    op.cufile = cuda::CuFileHandle();  // deregistered before its descriptor closes
     op.owned_direct = detail::FileDescriptor();
     op.owned_buffered = detail::FileDescriptor();
     op.finished = true;
@@ -519,6 +598,118 @@ bool still_aligned(const Operation& op, const Slot& s) {
 
 }  // namespace
 
+namespace {
+
+// A worker's CUDA state, made when it first meets device memory. Owned by the worker thread;
+// nothing here is shared. Declared after the worker's bounce pool so that it is destroyed first:
+// the registrations of the pool's slabs must go before the slabs do.
+class DeviceLane {
+ public:
+  DeviceLane(std::shared_ptr<cuda::DeviceOps> ops, unsigned slots, detail::BouncePool& pool)
+      : ops_(std::move(ops)), events_(slots), event_device_(slots, -1) {
+    pool.on_slab([this](std::byte* slab, std::size_t bytes) {
+      int rc = cuda::kSuccess;
+      cuda::Registration reg(*ops_, slab, bytes, rc);
+      if (rc == cuda::kSuccess) {
+        registrations_.push_back(std::move(reg));
+      } else {
+        // Copies from pageable memory still work (the driver stages them), only slower.
+        warn(fmt::format("cuMemHostRegister of a {}-byte bounce slab failed ({}: {}); device "
+                         "copies use pageable memory and are slower",
+                         bytes, ops_->error_name(rc), ops_->error_string(rc)),
+             "host-register");
+      }
+    });
+  }
+  ~DeviceLane() {
+    // Nothing is in flight when a worker exits, but a stream must be idle before the memory its
+    // copies touched is unregistered.
+    for (auto& e : events_) {
+      if (e.get() != nullptr) ops_->event_synchronize(e.get());
+    }
+  }
+  DeviceLane(const DeviceLane&) = delete;
+  DeviceLane& operator=(const DeviceLane&) = delete;
+
+  cuda::DeviceOps& ops() { return *ops_; }
+  bool serves(const std::shared_ptr<cuda::DeviceOps>& ops) const { return ops == ops_; }
+
+  // Makes `device` current on this thread and returns its stream. Throws GpuError.
+  void* stream_for(int device) {
+    if (device != current_) {
+      const int rc = ops_->make_current(device);
+      if (rc != cuda::kSuccess) cuda::throw_gpu_error(*ops_, "cuCtxSetCurrent", rc);
+      current_ = device;
+    }
+    auto it = streams_.find(device);
+    if (it == streams_.end()) it = streams_.emplace(device, cuda::Stream(*ops_)).first;
+    return it->second.get();
+  }
+  // The event of slot `tag`, created in `device`'s context (current). Throws GpuError.
+  void* event_for(unsigned tag, int device) {
+    if (event_device_[tag] != device) {
+      events_[tag] = cuda::Event(*ops_);
+      event_device_[tag] = device;
+    }
+    return events_[tag].get();
+  }
+  void* event(unsigned tag) const { return events_[tag].get(); }
+
+ private:
+  std::shared_ptr<cuda::DeviceOps> ops_;
+  int current_ = -1;
+  std::map<int, cuda::Stream> streams_;
+  std::vector<cuda::Event> events_;
+  std::vector<int> event_device_;
+  std::vector<cuda::Registration> registrations_;
+};
+
+const char* copy_api(Phase phase) {
+  return phase == Phase::ToDevice ? "cuMemcpyHtoDAsync" : "cuMemcpyDtoHAsync";
+}
+
+// Moves one GDS piece with cuFile on this thread; short transfers are resumed. Returns the error
+// of the piece, or null.
+std::exception_ptr run_gds_piece(Operation& op, const Piece& p) {
+  const bool is_read = op.direction == Direction::Read;
+  const IoOp io_op = is_read ? IoOp::Read : IoOp::Write;
+  std::byte* user = op.buf + (p.file_offset - op.offset);
+  std::size_t done = 0;
+  try {
+    const int rc = op.device_ops->make_current(op.device);
+    if (rc != cuda::kSuccess) cuda::throw_gpu_error(*op.device_ops, "cuCtxSetCurrent", rc);
+    while (done < p.length) {
+      const std::uint64_t at = p.file_offset + done;
+      const std::int64_t n =
+          cuda::gds_transfer(op.cufile, is_read, user + done, p.length - done, at);
+      if (n < 0) {
+        const int err = static_cast<int>(-n);
+        if (err == EINTR || err == EAGAIN) continue;
+        if (err > cuda::abi::kCuFileOpBaseErr) {
+          throw GpuError(is_read ? "cuFileRead" : "cuFileWrite", err, cuda::cufile_error_name(err),
+                         cuda::cufile_error_text(err), op.path, at, p.length - done);
+        }
+        throw_io_error(io_op, op.path, at, p.length - done, err, "cuFile");
+      }
+      if (n == 0) {
+        if (is_read) {
+          struct stat st {};
+          const std::uint64_t size =
+              ::fstat(op.direct_fd, &st) == 0 ? static_cast<std::uint64_t>(st.st_size) : at;
+          throw ShortFile(IoOp::Read, op.path, op.offset, op.length, size);
+        }
+        throw_io_error(io_op, op.path, at, p.length - done, EIO, "cuFileWrite transferred 0 bytes");
+      }
+      done += static_cast<std::size_t>(n);
+    }
+  } catch (...) {
+    return std::current_exception();
+  }
+  return nullptr;
+}
+
+}  // namespace
+
 void Handle::Impl::worker_main(unsigned /*index*/, std::promise<void> ready) {
   std::unique_ptr<engine::Engine> eng;
   try {
@@ -536,6 +727,7 @@ void Handle::Impl::worker_main(unsigned /*index*/, std::promise<void> ready) {
   const std::size_t bounce_count =
       std::min<std::size_t>(qd, std::max<std::size_t>(2, (std::size_t{64} << 20) / chunk));
   detail::BouncePool pool(chunk, bounce_count);
+  std::unique_ptr<DeviceLane> lane;  // after `pool`: destroyed before it
 
   std::vector<Slot> slots(qd);
   std::vector<unsigned> free_slots;
@@ -543,18 +735,45 @@ void Handle::Impl::worker_main(unsigned /*index*/, std::promise<void> ready) {
   std::vector<engine::Request> batch;
   std::vector<engine::Completion> completions(qd);
   std::size_t inflight = 0;
+  std::deque<unsigned> copying;  // slots waiting for a copy's event, oldest first
 
   auto request_for = [](const Slot& s, unsigned tag) {
     std::byte* base = s.bounce != nullptr ? s.bounce : s.user;
-    return engine::Request{s.fd,          s.op->direction,         base + s.done,
-                           s.length - s.done, s.file_offset + s.done, tag};
+    return engine::Request{
+        s.fd, s.op->direction, base + s.done, s.length - s.done, s.file_offset + s.done, tag};
   };
   auto release_slot = [&](unsigned tag) {
     Slot& s = slots[tag];
+    if (s.phase != Phase::Disk) {
+      // A copy may still be using the chunk: it must finish before the chunk is reused.
+      lane->ops().event_synchronize(lane->event(tag));
+      copying.erase(std::find(copying.begin(), copying.end(), tag));
+    }
     if (s.bounce != nullptr) pool.release(s.bounce);
     s = Slot{};
     free_slots.push_back(tag);
     --inflight;
+  };
+  // Starts the copy of slot `tag` between its chunk and the device (ToHost before a write,
+  // ToDevice after a read) and records its event. Throws GpuError.
+  auto start_copy = [&](unsigned tag, Phase phase) {
+    Slot& s = slots[tag];
+    Operation& op = *s.op;
+    void* stream = lane->stream_for(op.device);
+    void* event = lane->event_for(tag, op.device);
+    cuda::DeviceOps& ops = lane->ops();
+    const int rc = phase == Phase::ToDevice
+                       ? ops.copy_to_device_async(s.user, s.bounce, s.length, stream)
+                       : ops.copy_to_host_async(s.bounce, s.user, s.length, stream);
+    if (rc != cuda::kSuccess) {
+      cuda::throw_gpu_error(ops, copy_api(phase), rc, op.path, s.file_offset, s.length);
+    }
+    const int rec = ops.event_record(event, stream);
+    if (rec != cuda::kSuccess) {
+      cuda::throw_gpu_error(ops, "cuEventRecord", rec, op.path, s.file_offset, s.length);
+    }
+    s.phase = phase;
+    copying.push_back(tag);
   };
   // Hands `batch` to the engine as the options say. A request the kernel refuses fails its own
   // operation only; when the kernel is out of resources the rest wait in `batch` for a reap.
@@ -567,7 +786,7 @@ void Handle::Impl::worker_main(unsigned /*index*/, std::promise<void> ready) {
         pos += static_cast<std::size_t>(rc);
         continue;
       }
-      const std::size_t submitted = inflight - (batch.size() - pos);
+      const std::size_t submitted = inflight - copying.size() - (batch.size() - pos);
       if ((rc == 0 || rc == -EAGAIN) && submitted > 0) break;
       const int err = rc < 0 ? -rc : EAGAIN;
       const auto tag = static_cast<unsigned>(batch[pos].tag);
@@ -598,8 +817,8 @@ void Handle::Impl::worker_main(unsigned /*index*/, std::promise<void> ready) {
       const std::uint64_t at = s.file_offset + s.done;
       const std::size_t left = s.length - s.done;
       release_slot(tag);
-      fail(*op, io_error_ptr(io_op, op->path, at, left, err,
-                             s.direct ? "O_DIRECT" : std::string{}));
+      fail(*op,
+           io_error_ptr(io_op, op->path, at, left, err, s.direct ? "O_DIRECT" : std::string{}));
       return;
     }
     if (c.result == 0) {
@@ -634,10 +853,58 @@ void Handle::Impl::worker_main(unsigned /*index*/, std::promise<void> ready) {
       return;
     }
     if (s.bounce != nullptr && io_op == IoOp::Read) {
+      if (op->memory == MemoryKind::Device) {
+        // The slot stays in flight until the copy to the device reports done.
+        try {
+          start_copy(tag, Phase::ToDevice);
+        } catch (...) {
+          release_slot(tag);
+          fail(*op, std::current_exception());
+        }
+        return;
+      }
       std::memcpy(s.user, s.bounce, s.length);
     }
     release_slot(tag);
     finish_piece(*op, 1);
+  };
+  // Checks the copies in flight, oldest first; returns how many finished (or failed).
+  auto poll_copies = [&](bool block_on_oldest) {
+    std::size_t progressed = 0;
+    for (std::size_t i = 0; i < copying.size();) {
+      const unsigned tag = copying[i];
+      Slot& s = slots[tag];
+      const bool first = progressed == 0 && i == 0;
+      const int rc = block_on_oldest && first ? lane->ops().event_synchronize(lane->event(tag))
+                                              : lane->ops().event_query(lane->event(tag));
+      if (rc == cuda::kNotReady) {
+        ++i;
+        continue;
+      }
+      ++progressed;
+      copying.erase(copying.begin() + static_cast<std::ptrdiff_t>(i));
+      const Phase phase = s.phase;
+      s.phase = Phase::Disk;
+      OperationPtr op = s.op;
+      if (rc != cuda::kSuccess) {
+        const std::uint64_t at = s.file_offset;
+        const std::size_t len = s.length;
+        release_slot(tag);
+        try {
+          cuda::throw_gpu_error(lane->ops(), copy_api(phase), rc, op->path, at, len);
+        } catch (...) {
+          fail(*op, std::current_exception());
+        }
+        continue;
+      }
+      if (phase == Phase::ToHost) {
+        batch.push_back(request_for(s, tag));  // the chunk holds the data: write it
+      } else {
+        release_slot(tag);
+        finish_piece(*op, 1);
+      }
+    }
+    return progressed;
   };
 
   for (;;) {
@@ -660,6 +927,26 @@ void Handle::Impl::worker_main(unsigned /*index*/, std::promise<void> ready) {
           finish_piece(*op, 1);
           continue;
         }
+        if (op->transport == cuda::Transport::Gds) {
+          if (std::exception_ptr e = run_gds_piece(*op, piece)) {
+            fail(*op, e);
+          } else {
+            finish_piece(*op, 1);
+          }
+          continue;
+        }
+        const bool device = op->memory == MemoryKind::Device;
+        if (device && (!lane || !lane->serves(op->device_ops))) {
+          try {
+            lane.reset();
+            pool.on_slab({});
+            lane = std::make_unique<DeviceLane>(op->device_ops, qd, pool);
+          } catch (...) {
+            lane.reset();
+            fail(*op, std::current_exception());
+            continue;
+          }
+        }
         const unsigned tag = free_slots.back();
         free_slots.pop_back();
         ++inflight;
@@ -678,21 +965,40 @@ void Handle::Impl::worker_main(unsigned /*index*/, std::promise<void> ready) {
             fail(*op, std::current_exception());
             continue;
           }
+          if (device && op->direction == Direction::Write) {
+            try {
+              start_copy(tag, Phase::ToHost);  // submitted to the disk once the copy is done
+            } catch (...) {
+              release_slot(tag);
+              fail(*op, std::current_exception());
+            }
+            continue;
+          }
           if (op->direction == Direction::Write) std::memcpy(s.bounce, s.user, s.length);
         }
         batch.push_back(request_for(s, tag));
       }
       if (!batch.empty()) submit_batch();
     }
+    std::size_t copies_done = copying.empty() ? 0 : poll_copies(false);
+    if (!batch.empty()) submit_batch();
     if (inflight == 0) {
       std::lock_guard lock(queue_mutex);
       if (stopping && queue.empty()) return;
       continue;
     }
-    // Reap: at least one completion (overlap_events), or the whole batch.
     // Requests still waiting in `batch` (kernel out of resources) are not in flight yet.
-    const std::size_t min = options.overlap_events ? 1 : inflight - batch.size();
-    const int got = eng->reap(completions, min);
+    const std::size_t on_disk = inflight - copying.size() - batch.size();
+    int got = 0;
+    if (!copying.empty()) {
+      // Copies and disk I/O are both pending: never block in the engine while a copy may finish
+      // (its slot would wait needlessly); block on the oldest copy only when nothing moved.
+      got = on_disk > 0 ? eng->reap(completions, 0) : 0;
+      if (got == 0 && copies_done == 0) poll_copies(true);
+    } else {
+      // Reap: at least one completion (overlap_events), or the whole batch.
+      got = eng->reap(completions, options.overlap_events ? 1 : on_disk);
+    }
     if (got < 0) {
       // The engine itself failed: every piece in flight on it is lost.
       batch.clear();
@@ -744,9 +1050,21 @@ Handle::Handle() : Handle(resolve_options().values) {}
 Handle::Handle(const Options& options) : impl_(std::make_unique<Impl>(options)) {}
 Handle::~Handle() = default;
 
-void Handle::read(void* buf, std::size_t length, const std::string& path, std::uint64_t offset) {
+namespace {
+
+// Reads carry no write options; the memory kind travels in the same struct inside the handle.
+WriteOptions as_write_options(const ReadOptions& r) {
+  WriteOptions w;
+  w.memory = r.memory;
+  return w;
+}
+
+}  // namespace
+
+void Handle::read(void* buf, std::size_t length, const std::string& path, std::uint64_t offset,
+                  const ReadOptions& read_options) {
   impl_->run_blocking(impl_->prepare(Direction::Read, static_cast<std::byte*>(buf), length, &path,
-                                     -1, offset, {}));
+                                     -1, offset, as_write_options(read_options)));
 }
 
 void Handle::write(const void* buf, std::size_t length, const std::string& path,
@@ -757,9 +1075,10 @@ void Handle::write(const void* buf, std::size_t length, const std::string& path,
       impl_->prepare(Direction::Write, bytes, length, &path, -1, offset, write_options));
 }
 
-void Handle::read(void* buf, std::size_t length, int fd, std::uint64_t offset) {
-  impl_->run_blocking(impl_->prepare(Direction::Read, static_cast<std::byte*>(buf), length,
-                                     nullptr, fd, offset, {}));
+void Handle::read(void* buf, std::size_t length, int fd, std::uint64_t offset,
+                  const ReadOptions& read_options) {
+  impl_->run_blocking(impl_->prepare(Direction::Read, static_cast<std::byte*>(buf), length, nullptr,
+                                     fd, offset, as_write_options(read_options)));
 }
 
 void Handle::write(const void* buf, std::size_t length, int fd, std::uint64_t offset,
@@ -770,9 +1089,9 @@ void Handle::write(const void* buf, std::size_t length, int fd, std::uint64_t of
 }
 
 Ticket Handle::submit_read(void* buf, std::size_t length, const std::string& path,
-                           std::uint64_t offset) {
-  return impl_->register_async(impl_->prepare(Direction::Read, static_cast<std::byte*>(buf),
-                                              length, &path, -1, offset, {}));
+                           std::uint64_t offset, const ReadOptions& read_options) {
+  return impl_->register_async(impl_->prepare(Direction::Read, static_cast<std::byte*>(buf), length,
+                                              &path, -1, offset, as_write_options(read_options)));
 }
 
 Ticket Handle::submit_write(const void* buf, std::size_t length, const std::string& path,
@@ -782,9 +1101,10 @@ Ticket Handle::submit_write(const void* buf, std::size_t length, const std::stri
       impl_->prepare(Direction::Write, bytes, length, &path, -1, offset, write_options));
 }
 
-Ticket Handle::submit_read(void* buf, std::size_t length, int fd, std::uint64_t offset) {
-  return impl_->register_async(impl_->prepare(Direction::Read, static_cast<std::byte*>(buf),
-                                              length, nullptr, fd, offset, {}));
+Ticket Handle::submit_read(void* buf, std::size_t length, int fd, std::uint64_t offset,
+                           const ReadOptions& read_options) {
+  return impl_->register_async(impl_->prepare(Direction::Read, static_cast<std::byte*>(buf), length,
+                                              nullptr, fd, offset, as_write_options(read_options)));
 }
 
 Ticket Handle::submit_write(const void* buf, std::size_t length, int fd, std::uint64_t offset,

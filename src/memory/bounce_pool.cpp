@@ -10,14 +10,22 @@ BouncePool::BouncePool(std::size_t chunk_size, std::size_t max_count)
 std::byte* BouncePool::acquire() {
   if (free_.empty()) {
     // Slabs of 1, 1, 2, 4, ... chunks: few allocations, and at most twice what is in use.
-    const std::size_t grow = std::min(std::max<std::size_t>(allocated_, 1), max_count_ - allocated_);
+    const std::size_t grow =
+        std::min(std::max<std::size_t>(allocated_, 1), max_count_ - allocated_);
     AlignedBuffer& slab = slabs_.emplace_back(chunk_size_ * grow, LockMode::Try);
     for (std::size_t i = grow; i > 0; --i) free_.push_back(slab.bytes() + (i - 1) * chunk_size_);
     allocated_ += grow;
+    if (hook_) hook_(slab.bytes(), slab.size());
   }
   std::byte* chunk = free_.back();
   free_.pop_back();
   return chunk;
+}
+
+void BouncePool::on_slab(SlabHook hook) {
+  hook_ = std::move(hook);
+  if (!hook_) return;
+  for (AlignedBuffer& slab : slabs_) hook_(slab.bytes(), slab.size());
 }
 
 }  // namespace nvio::detail

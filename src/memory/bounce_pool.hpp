@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <vector>
 
 #include "nvio/memory.hpp"
@@ -24,6 +25,11 @@ class BouncePool {
   // is free. Precondition: available(). Throws MemoryError if a slab cannot be allocated.
   std::byte* acquire();
   void release(std::byte* chunk) noexcept { free_.push_back(chunk); }
+  // Calls `hook(slab, bytes)` for every slab allocated so far and for each one allocated later
+  // (the device path registers slabs with CUDA this way, once, when device memory first shows
+  // up). The hook must not throw.
+  using SlabHook = std::function<void(std::byte* slab, std::size_t bytes)>;
+  void on_slab(SlabHook hook);
 
  private:
   std::size_t chunk_size_;
@@ -31,6 +37,7 @@ class BouncePool {
   std::size_t allocated_ = 0;  // chunks in all slabs
   std::vector<AlignedBuffer> slabs_;
   std::vector<std::byte*> free_;
+  SlabHook hook_;
 };
 
 }  // namespace nvio::detail

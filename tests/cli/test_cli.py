@@ -26,6 +26,7 @@ OPTION_NAMES = {
     "overlap_events",
     "intra_op_parallelism",
     "direct",
+    "gpu_direct",
 }
 ENGINES = ("io_uring", "libaio", "psync")
 
@@ -193,6 +194,7 @@ def test_bench_explicit_options_reach_the_handle(tmp_path):
     assert out["options"] == {
         "engine": "psync", "block_size": 8192, "queue_depth": 3, "single_submit": True,
         "overlap_events": False, "intra_op_parallelism": 2, "direct": "off",
+        "gpu_direct": "auto",
     }
     assert out["engine"] == "psync"
     assert [r["op"] for r in out["results"]] == ["write"]
@@ -383,6 +385,62 @@ def test_report_text(tmp_path):
     assert os.uname().release in r.stdout
     for word in ("io_uring", "libaio", "psync", "O_DIRECT", "RLIMIT_MEMLOCK", "fs.aio-max-nr"):
         assert word in r.stdout
+
+
+# ---- GPU ----------------------------------------------------------------------------------------
+
+
+def test_report_gpu_section_explains_what_it_found(tmp_path):
+    rep = report(str(tmp_path))
+    g = rep["gpu"]
+    assert set(g) == {"driver", "runtime", "devices", "cufile", "gds"}
+    assert isinstance(g["driver"]["loaded"], bool) and g["driver"]["reason"]
+    assert isinstance(g["cufile"]["loaded"], bool) and g["cufile"]["reason"]
+    assert g["gds"]["mode"] in ("unavailable", "compatibility", "p2p") and g["gds"]["reason"]
+    if not g["driver"]["loaded"]:
+        assert g["devices"] == [] and g["gds"]["mode"] == "unavailable"
+    text = nvio("report", "--dir", tmp_path)
+    assert text.returncode == 0, text.stderr
+    assert "GDS mode" in text.stdout and "CUDA driver" in text.stdout
+    assert g["gds"]["reason"] in text.stdout
+
+
+def test_report_cufile_library_override_names_the_missing_file(tmp_path):
+    missing = tmp_path / "libcufile-missing.so.0"
+    r = nvio("report", "--json", "--dir", tmp_path,
+             env=clean_env(NVIO_CUFILE_LIBRARY=str(missing)))
+    assert r.returncode == 0, r.stderr
+    g = json.loads(r.stdout)["gpu"]
+    assert g["cufile"]["loaded"] is False
+    assert str(missing) in g["cufile"]["reason"] and "NVIO_CUFILE_LIBRARY" in g["cufile"]["reason"]
+    assert g["gds"]["mode"] == "unavailable"
+
+
+def test_bench_gpu_without_a_gpu_is_one_clear_line(tmp_path):
+    if report(str(tmp_path))["gpu"]["devices"]:
+        pytest.skip("a GPU is present")
+    for args in (["--gpu"], ["--gpu", "--gds"], ["--gpu", "--h2d-only"]):
+        r = nvio("bench", "--dir", tmp_path, "--size", "1M", *args)
+        assert r.returncode == 2, (args, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("nvio: error: --gpu: no usable GPU"), lines
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_gpu_flag_combinations_are_usage_errors(tmp_path):
+    for args in (["--gds"], ["--h2d-only"], ["--gpu", "--gds", "--h2d-only"]):
+        r = nvio("bench", "--dir", tmp_path, *args)
+        assert r.returncode == 2 and "nvio: error: --gds" in r.stderr, (args, r.stderr)
+
+
+def test_bench_gpu_round_trip(tmp_path):
+    if not report(str(tmp_path))["gpu"]["devices"]:
+        pytest.skip("no GPU: " + report(str(tmp_path))["gpu"]["driver"]["reason"])
+    for extra in ([], ["--gds"]):
+        out = bench_json("--dir", tmp_path, "--size", ODD_SIZE, "--loops", 1, "--verify", "--gpu",
+                         "--block-size", "64K", *extra)
+        assert out["memory"] == "device"
+        assert [r["verified"] for r in out["results"]] == [True, True]
 
 
 # ---- progress -----------------------------------------------------------------------------------

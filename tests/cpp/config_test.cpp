@@ -46,6 +46,7 @@ nvio::ConfigProfile sample_profile(const std::string& dir) {
   p.options.single_submit = true;
   p.options.overlap_events = false;
   p.options.direct = DirectIo::Off;
+  p.options.gpu_direct = nvio::GpuDirect::On;
   return p;
 }
 
@@ -116,6 +117,7 @@ TEST(Config, SaveLoadRoundTrip) {
   EXPECT_EQ(q.options.single_submit, true);
   EXPECT_EQ(q.options.overlap_events, false);
   EXPECT_EQ(q.options.direct, DirectIo::Off);
+  EXPECT_EQ(q.options.gpu_direct, nvio::GpuDirect::On);
   // No temporary file is left beside it.
   int entries = 0;
   for (const auto& e : std::filesystem::directory_iterator(dir.file("sub/dir"))) {
@@ -220,6 +222,8 @@ TEST(Config, MalformedFilesAreErrorsNamingTheFileAndKey) {
        "profiles.k.options.direct"},
       {R"({"version": 1, "profiles": {"k": {"options": {"block_size": "1Q"}}}})",
        "profiles.k.options.block_size"},
+      {R"({"version": 1, "profiles": {"k": {"options": {"gpu_direct": "always"}}}})",
+       "profiles.k.options.gpu_direct"},
   };
   for (const auto& [text, needle] : cases) {
     write_text(path, text);

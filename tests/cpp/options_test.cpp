@@ -19,7 +19,7 @@ using nvio::resolve_options;
 const std::vector<std::string> kOptionNames = {"engine",        "block_size",
                                                "queue_depth",   "single_submit",
                                                "overlap_events", "intra_op_parallelism",
-                                               "direct"};
+                                               "direct",        "gpu_direct"};
 
 // A fake environment: the only variables resolve_options() sees; records what it asked for.
 struct FakeEnv {
@@ -71,7 +71,8 @@ TEST(Options, EnvironmentNames) {
       {"single_submit", "NVIO_SINGLE_SUBMIT"},
       {"overlap_events", "NVIO_OVERLAP_EVENTS"},
       {"intra_op_parallelism", "NVIO_INTRA_OP_PARALLELISM"},
-      {"direct", "NVIO_DIRECT"}};
+      {"direct", "NVIO_DIRECT"},
+      {"gpu_direct", "NVIO_GPU_DIRECT"}};
   EXPECT_EQ(names, expected);
 }
 
@@ -105,8 +106,10 @@ TEST(Options, EnvironmentOverridesDefaults) {
               {"NVIO_SINGLE_SUBMIT", "true"},
               {"NVIO_OVERLAP_EVENTS", "off"},
               {"NVIO_INTRA_OP_PARALLELISM", "4"},
-              {"NVIO_DIRECT", "on"}};
+              {"NVIO_DIRECT", "on"},
+              {"NVIO_GPU_DIRECT", "off"}};
   auto eff = resolve_options({}, env.lookup());
+  EXPECT_EQ(eff.values.gpu_direct, nvio::GpuDirect::Off);
   EXPECT_EQ(eff.values.engine, EngineKind::Psync);
   EXPECT_EQ(eff.values.block_size, 64 * KiB);
   EXPECT_EQ(eff.values.queue_depth, 32u);
@@ -231,6 +234,11 @@ TEST(Options, EngineAndDirectSpellings) {
   EXPECT_TRUE(rejects_naming([] { nvio::parse_engine("io-uring-x", "--engine"); }, "--engine"));
   EXPECT_TRUE(rejects_naming([] { nvio::parse_engine("", "--engine"); }, "--engine"));
   EXPECT_TRUE(rejects_naming([] { nvio::parse_direct("maybe", "--direct"); }, "--direct"));
+  EXPECT_EQ(nvio::parse_gpu_direct("AUTO"), nvio::GpuDirect::Auto);
+  EXPECT_EQ(nvio::parse_gpu_direct("on"), nvio::GpuDirect::On);
+  EXPECT_EQ(nvio::parse_gpu_direct("0"), nvio::GpuDirect::Off);
+  EXPECT_TRUE(rejects_naming([] { nvio::parse_gpu_direct("p2p", "NVIO_GPU_DIRECT"); },
+                             "NVIO_GPU_DIRECT"));
 }
 
 TEST(Options, StrictParsingNamesTheVariable) {

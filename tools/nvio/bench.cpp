@@ -29,6 +29,7 @@
 
 #include "cli.hpp"
 #include "nvio/errors.hpp"
+#include "nvio/gpu.hpp"
 #include "nvio/handle.hpp"
 #include "nvio/memory.hpp"
 #include "nvio/options.hpp"
@@ -82,6 +83,16 @@ void add_bench_options(CLI::App& app, BenchArgs& args) {
                "offset on a mismatch");
   app.add_flag("--keep", args.keep, "Keep the file the run wrote (default: remove it)");
   app.add_flag("--json", args.json, "Print one JSON object instead of a table");
+  app.add_flag("--gpu", args.gpu,
+               "Move data between GPU memory (cuMemAlloc) and the file, through the pipelined "
+               "host bounce path (gpu_direct=off)");
+  app.add_flag("--gds", args.gds, "With --gpu: through cuFile / GPUDirect Storage (gpu_direct=on)");
+  app.add_flag("--h2d-only", args.h2d_only,
+               "With --gpu: time only copies between locked host memory and the GPU (no file), "
+               "the PCIe bound the device path is measured against");
+  app.add_option("--device", args.device, "With --gpu: the CUDA device ordinal")
+      ->type_name("N")
+      ->capture_default_str();
 }
 
 namespace {
@@ -101,8 +112,19 @@ struct Plan {
   bool verify = false;
   bool keep = false;
   bool json = false;
+  enum class Memory { Host, Device, H2dOnly } memory = Memory::Host;
+  int device = 0;
   nvio::EffectiveOptions options;
 };
+
+const char* memory_name(const Plan& plan) {
+  switch (plan.memory) {
+    case Plan::Memory::Host: return "host";
+    case Plan::Memory::Device: return "device";
+    case Plan::Memory::H2dOnly: return "h2d-only";
+  }
+  return "?";
+}
 
 struct Sample {
   double seconds = 0;
@@ -197,8 +219,17 @@ nvio::EffectiveOptions resolve_naming_flags(const nvio::OptionOverrides& o,
 }
 
 Plan make_plan(const BenchArgs& args) {
-  if (!args.dir && !args.file) throw UsageError("bench: --dir DIR or --file PATH is required");
+  if ((args.gds || args.h2d_only) && !args.gpu) throw UsageError("--gds and --h2d-only need --gpu");
+  if (args.gds && args.h2d_only) throw UsageError("--gds and --h2d-only exclude each other");
+  const bool needs_file = !args.h2d_only;
+  if (needs_file && !args.dir && !args.file) {
+    throw UsageError("bench: --dir DIR or --file PATH is required");
+  }
   Plan plan;
+  if (args.gpu) {
+    plan.memory = args.h2d_only ? Plan::Memory::H2dOnly : Plan::Memory::Device;
+    plan.device = static_cast<int>(parse_unsigned(args.device, "--device"));
+  }
   plan.size = nvio::parse_size(args.size, "--size");
   if (plan.size == 0) throw UsageError("--size: must be at least 1 byte");
   plan.op = parse_op(args.op);
@@ -208,12 +239,30 @@ Plan make_plan(const BenchArgs& args) {
   plan.verify = args.verify;
   plan.keep = args.keep;
   plan.json = args.json;
+  nvio::OptionOverrides overrides = build_overrides(args);
+  if (args.gpu) overrides.gpu_direct = args.gds ? nvio::GpuDirect::On : nvio::GpuDirect::Off;
+  // The saved configuration's profile is the one of the drive the file is on.
+  std::string config_dir = ".";
+  if (args.file) {
+    const std::filesystem::path parent = std::filesystem::path(*args.file).parent_path();
+    if (!parent.empty()) config_dir = parent.string();
+  } else if (args.dir) {
+    config_dir = *args.dir;
+  }
+  plan.options = resolve_naming_flags(overrides, config_dir);
+  if (args.gpu) {
+    // Checked after the options, so that a bad flag is reported first; exit 2 like a bad flag.
+    const nvio::GpuInfo& gpu = nvio::gpu_info();
+    if (!gpu.usable()) throw UsageError("--gpu: no usable GPU here: " + gpu.driver_reason);
+    if (plan.device < 0 || static_cast<std::size_t>(plan.device) >= gpu.devices.size()) {
+      throw UsageError(fmt::format("--device: {} is not a GPU here ({} found)", plan.device,
+                                   gpu.devices.size()));
+    }
+  }
+  if (!needs_file) return plan;
   if (args.file) {
     plan.path = *args.file;
-    const std::filesystem::path parent = std::filesystem::path(plan.path).parent_path();
-    plan.options = resolve_naming_flags(build_overrides(args), parent.empty() ? "." : parent.string());
   } else {
-    plan.options = resolve_naming_flags(build_overrides(args), *args.dir);
     plan.path =
         (std::filesystem::path(*args.dir) / fmt::format("nvio-bench-{}.dat", ::getpid())).string();
     plan.scratch = true;
@@ -366,41 +415,79 @@ double median_cpu_s_per_gb(const OpResult& r) {
 
 // ---- the operations -----------------------------------------------------------------------------
 
-// Records whether buf holds the pattern, and where it first does not.
-void check_pattern(const nvio::AlignedBuffer& buf, const Plan& plan, OpResult& result) {
-  result.bad_offset = nvio::pattern::first_mismatch(buf.data(), plan.size, 0, plan.seed);
+// The memory a run moves: a locked host buffer, and for --gpu a device buffer the I/O uses, with
+// the host buffer staging the pattern in and out of it (untimed).
+struct Buffers {
+  explicit Buffers(const Plan& plan) : host(plan.size, nvio::LockMode::Try), size(plan.size) {
+    if (plan.memory == Plan::Memory::Device) device.emplace(plan.size, plan.device);
+  }
+  void* io() const { return device ? device->data() : host.data(); }
+  // The host bytes to the I/O buffer, and back.
+  void push() {
+    if (device) device->copy_from_host(host.data(), size);
+  }
+  void pull() {
+    if (device) device->copy_to_host(host.data(), size);
+  }
+  nvio::MemoryKind memory() const {
+    return device ? nvio::MemoryKind::Device : nvio::MemoryKind::Host;
+  }
+  nvio::ReadOptions read_options() const {
+    nvio::ReadOptions r;
+    r.memory = memory();
+    return r;
+  }
+  nvio::WriteOptions write_options() const {
+    nvio::WriteOptions w;
+    w.memory = memory();
+    return w;
+  }
+  nvio::AlignedBuffer host;
+  std::optional<nvio::DeviceBuffer> device;
+  std::size_t size;
+};
+
+// Records whether the buffer holds the pattern, and where it first does not.
+void check_pattern(Buffers& buf, const Plan& plan, OpResult& result) {
+  buf.pull();
+  result.bad_offset = nvio::pattern::first_mismatch(buf.host.data(), plan.size, 0, plan.seed);
   result.verified = !result.bad_offset;
 }
 
-OpResult run_writes(nvio::Handle& handle, const nvio::AlignedBuffer& buf, const Plan& plan,
-                    Progress& progress) {
+OpResult run_writes(nvio::Handle& handle, Buffers& buf, const Plan& plan, Progress& progress) {
   OpResult result{"write", plan.size, {}, std::nullopt, std::nullopt};
-  nvio::pattern::fill(buf.data(), plan.size, 0, plan.seed);
+  nvio::pattern::fill(buf.host.data(), plan.size, 0, plan.seed);
+  buf.push();
   for (unsigned i = 0; i < plan.loops; ++i) {
     progress.set(fmt::format("write loop {}/{}", i + 1, plan.loops));
-    result.samples.push_back(time_once([&] { handle.write(buf.data(), plan.size, plan.path, 0); }));
+    result.samples.push_back(
+        time_once([&] { handle.write(buf.io(), plan.size, plan.path, 0, buf.write_options()); }));
   }
   return result;
 }
 
 // A read-only run needs a file to read: write the pattern first (untimed) if it is missing or
 // shorter than --size.
-void ensure_readable(nvio::Handle& handle, const nvio::AlignedBuffer& buf, const Plan& plan) {
+void ensure_readable(nvio::Handle& handle, Buffers& buf, const Plan& plan) {
   auto size = file_size(plan.path);
   if (size && *size >= plan.size) return;
-  nvio::pattern::fill(buf.data(), plan.size, 0, plan.seed);
-  handle.write(buf.data(), plan.size, plan.path, 0);
+  nvio::pattern::fill(buf.host.data(), plan.size, 0, plan.seed);
+  buf.push();
+  handle.write(buf.io(), plan.size, plan.path, 0, buf.write_options());
 }
 
-OpResult run_reads(nvio::Handle& handle, const nvio::AlignedBuffer& buf, const Plan& plan,
-                   Progress& progress) {
+OpResult run_reads(nvio::Handle& handle, Buffers& buf, const Plan& plan, Progress& progress) {
   OpResult result{"read", plan.size, {}, std::nullopt, std::nullopt};
   for (unsigned i = 0; i < plan.loops; ++i) {
     progress.set(fmt::format("read loop {}/{}", i + 1, plan.loops));
     // Poison the buffer first, or a read that transferred nothing would pass --verify.
-    if (plan.verify) std::memset(buf.data(), 0xA5, plan.size);
+    if (plan.verify) {
+      std::memset(buf.host.data(), 0xA5, plan.size);
+      buf.push();
+    }
     evict_page_cache(plan.path);
-    result.samples.push_back(time_once([&] { handle.read(buf.data(), plan.size, plan.path, 0); }));
+    result.samples.push_back(
+        time_once([&] { handle.read(buf.io(), plan.size, plan.path, 0, buf.read_options()); }));
     // Every loop's data is checked (untimed); the first failure is the one reported.
     if (plan.verify && result.verified != false) check_pattern(buf, plan, result);
   }
@@ -409,14 +496,37 @@ OpResult run_reads(nvio::Handle& handle, const nvio::AlignedBuffer& buf, const P
 
 // For a write-only run: read the file back once (untimed) into a fresh buffer and check it.
 void verify_written(nvio::Handle& handle, const Plan& plan, OpResult& result) {
-  nvio::AlignedBuffer back(plan.size, nvio::LockMode::Try);
+  Buffers back(plan);
   evict_page_cache(plan.path);
-  handle.read(back.data(), plan.size, plan.path, 0);
+  handle.read(back.io(), plan.size, plan.path, 0, back.read_options());
   check_pattern(back, plan, result);
 }
 
+// --h2d-only: copies between a locked, CUDA-registered host buffer and the device, each way.
+std::vector<OpResult> run_copies(const Plan& plan) {
+  nvio::AlignedBuffer host(plan.size, nvio::LockMode::Try);
+  nvio::HostRegistration pinned(host.data(), plan.size);
+  nvio::DeviceBuffer device(plan.size, plan.device);
+  nvio::pattern::fill(host.data(), plan.size, 0, plan.seed);
+  OpResult h2d{"h2d", plan.size, {}, std::nullopt, std::nullopt};
+  OpResult d2h{"d2h", plan.size, {}, std::nullopt, std::nullopt};
+  for (unsigned i = 0; i < plan.loops; ++i) {
+    h2d.samples.push_back(time_once([&] { device.copy_from_host(host.data(), plan.size); }));
+  }
+  for (unsigned i = 0; i < plan.loops; ++i) {
+    if (plan.verify) std::memset(host.data(), 0xA5, plan.size);
+    d2h.samples.push_back(time_once([&] { device.copy_to_host(host.data(), plan.size); }));
+    if (plan.verify && d2h.verified != false) {
+      d2h.bad_offset = nvio::pattern::first_mismatch(host.data(), plan.size, 0, plan.seed);
+      d2h.verified = !d2h.bad_offset;
+    }
+  }
+  if (plan.verify) h2d.verified = d2h.verified;
+  return {h2d, d2h};
+}
+
 std::vector<OpResult> run_ops(nvio::Handle& handle, const Plan& plan) {
-  nvio::AlignedBuffer buf(plan.size, nvio::LockMode::Try);
+  Buffers buf(plan);
   Progress progress(::isatty(STDERR_FILENO) == 1);
   std::vector<OpResult> results;
   if (plan.op == Op::Read) ensure_readable(handle, buf, plan);
@@ -462,6 +572,14 @@ void print_json(const std::vector<OpResult>& results, const nvio::Handle& handle
   out["config"] = config_to_json(plan.options);
   out["file"] = plan.path;
   out["size"] = plan.size;
+  out["memory"] = memory_name(plan);
+  if (plan.memory != Plan::Memory::Host) {
+    const nvio::GpuInfo& gpu = nvio::gpu_info();
+    out["device"] = {{"ordinal", plan.device},
+                     {"name", gpu.devices.at(static_cast<std::size_t>(plan.device)).name},
+                     {"gds_mode", nvio::to_string(gpu.gds_mode)},
+                     {"gds_reason", gpu.gds_reason}};
+  }
   out["version"] = nvio::version();
   fmt::print("{}\n", out.dump(2));
 }
@@ -480,6 +598,12 @@ void print_table(const std::vector<OpResult>& results, const nvio::Handle& handl
   if (!plan.options.config_profile.empty()) {
     fmt::print("settings from {} (profile {}): {}\n", plan.options.config_path,
                plan.options.config_profile, configured_names(plan.options));
+  }
+  if (plan.memory != Plan::Memory::Host) {
+    const nvio::GpuInfo& gpu = nvio::gpu_info();
+    fmt::print("memory {} on device {} ({}); GDS {} ({})\n", memory_name(plan), plan.device,
+               gpu.devices.at(static_cast<std::size_t>(plan.device)).name,
+               nvio::to_string(gpu.gds_mode), gpu.gds_reason);
   }
   fmt::print("GB/s = 1e9 bytes/s, GiB/s = 2^30 bytes/s; seconds and CPU s/GB are medians\n\n");
   fmt::print("{:<6} {:>14} {:>10} {:>9} {:>9} {:>10} {:>9}\n", "op", "bytes", "seconds", "GB/s",
@@ -509,6 +633,15 @@ bool report_verification(const std::vector<OpResult>& results, const nvio::Handl
 int run_bench(const BenchArgs& args) {
   Plan plan = make_plan(args);
   nvio::Handle handle(plan.options.values);
+  if (plan.memory == Plan::Memory::H2dOnly) {
+    std::vector<OpResult> results = run_copies(plan);
+    if (plan.json) {
+      print_json(results, handle, plan);
+    } else {
+      print_table(results, handle, plan);
+    }
+    return report_verification(results, handle) ? kExitOk : kExitFailure;
+  }
   if (plan.scratch) {
     std::filesystem::create_directories(std::filesystem::path(plan.path).parent_path());
   }

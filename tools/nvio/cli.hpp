@@ -48,6 +48,12 @@ struct BenchArgs {
   bool verify = false;
   bool keep = false;
   bool json = false;
+  // Device memory: --gpu moves data between a cuMemAlloc buffer and the file (bounce path),
+  // --gds through cuFile; --h2d-only measures pinned host<->device copies and touches no file.
+  bool gpu = false;
+  bool gds = false;
+  bool h2d_only = false;
+  std::string device = "0";
 };
 
 struct TuneArgs {

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "cli.hpp"
+#include "nvio/gpu.hpp"
 #include "nvio/options.hpp"
 #include "nvio/system.hpp"
 
@@ -37,6 +38,7 @@ json options_to_json(const nvio::Options& o) {
   out["overlap_events"] = o.overlap_events;
   out["intra_op_parallelism"] = o.intra_op_parallelism;
   out["direct"] = nvio::to_string(o.direct);
+  out["gpu_direct"] = nvio::to_string(o.gpu_direct);
   return out;
 }
 
@@ -101,6 +103,34 @@ json dir_json(const std::string& dir) {
           {"source", info.source}};
 }
 
+// A version number as CUDA encodes it (1000 * major + 10 * minor): 13000 -> "13.0".
+json cuda_version(int v) {
+  if (v <= 0) return nullptr;
+  return fmt::format("{}.{}", v / 1000, (v % 1000) / 10);
+}
+
+json gpu_json() {
+  const nvio::GpuInfo& g = nvio::gpu_info();
+  json devices = json::array();
+  for (const auto& d : g.devices) {
+    devices.push_back({{"ordinal", d.ordinal},
+                       {"name", d.name},
+                       {"memory", d.total_memory},
+                       {"pci_bus_id", d.pci_bus_id}});
+  }
+  return {{"driver",
+           {{"loaded", g.driver_loaded},
+            {"path", g.driver_path},
+            {"reason", g.driver_reason},
+            {"version", cuda_version(g.driver_version)}}},
+          {"runtime",
+           {{"path", g.runtime_path}, {"version", cuda_version(g.runtime_version.value_or(0))}}},
+          {"devices", devices},
+          {"cufile",
+           {{"loaded", g.cufile_loaded}, {"path", g.cufile_path}, {"reason", g.cufile_reason}}},
+          {"gds", {{"mode", nvio::to_string(g.gds_mode)}, {"reason", g.gds_reason}}}};
+}
+
 json options_json(const nvio::EffectiveOptions& eff) {
   const json values = options_to_json(eff.values);
   json out = json::object();
@@ -127,6 +157,7 @@ json gather(const ReportArgs& args) {
           {"memlock_limit", optional_json(sys.memlock_limit)},
           {"aio_max_nr", optional_json(sys.aio_max_nr)},
           {"aio_nr", optional_json(sys.aio_nr)},
+          {"gpu", gpu_json()},
           {"options", options},
           {"config", config_to_json(eff)}};
 }
@@ -158,6 +189,28 @@ void print_text(const json& r) {
              memlock.is_null() ? "unlimited" : human_bytes(memlock.get<std::uint64_t>()));
   fmt::print("fs.aio-max-nr     {}\n", text_of(r["aio_max_nr"]));
   fmt::print("fs.aio-nr         {}\n", text_of(r["aio_nr"]));
+  const json& g = r["gpu"];
+  fmt::print("gpu\n");
+  // Loaded: the version and where from; missing: why (the loader's message names the library).
+  const json& drv = g["driver"];
+  fmt::print("  CUDA driver     {}\n",
+             drv["loaded"].get<bool>()
+                 ? fmt::format("{} ({})", text_of(drv["version"]), drv["path"].get<std::string>())
+                 : "missing (" + drv["reason"].get<std::string>() + ")");
+  fmt::print("  CUDA runtime    {} ({})\n", text_of(g["runtime"]["version"]),
+             g["runtime"]["path"].get<std::string>());
+  for (const auto& d : g["devices"]) {
+    fmt::print("  device {:<8} {} ({}, {})\n", d["ordinal"].get<int>(),
+               d["name"].get<std::string>(), human_bytes(d["memory"].get<std::uint64_t>()),
+               d["pci_bus_id"].get<std::string>());
+  }
+  if (g["devices"].empty()) fmt::print("  devices         none\n");
+  const json& cf = g["cufile"];
+  fmt::print("  cuFile          {}\n", cf["loaded"].get<bool>()
+                                           ? "loaded (" + cf["path"].get<std::string>() + ")"
+                                           : "missing (" + cf["reason"].get<std::string>() + ")");
+  fmt::print("  GDS mode        {} ({})\n", g["gds"]["mode"].get<std::string>(),
+             g["gds"]["reason"].get<std::string>());
   const json& c = r["config"];
   if (c["path"].is_null()) {
     fmt::print("config file       none (NVIO_CONFIG=none, or no HOME)\n");

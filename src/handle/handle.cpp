@@ -381,7 +381,10 @@ void adopt_fd(Operation& op, int fd, DirectIo direct) {
   }
 }
 
-void plan(Operation& op, std::size_t block_size) {
+// The size of a worker's bounce chunks: one piece of block_size each.
+std::size_t bounce_chunk_size(std::size_t block_size) { return round_up(block_size, 4096); }
+
+void plan(Operation& op, std::size_t block_size, DirectIo direct) {
   op.head_end = op.offset;
   op.tail_begin = op.end();
   op.piece_size = block_size;
@@ -406,6 +409,28 @@ void plan(Operation& op, std::size_t block_size) {
       op.tail_begin = std::max(round_down(op.end(), a), op.head_end);
       op.piece_size =
           static_cast<std::size_t>(std::max<std::uint64_t>(a, round_down(block_size, a)));
+      // A bounce chunk holds block_size bytes. Where the split granularity is larger (a file
+      // system with an st_blksize above block_size, e.g. NFS or a striped XFS), a direct piece or
+      // a device-memory edge could be longer than its chunk; such an operation, if any of it is
+      // bounced, goes through the page cache instead, where pieces are block_size long.
+      const auto middle = reinterpret_cast<std::uintptr_t>(op.buf + (op.head_end - op.offset));
+      const bool bounced = op.memory == MemoryKind::Device || middle % op.mem_align != 0;
+      if (bounced && a > bounce_chunk_size(block_size)) {
+        if (direct == DirectIo::On) {
+          throw InvalidArgument(fmt::format(
+              "{}: its file system splits direct I/O at {} bytes, more than the block size {} "
+              "that bounce buffers hold, and direct=on forbids buffered I/O for this unaligned "
+              "or device-memory transfer: raise block_size to at least {}",
+              op.path, a, block_size, a));
+        }
+        warn(fmt::format("{}: its file system splits direct I/O at {} bytes, more than the block "
+                         "size {} that bounce buffers hold; this unaligned or device-memory "
+                         "transfer uses buffered I/O (raise block_size to at least {} for direct "
+                         "I/O)",
+                         op.path, a, block_size, a),
+             "bounce-split");
+        op.direct_fd = -1;
+      }
       if ((op.has_head() || op.tail_begin < op.end()) && op.buffered_fd < 0) {
         throw InvalidArgument(fmt::format(
             "{}: offset {} and length {} are not aligned to {} bytes, and no buffered descriptor "
@@ -464,7 +489,7 @@ OperationPtr Handle::Impl::prepare(Direction dir, std::byte* buf, std::size_t le
     if (fd < 0) throw InvalidArgument(fmt::format("file descriptor {} is negative", fd));
     adopt_fd(*op, fd, options.direct);
   }
-  plan(*op, options.block_size);
+  plan(*op, options.block_size, options.direct);
   if (op->memory == MemoryKind::Device) prepare_device(*op);
   op->remaining.store(op->piece_count);
   return op;
@@ -723,7 +748,7 @@ void Handle::Impl::worker_main(unsigned /*index*/, std::promise<void> ready) {
   const unsigned qd = options.queue_depth;
   // Bounce chunks cover one piece each; 64 MiB of them per worker keeps the disk busy without
   // pinning queue_depth x block_size of memory.
-  const std::size_t chunk = round_up(options.block_size, 4096);
+  const std::size_t chunk = bounce_chunk_size(options.block_size);
   const std::size_t bounce_count =
       std::min<std::size_t>(qd, std::max<std::size_t>(2, (std::size_t{64} << 20) / chunk));
   detail::BouncePool pool(chunk, bounce_count);

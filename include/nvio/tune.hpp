@@ -55,8 +55,8 @@ struct TuneSpace {
 };
 
 struct TuneSample {
-  double gbps = 0;            // bytes / elapsed seconds / 1e9
-  double cpu_seconds = 0;     // process CPU time (user + system) spent by the trial
+  double gbps = 0;         // bytes / elapsed seconds / 1e9
+  double cpu_seconds = 0;  // process CPU time (user + system) spent by the trial
   double bytes = 0;
 };
 
@@ -82,8 +82,8 @@ struct TunePoint {
 
 struct TunePick {
   Options options;
-  double gbps = 0;           // median
-  double spread = 0;         // over its repeats
+  double gbps = 0;    // median
+  double spread = 0;  // over its repeats
   std::size_t repeats = 0;
   double cpu_seconds_per_gb = 0;
   double runner_up_gbps = 0;  // the best other point's median (0 when none)
@@ -126,7 +126,7 @@ struct TuneResult {
   std::optional<MixedPick> mixed;
   // Filled by tune_directory.
   std::string directory;
-  std::string device;      // profile key, "dev:MAJOR:MINOR"
+  std::string device;  // profile key, "dev:MAJOR:MINOR"
   std::string filesystem;
   std::uint64_t file_size = 0;
   std::uint64_t trial_bytes = 0;

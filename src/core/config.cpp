@@ -1,6 +1,7 @@
 #include "nvio/config.hpp"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -9,11 +10,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
-
-#include <fmt/format.h>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "nvio/errors.hpp"
 
@@ -34,7 +32,8 @@ unsigned json_unsigned(const json& v, const std::string& path, const std::string
 }
 
 bool json_bool(const json& v, const std::string& path, const std::string& where) {
-  if (!v.is_boolean()) malformed(path, fmt::format("{} must be true or false, got {}", where, v.dump()));
+  if (!v.is_boolean())
+    malformed(path, fmt::format("{} must be true or false, got {}", where, v.dump()));
   return v.get<bool>();
 }
 
@@ -93,8 +92,11 @@ json options_json(const OptionOverrides& o) {
 }
 
 json profile_json(const ConfigProfile& p) {
-  return json{{"directory", p.directory}, {"filesystem", p.filesystem}, {"saved_at", p.saved_at},
-              {"note", p.note},           {"options", options_json(p.options)}};
+  return json{{"directory", p.directory},
+              {"filesystem", p.filesystem},
+              {"saved_at", p.saved_at},
+              {"note", p.note},
+              {"options", options_json(p.options)}};
 }
 
 ConfigFile parse_file(const std::string& text, const std::string& path) {
@@ -145,8 +147,9 @@ std::string config_path(const EnvLookup& getenv_fn) {
     const std::string p = explicit_path;
     if (p == "none") return {};
     if (p.empty()) {
-      throw InvalidArgument("NVIO_CONFIG is set but empty: give a file path, or 'none' to turn "
-                            "the configuration file off");
+      throw InvalidArgument(
+          "NVIO_CONFIG is set but empty: give a file path, or 'none' to turn "
+          "the configuration file off");
     }
     return p;
   }
@@ -197,8 +200,9 @@ std::optional<ConfigProfile> select_profile(const ConfigFile& file, const std::s
 
 void save_profile(const std::string& path, const ConfigProfile& profile) {
   if (path.empty()) {
-    throw InvalidArgument("no configuration file to save to: NVIO_CONFIG is 'none', or neither "
-                          "XDG_CONFIG_HOME nor HOME is set");
+    throw InvalidArgument(
+        "no configuration file to save to: NVIO_CONFIG is 'none', or neither "
+        "XDG_CONFIG_HOME nor HOME is set");
   }
   ConfigFile file = load_config(path).value_or(ConfigFile{});
   json profiles = json::object();

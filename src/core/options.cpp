@@ -1,12 +1,12 @@
 #include "nvio/options.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cstdlib>
 #include <limits>
-
-#include <fmt/format.h>
 
 #include "nvio/config.hpp"
 #include "nvio/errors.hpp"
@@ -52,7 +52,8 @@ std::string lower(std::string s) {
 
 [[noreturn]] void reject(const std::string& what, const std::string& text,
                          const std::string& expected) {
-  throw InvalidArgument(fmt::format("invalid value '{}' for {}: expected {}", text, what, expected));
+  throw InvalidArgument(
+      fmt::format("invalid value '{}' for {}: expected {}", text, what, expected));
 }
 
 }  // namespace
@@ -117,9 +118,8 @@ std::size_t parse_size(const std::string& text, const std::string& what) {
     reject(what, text, "a size in bytes, optionally with a K, M, G or T suffix");
   }
   static const std::map<std::string, unsigned> kShifts = {
-      {"", 0},    {"b", 0},    {"k", 10},   {"kb", 10}, {"kib", 10}, {"m", 20},
-      {"mb", 20}, {"mib", 20}, {"g", 30},   {"gb", 30}, {"gib", 30}, {"t", 40},
-      {"tb", 40}, {"tib", 40}};
+      {"", 0},     {"b", 0},  {"k", 10},  {"kb", 10},  {"kib", 10}, {"m", 20},  {"mb", 20},
+      {"mib", 20}, {"g", 30}, {"gb", 30}, {"gib", 30}, {"t", 40},   {"tb", 40}, {"tib", 40}};
   const auto it = kShifts.find(lower(std::string(ptr, end)));
   if (it == kShifts.end()) {
     reject(what, text, "a size in bytes, optionally with a K, M, G or T suffix");
@@ -219,8 +219,7 @@ EffectiveOptions resolve_options(const OptionOverrides& overrides, const EnvLook
   layer("intra_op_parallelism", o.intra_op_parallelism, saved.intra_op_parallelism,
         x.intra_op_parallelism, getenv, out, parse_unsigned);
   layer("direct", o.direct, saved.direct, x.direct, getenv, out, parse_direct);
-  layer("gpu_direct", o.gpu_direct, saved.gpu_direct, x.gpu_direct, getenv, out,
-        parse_gpu_direct);
+  layer("gpu_direct", o.gpu_direct, saved.gpu_direct, x.gpu_direct, getenv, out, parse_gpu_direct);
   try {
     o.validate();
   } catch (const InvalidArgument& e) {

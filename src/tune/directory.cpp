@@ -1,5 +1,6 @@
 // The tuner's real measurer: trials that read and write a scratch file with nvio::Handle.
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -12,8 +13,6 @@
 #include <chrono>
 #include <filesystem>
 #include <map>
-
-#include <fmt/format.h>
 
 #include "handle/file.hpp"
 #include "nvio/config.hpp"
@@ -40,10 +39,9 @@ std::string filesystem_name(const std::string& dir) {
   struct statfs fs {};
   if (::statfs(dir.c_str(), &fs) != 0) return "unknown";
   static const std::map<unsigned long, const char*> kNames = {
-      {0xEF53, "ext4"},       {0x58465342, "xfs"},   {0x9123683E, "btrfs"},
-      {0x01021994, "tmpfs"},  {0x858458f6, "ramfs"}, {0x6969, "nfs"},
-      {0x794c7630, "overlay"}, {0xF2F52010, "f2fs"},  {0x2fc12fc1, "zfs"},
-      {0xff534d42, "cifs"},   {0x65735546, "fuse"},  {0x4d44, "vfat"}};
+      {0xEF53, "ext4"},      {0x58465342, "xfs"},  {0x9123683E, "btrfs"},   {0x01021994, "tmpfs"},
+      {0x858458f6, "ramfs"}, {0x6969, "nfs"},      {0x794c7630, "overlay"}, {0xF2F52010, "f2fs"},
+      {0x2fc12fc1, "zfs"},   {0xff534d42, "cifs"}, {0x65735546, "fuse"},    {0x4d44, "vfat"}};
   const auto it = kNames.find(static_cast<unsigned long>(fs.f_type));
   return it == kNames.end() ? fmt::format("0x{:x}", static_cast<unsigned long>(fs.f_type))
                             : it->second;
@@ -105,7 +103,8 @@ class FileMeasurer final : public Measurer {
       handle.read(buffer_.data(), trial_, path_, offset);
     } else {
       // fdatasync at the end: the time until the data is on the drive, not in the page cache.
-      handle.write(buffer_.data(), trial_, path_, offset, WriteOptions{Truncate::No, Durability::Data});
+      handle.write(buffer_.data(), trial_, path_, offset,
+                   WriteOptions{Truncate::No, Durability::Data});
     }
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     TuneSample s;
@@ -163,14 +162,15 @@ TuneResult tune_directory(const TuneRequest& request) {
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0) throw_io_error(IoOp::Stat, dir, 0, 0, errno);
   if (!S_ISDIR(st.st_mode)) {
-    throw InvalidArgument(fmt::format("{}: not a directory (tune needs a directory to put its "
-                                      "scratch file in)",
-                                      dir));
+    throw InvalidArgument(
+        fmt::format("{}: not a directory (tune needs a directory to put its "
+                    "scratch file in)",
+                    dir));
   }
   const std::uint64_t mib = 1 << 20;
   if (request.file_size < 16 * mib) {
-    throw InvalidArgument(fmt::format(
-        "tuning file size must be at least 16 MiB, got {} bytes", request.file_size));
+    throw InvalidArgument(
+        fmt::format("tuning file size must be at least 16 MiB, got {} bytes", request.file_size));
   }
   if (request.trial_bytes > request.file_size) {
     throw InvalidArgument(fmt::format("trial size {} is larger than the file size {}",
@@ -207,14 +207,16 @@ TuneResult tune_directory(const TuneRequest& request) {
   // and note how fast that went, to size the trials.
   std::uint64_t trial = request.trial_bytes;
   {
-    const std::size_t chunk = static_cast<std::size_t>(std::min<std::uint64_t>(request.file_size, 64 * mib));
+    const std::size_t chunk =
+        static_cast<std::size_t>(std::min<std::uint64_t>(request.file_size, 64 * mib));
     AlignedBuffer buf(chunk, LockMode::Try);
     Options o;
     o.direct = dio.supported ? DirectIo::On : DirectIo::Off;
     Handle h(o);
     const auto t0 = Clock::now();
     for (std::uint64_t off = 0; off < request.file_size; off += chunk) {
-      const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(chunk, request.file_size - off));
+      const std::size_t n =
+          static_cast<std::size_t>(std::min<std::uint64_t>(chunk, request.file_size - off));
       pattern::fill(buf.data(), n, off, 0x7475'6e65);
       const bool last = off + n == request.file_size;
       h.write(buf.data(), n, file.path(), off,
@@ -225,7 +227,8 @@ TuneResult tune_directory(const TuneRequest& request) {
     if (trial == 0) {
       const double speed = double(request.file_size) / std::max(secs, 1e-6);
       const std::uint64_t want = static_cast<std::uint64_t>(speed * 0.25) / mib * mib;
-      trial = std::clamp<std::uint64_t>(want, 32 * mib, std::max<std::uint64_t>(32 * mib, request.file_size / 4));
+      trial = std::clamp<std::uint64_t>(want, 32 * mib,
+                                        std::max<std::uint64_t>(32 * mib, request.file_size / 4));
       trial = std::min(trial, request.file_size);
     }
   }

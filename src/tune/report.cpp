@@ -1,9 +1,8 @@
 // The tuner's result as JSON and as a configuration profile: one format for the CLI and Python.
-#include <ctime>
-#include <filesystem>
-
 #include <fmt/format.h>
 
+#include <ctime>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "nvio/system.hpp"
@@ -15,20 +14,20 @@ namespace {
 using nlohmann::json;
 
 json options_json(const Options& o) {
-  return {{"engine", to_string(o.engine)},
-          {"block_size", o.block_size},
-          {"queue_depth", o.queue_depth},
-          {"single_submit", o.single_submit},
-          {"overlap_events", o.overlap_events},
-          {"intra_op_parallelism", o.intra_op_parallelism},
+  return {{"engine", to_string(o.engine)},      {"block_size", o.block_size},
+          {"queue_depth", o.queue_depth},       {"single_submit", o.single_submit},
+          {"overlap_events", o.overlap_events}, {"intra_op_parallelism", o.intra_op_parallelism},
           {"direct", to_string(o.direct)}};
 }
 
 json pick_json(const std::optional<TunePick>& p) {
   if (!p) return nullptr;
-  return {{"options", options_json(p->options)}, {"median_gbps", p->gbps},
-          {"spread", p->spread},                 {"repeats", p->repeats},
-          {"cpu_s_per_gb", p->cpu_seconds_per_gb}, {"runner_up_gbps", p->runner_up_gbps}};
+  return {{"options", options_json(p->options)},
+          {"median_gbps", p->gbps},
+          {"spread", p->spread},
+          {"repeats", p->repeats},
+          {"cpu_s_per_gb", p->cpu_seconds_per_gb},
+          {"runner_up_gbps", p->runner_up_gbps}};
 }
 
 const char* pick_name(const TuneResult& r) {

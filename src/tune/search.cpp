@@ -1,12 +1,12 @@
 // The tuner's search: where the measurements go. See include/nvio/tune.hpp for the outline.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <limits>
 #include <map>
 #include <thread>
-
-#include <fmt/format.h>
 
 #include "nvio/errors.hpp"
 #include "nvio/system.hpp"
@@ -95,7 +95,8 @@ void TuneSpace::validate() const {
     if (e == EngineKind::Auto) throw InvalidArgument("the tuning space must name concrete engines");
   }
   for (DirectIo d : direct) {
-    if (d == DirectIo::Auto) throw InvalidArgument("the tuning space's direct modes must be on or off");
+    if (d == DirectIo::Auto)
+      throw InvalidArgument("the tuning space's direct modes must be on or off");
   }
   Options probe;
   for (std::size_t b : block_sizes) {
@@ -294,8 +295,8 @@ class Searcher {
   // The first sample of a mode is always taken, so that even a budget eaten by the setup yields
   // a (rough) answer.
   bool sample(TuneMode mode, const Coord& c, double deadline, const char* phase) {
-    const bool first = std::none_of(coords_.begin(), coords_.end(),
-                                    [&](const Key& k) { return k.first == mode; });
+    const bool first =
+        std::none_of(coords_.begin(), coords_.end(), [&](const Key& k) { return k.first == mode; });
     if (!first && m_.now() + trial_estimate(mode, c) > deadline) return false;
     const TuneSample s = m_.measure(space_.options(c), mode);
     auto it = index_.find(Key{mode, c});
@@ -341,8 +342,9 @@ class Searcher {
     for (const Key& k : coords_) {
       if (k.first == mode) out.push_back(k.second);
     }
-    std::stable_sort(out.begin(), out.end(),
-                     [&](const Coord& a, const Coord& b) { return value(mode, a) > value(mode, b); });
+    std::stable_sort(out.begin(), out.end(), [&](const Coord& a, const Coord& b) {
+      return value(mode, a) > value(mode, b);
+    });
     return out;
   }
 
@@ -572,9 +574,8 @@ TuneResult search(const TuneSpace& space, Measurer& measurer, const TuneSettings
   }
   if (settings.strategy == TuneStrategy::Search &&
       (!std::isfinite(settings.budget_s) || settings.budget_s <= 0)) {
-    throw InvalidArgument(
-        fmt::format("the tuning budget must be a positive number of seconds, got {}",
-                    settings.budget_s));
+    throw InvalidArgument(fmt::format(
+        "the tuning budget must be a positive number of seconds, got {}", settings.budget_s));
   }
   TuneResult result;
   result.strategy = settings.strategy;

@@ -1,5 +1,7 @@
 // The configuration file: where it is, its strict format, the save/load round trip, profile
 // selection by device, and its place in the precedence default < config < environment < explicit.
+#include "nvio/config.hpp"
+
 #include <sys/stat.h>
 
 #include <filesystem>
@@ -8,7 +10,6 @@
 #include <map>
 #include <string>
 
-#include "nvio/config.hpp"
 #include "test_util.hpp"
 
 namespace nvio_test {
@@ -28,9 +29,7 @@ struct Env {
   }
 };
 
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream(path) << text;
-}
+void write_text(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 
 nvio::ConfigProfile sample_profile(const std::string& dir) {
   nvio::ConfigProfile p;
@@ -239,8 +238,7 @@ TEST(Config, MalformedFilesAreErrorsNamingTheFileAndKey) {
   EXPECT_EQ(nvio::resolve_options(o, env.lookup()).values.queue_depth, 2u);
   // save_profile refuses to overwrite a file it cannot read, rather than losing other profiles.
   write_text(path, "{broken");
-  EXPECT_TRUE(throws_naming([&] { nvio::save_profile(path, sample_profile(dir.path())); },
-                            {path}));
+  EXPECT_TRUE(throws_naming([&] { nvio::save_profile(path, sample_profile(dir.path())); }, {path}));
 }
 
 TEST(Config, UnwritableLocationIsAnIoError) {

@@ -1,11 +1,12 @@
 // The tuner's search on simulated throughput surfaces (with noise and a virtual clock): it must
 // find the optimum (within 5%) in far fewer trials than the grid, keep to its budget, and report
 // what it measured consistently. The real file measurer is exercised end to end by the CLI tests.
+#include "nvio/tune.hpp"
+
 #include <cmath>
 #include <map>
 #include <random>
 
-#include "nvio/tune.hpp"
 #include "test_util.hpp"
 
 namespace nvio_test {
@@ -45,8 +46,8 @@ class SimulatedDrive final : public nvio::Measurer {
       g = 2.2 * std::exp(-0.08 * (lb - 22) * (lb - 22));
       g *= 1 - std::exp(-0.6 * o.intra_op_parallelism);
     } else {
-      g *= 1 - std::exp(-0.9 * (lq + 1) * 0.5) * 0.9;   // saturates with depth
-      g *= 1 - 0.02 * std::max(0.0, lq - 5);             // too deep costs a little
+      g *= 1 - std::exp(-0.9 * (lq + 1) * 0.5) * 0.9;  // saturates with depth
+      g *= 1 - 0.02 * std::max(0.0, lq - 5);           // too deep costs a little
       g *= o.intra_op_parallelism == 2 ? 1.0 : (o.intra_op_parallelism == 1 ? 0.9 : 0.93);
       if (o.engine == EngineKind::Libaio) g *= 0.96;
       if (o.single_submit) g *= 0.94;

@@ -1,6 +1,9 @@
 // `nvio tune`: searches handle options for a directory within a time budget, prints the best ones
 // for read, write and mixed use (and DeepSpeed's "aio" section), and with --save writes them to the
 // configuration file that nvio then uses by default.
+#include "nvio/tune.hpp"
+
+#include <fmt/core.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -10,13 +13,10 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include <fmt/core.h>
-
 #include "cli.hpp"
 #include "nvio/config.hpp"
 #include "nvio/errors.hpp"
 #include "nvio/system.hpp"
-#include "nvio/tune.hpp"
 
 namespace nvio_cli {
 
@@ -96,8 +96,8 @@ void print_table(const nvio::TuneResult& r) {
     for (const auto& p : r.points) n += p.samples.size();
     return n;
   }();
-  fmt::print("nvio tune: {} ({}, {}), {} file, {} per trial\n", r.directory, r.filesystem,
-             r.device, human_bytes(r.file_size), human_bytes(r.trial_bytes));
+  fmt::print("nvio tune: {} ({}, {}), {} file, {} per trial\n", r.directory, r.filesystem, r.device,
+             human_bytes(r.file_size), human_bytes(r.trial_bytes));
   if (r.strategy == nvio::TuneStrategy::Grid) {
     fmt::print("grid: {} configurations, {} trials in {:.1f} s\n\n", r.points.size(), measured,
                r.elapsed_s);
@@ -117,9 +117,10 @@ void print_table(const nvio::TuneResult& r) {
   if (r.mixed) {
     fmt::print("{:<6} {:>7.3f} {:>8} {:>8} {:>9}  {}\n", "mixed", r.mixed->mixed_gbps, "", "", "",
                describe(r.mixed->options));
-    fmt::print("       (read {:.3f} GB/s, write {:.3f} GB/s; mixed = harmonic mean, equal bytes "
-               "each way)\n",
-               r.mixed->read_gbps, r.mixed->write_gbps);
+    fmt::print(
+        "       (read {:.3f} GB/s, write {:.3f} GB/s; mixed = harmonic mean, equal bytes "
+        "each way)\n",
+        r.mixed->read_gbps, r.mixed->write_gbps);
   }
   fmt::print("\nHow sure: spread is (max - min) / median over the pick's repeats.");
   for (const auto& [name, pick] : {std::pair{"read", r.read}, std::pair{"write", r.write}}) {
@@ -135,9 +136,10 @@ void print_table(const nvio::TuneResult& r) {
   fmt::print("\nDeepSpeed config, \"aio\" section for the {} pick:\n{}\n",
              doc["recommended"].get<std::string>(), doc["deepspeed"].dump(2));
   if (best.engine != nvio::EngineKind::Libaio || best.direct != nvio::DirectIo::On) {
-    fmt::print("(DeepSpeed itself always uses libaio with O_DIRECT; nvio's aio_handle also takes "
-               "engine {} and direct {} from the saved configuration)\n",
-               nvio::to_string(best.engine), nvio::to_string(best.direct));
+    fmt::print(
+        "(DeepSpeed itself always uses libaio with O_DIRECT; nvio's aio_handle also takes "
+        "engine {} and direct {} from the saved configuration)\n",
+        nvio::to_string(best.engine), nvio::to_string(best.direct));
   }
 }
 
@@ -163,8 +165,9 @@ class ProgressLine {
       best = fmt::format("{:.2f} GB/s {} {} qd{} x{}", p.best->gbps, nvio::to_string(o.engine),
                          human_bytes(o.block_size), o.queue_depth, o.intra_op_parallelism);
     }
-    const std::string clock = p.budget_s > 0 ? fmt::format("{:5.1f}/{:.0f} s", p.elapsed_s, p.budget_s)
-                                             : fmt::format("{:6.1f} s", p.elapsed_s);
+    const std::string clock = p.budget_s > 0
+                                  ? fmt::format("{:5.1f}/{:.0f} s", p.elapsed_s, p.budget_s)
+                                  : fmt::format("{:6.1f} s", p.elapsed_s);
     std::fprintf(stderr, "\r\033[K%s  %-5s %-7s %4zu points  best %s", clock.c_str(),
                  nvio::to_string(p.mode), p.phase.c_str(), p.points, best.c_str());
     std::fflush(stderr);

@@ -144,29 +144,24 @@ template <typename T>
 std::optional<T> checked(const std::optional<long long>& v, const char* name, long long max) {
   if (!v) return std::nullopt;
   if (*v < 1 || *v > max) {
-    throw nvio::InvalidArgument(
-        std::string(name) + " must be between 1 and " + std::to_string(max) + ", got " +
-        std::to_string(*v));
+    throw nvio::InvalidArgument(std::string(name) + " must be between 1 and " +
+                                std::to_string(max) + ", got " + std::to_string(*v));
   }
   return static_cast<T>(*v);
 }
 
-nvio::OptionOverrides overrides(const std::optional<std::string>& engine,
-                                const std::optional<long long>& block_size,
-                                const std::optional<long long>& queue_depth,
-                                const std::optional<bool>& single_submit,
-                                const std::optional<bool>& overlap_events,
-                                const std::optional<long long>& intra_op_parallelism,
-                                const std::optional<std::string>& direct,
-                                const std::optional<std::string>& gpu_direct) {
+nvio::OptionOverrides overrides(
+    const std::optional<std::string>& engine, const std::optional<long long>& block_size,
+    const std::optional<long long>& queue_depth, const std::optional<bool>& single_submit,
+    const std::optional<bool>& overlap_events, const std::optional<long long>& intra_op_parallelism,
+    const std::optional<std::string>& direct, const std::optional<std::string>& gpu_direct) {
   nvio::OptionOverrides o;
   if (engine) o.engine = nvio::parse_engine(*engine);
   if (block_size && (*block_size < static_cast<long long>(nvio::kMinBlockSize) ||
                      *block_size > static_cast<long long>(nvio::kMaxBlockSize))) {
-    throw nvio::InvalidArgument("block_size must be between " +
-                                std::to_string(nvio::kMinBlockSize) + " and " +
-                                std::to_string(nvio::kMaxBlockSize) + " bytes, got " +
-                                std::to_string(*block_size));
+    throw nvio::InvalidArgument(
+        "block_size must be between " + std::to_string(nvio::kMinBlockSize) + " and " +
+        std::to_string(nvio::kMaxBlockSize) + " bytes, got " + std::to_string(*block_size));
   }
   if (block_size) o.block_size = static_cast<std::size_t>(*block_size);
   o.queue_depth = checked<unsigned>(queue_depth, "queue_depth", nvio::kMaxQueueDepth);
@@ -433,32 +428,32 @@ PYBIND11_MODULE(_nvio, m) {
     return nvio::is_locked_by_nvio(as_ptr(addr), nbytes);
   });
 
-  m.def("resolve_options", [](std::optional<std::string> engine,
-                              std::optional<long long> block_size,
-                              std::optional<long long> queue_depth,
-                              std::optional<bool> single_submit, std::optional<bool> overlap_events,
-                              std::optional<long long> intra_op_parallelism,
-                              std::optional<std::string> direct,
-                              std::optional<std::string> gpu_direct,
-                              const std::string& config_dir) {
-    const nvio::EffectiveOptions eff = nvio::resolve_options(
-        overrides(engine, block_size, queue_depth, single_submit, overlap_events,
-                  intra_op_parallelism, direct, gpu_direct),
-        {}, config_dir);
-    py::dict sources;
-    for (const auto& [name, src] : eff.sources) sources[py::str(name)] = nvio::to_string(src);
-    py::dict config;
-    config["path"] = eff.config_path.empty() ? py::object(py::none()) : py::str(eff.config_path);
-    config["found"] = eff.config_found;
-    config["profile"] =
-        eff.config_profile.empty() ? py::object(py::none()) : py::str(eff.config_profile);
-    return py::make_tuple(options_dict(eff.values), sources, config);
-  },
-  py::arg("engine") = py::none(), py::arg("block_size") = py::none(),
-  py::arg("queue_depth") = py::none(), py::arg("single_submit") = py::none(),
-  py::arg("overlap_events") = py::none(), py::arg("intra_op_parallelism") = py::none(),
-  py::arg("direct") = py::none(), py::arg("gpu_direct") = py::none(),
-  py::arg("config_dir") = std::string());
+  m.def(
+      "resolve_options",
+      [](std::optional<std::string> engine, std::optional<long long> block_size,
+         std::optional<long long> queue_depth, std::optional<bool> single_submit,
+         std::optional<bool> overlap_events, std::optional<long long> intra_op_parallelism,
+         std::optional<std::string> direct, std::optional<std::string> gpu_direct,
+         const std::string& config_dir) {
+        const nvio::EffectiveOptions eff = nvio::resolve_options(
+            overrides(engine, block_size, queue_depth, single_submit, overlap_events,
+                      intra_op_parallelism, direct, gpu_direct),
+            {}, config_dir);
+        py::dict sources;
+        for (const auto& [name, src] : eff.sources) sources[py::str(name)] = nvio::to_string(src);
+        py::dict config;
+        config["path"] =
+            eff.config_path.empty() ? py::object(py::none()) : py::str(eff.config_path);
+        config["found"] = eff.config_found;
+        config["profile"] =
+            eff.config_profile.empty() ? py::object(py::none()) : py::str(eff.config_profile);
+        return py::make_tuple(options_dict(eff.values), sources, config);
+      },
+      py::arg("engine") = py::none(), py::arg("block_size") = py::none(),
+      py::arg("queue_depth") = py::none(), py::arg("single_submit") = py::none(),
+      py::arg("overlap_events") = py::none(), py::arg("intra_op_parallelism") = py::none(),
+      py::arg("direct") = py::none(), py::arg("gpu_direct") = py::none(),
+      py::arg("config_dir") = std::string());
 
   // ---- tuning -----------------------------------------------------------------------------
   // Runs nvio::tune_directory without the GIL and returns its JSON document (the same format as
@@ -490,16 +485,7 @@ PYBIND11_MODULE(_nvio, m) {
         if (engines) {
           req.space.engines.clear();
           for (const std::string& e : *engines) {
-            const nvio::EngineKind k = nvio::parse_engine(e, "engines");
-            if (k == nvio::EngineKind::Auto) {
-              throw nvio::InvalidArgument("engines: name concrete engines, not auto");
-            }
-            const nvio::EngineProbe& probe = nvio::probe_engine(k);
-            if (!probe.available) {
-              throw nvio::EngineUnavailable(std::string("engines: ") + nvio::to_string(k) +
-                                            " is not available here: " + probe.reason);
-            }
-            req.space.engines.push_back(k);
+            req.space.engines.push_back(nvio::parse_engine(e, "engines"));
           }
         }
         const std::string config = save ? nvio::config_path() : std::string();
@@ -525,8 +511,8 @@ PYBIND11_MODULE(_nvio, m) {
   m.def("probe_engines", [] {
     return unlocked([] {
       std::map<std::string, std::pair<bool, std::string>> out;
-      for (auto k : {nvio::EngineKind::IoUring, nvio::EngineKind::Libaio,
-                     nvio::EngineKind::Psync}) {
+      for (auto k :
+           {nvio::EngineKind::IoUring, nvio::EngineKind::Libaio, nvio::EngineKind::Psync}) {
         const auto& p = nvio::probe_engine(k);
         out[nvio::to_string(k)] = {p.available, p.reason};
       }
@@ -558,12 +544,14 @@ PYBIND11_MODULE(_nvio, m) {
     d["aio_nr"] = s.aio_nr ? py::cast(*s.aio_nr) : py::none();
     return d;
   });
-  m.def("pattern_fill", [](std::uintptr_t addr, std::size_t n, std::uint64_t off,
-                           std::uint64_t seed) { nvio::pattern::fill(as_ptr(addr), n, off, seed); });
-  m.def("pattern_first_mismatch", [](std::uintptr_t addr, std::size_t n, std::uint64_t off,
-                                     std::uint64_t seed) {
-    return nvio::pattern::first_mismatch(as_ptr(addr), n, off, seed);
-  });
+  m.def("pattern_fill",
+        [](std::uintptr_t addr, std::size_t n, std::uint64_t off, std::uint64_t seed) {
+          nvio::pattern::fill(as_ptr(addr), n, off, seed);
+        });
+  m.def("pattern_first_mismatch",
+        [](std::uintptr_t addr, std::size_t n, std::uint64_t off, std::uint64_t seed) {
+          return nvio::pattern::first_mismatch(as_ptr(addr), n, off, seed);
+        });
   // ---- GPU (issue 5) ---------------------------------------------------------------------------
   m.def("gpu_info", [] {
     // The first call probes (dlopen, cuInit, cuFileDriverOpen): without the GIL.

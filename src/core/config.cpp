@@ -139,6 +139,10 @@ ConfigFile parse_file(const std::string& text, const std::string& path) {
   return file;
 }
 
+std::string key_of(const struct stat& st) {
+  return fmt::format("dev:{}:{}", major(st.st_dev), minor(st.st_dev));
+}
+
 }  // namespace
 
 std::string config_path(const EnvLookup& getenv_fn) {
@@ -165,7 +169,7 @@ std::string config_path(const EnvLookup& getenv_fn) {
 std::string device_key(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) throw_io_error(IoOp::Stat, path, 0, 0, errno);
-  return fmt::format("dev:{}:{}", major(st.st_dev), minor(st.st_dev));
+  return key_of(st);
 }
 
 std::optional<ConfigFile> load_config(const std::string& path) {
@@ -191,7 +195,7 @@ std::optional<ConfigProfile> select_profile(const ConfigFile& file, const std::s
   if (!directory.empty()) {
     struct stat st {};
     if (::stat(directory.c_str(), &st) == 0) {
-      if (auto p = find(fmt::format("dev:{}:{}", major(st.st_dev), minor(st.st_dev)))) return p;
+      if (auto p = find(key_of(st))) return p;
     }
   }
   if (file.default_key.empty()) return std::nullopt;

@@ -14,12 +14,6 @@
 namespace nvio::cuda {
 namespace {
 
-template <typename Fn>
-void resolve(const Library& lib, const char* name, Fn& fn, std::string& missing) {
-  fn = reinterpret_cast<Fn>(lib.symbol(name));
-  if (fn == nullptr && missing.empty()) missing = name;
-}
-
 struct CuFileErrorInfo {
   const char* name;
   const char* text;

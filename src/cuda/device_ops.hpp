@@ -61,14 +61,25 @@ std::shared_ptr<DeviceOps> device_ops_override();
                                   const std::string& path = {}, std::uint64_t offset = 0,
                                   std::uint64_t length = 0);
 
-// RAII owners of one stream / event of `ops` (move-only).
-class Stream {
+// RAII owner of one stream or event of `ops` (move-only): the two differ only in which create and
+// destroy calls they make.
+enum class HandleKind { Stream, Event };
+
+template <HandleKind Kind>
+class OwnedHandle {
  public:
-  Stream() = default;
-  explicit Stream(DeviceOps& ops);  // throws GpuError
-  ~Stream() { reset(); }
-  Stream(Stream&& o) noexcept : ops_(o.ops_), handle_(o.handle_) { o.handle_ = nullptr; }
-  Stream& operator=(Stream&& o) noexcept {
+  OwnedHandle() = default;
+  explicit OwnedHandle(DeviceOps& ops) : ops_(&ops) {  // throws GpuError
+    const int rc =
+        Kind == HandleKind::Stream ? ops.stream_create(&handle_) : ops.event_create(&handle_);
+    if (rc != kSuccess) {
+      handle_ = nullptr;
+      throw_gpu_error(ops, Kind == HandleKind::Stream ? "cuStreamCreate" : "cuEventCreate", rc);
+    }
+  }
+  ~OwnedHandle() { reset(); }
+  OwnedHandle(OwnedHandle&& o) noexcept : ops_(o.ops_), handle_(o.handle_) { o.handle_ = nullptr; }
+  OwnedHandle& operator=(OwnedHandle&& o) noexcept {
     if (this != &o) {
       reset();
       ops_ = o.ops_;
@@ -80,33 +91,21 @@ class Stream {
   void* get() const noexcept { return handle_; }
 
  private:
-  void reset() noexcept;
-  DeviceOps* ops_ = nullptr;
-  void* handle_ = nullptr;
-};
-
-class Event {
- public:
-  Event() = default;
-  explicit Event(DeviceOps& ops);  // throws GpuError
-  ~Event() { reset(); }
-  Event(Event&& o) noexcept : ops_(o.ops_), handle_(o.handle_) { o.handle_ = nullptr; }
-  Event& operator=(Event&& o) noexcept {
-    if (this != &o) {
-      reset();
-      ops_ = o.ops_;
-      handle_ = o.handle_;
-      o.handle_ = nullptr;
+  void reset() noexcept {
+    if (handle_ == nullptr) return;
+    if (Kind == HandleKind::Stream) {
+      ops_->stream_destroy(handle_);
+    } else {
+      ops_->event_destroy(handle_);
     }
-    return *this;
+    handle_ = nullptr;
   }
-  void* get() const noexcept { return handle_; }
-
- private:
-  void reset() noexcept;
   DeviceOps* ops_ = nullptr;
   void* handle_ = nullptr;
 };
+
+using Stream = OwnedHandle<HandleKind::Stream>;
+using Event = OwnedHandle<HandleKind::Event>;
 
 // Keeps host memory registered (page-locked for DMA) with `ops` while it lives (move-only). A
 // failed registration leaves it empty; the caller decides whether that matters.

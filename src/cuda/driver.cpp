@@ -30,17 +30,6 @@ std::string Driver::error_string(int code) const {
   return "unknown CUDA error";
 }
 
-namespace {
-
-template <typename Fn>
-bool resolve(const Library& lib, const char* name, Fn& fn, std::string& missing) {
-  fn = reinterpret_cast<Fn>(lib.symbol(name));
-  if (fn == nullptr && missing.empty()) missing = name;
-  return fn != nullptr;
-}
-
-}  // namespace
-
 Driver load_driver(Library lib) {
   Driver d;
   d.lib = std::move(lib);
@@ -229,32 +218,6 @@ std::shared_ptr<DeviceOps> device_ops() {
 void throw_gpu_error(DeviceOps& ops, const char* api, int code, const std::string& path,
                      std::uint64_t offset, std::uint64_t length) {
   throw GpuError(api, code, ops.error_name(code), ops.error_string(code), path, offset, length);
-}
-
-Stream::Stream(DeviceOps& ops) : ops_(&ops) {
-  const int rc = ops.stream_create(&handle_);
-  if (rc != kSuccess) {
-    handle_ = nullptr;
-    throw_gpu_error(ops, "cuStreamCreate", rc);
-  }
-}
-
-void Stream::reset() noexcept {
-  if (handle_ != nullptr) ops_->stream_destroy(handle_);
-  handle_ = nullptr;
-}
-
-Event::Event(DeviceOps& ops) : ops_(&ops) {
-  const int rc = ops.event_create(&handle_);
-  if (rc != kSuccess) {
-    handle_ = nullptr;
-    throw_gpu_error(ops, "cuEventCreate", rc);
-  }
-}
-
-void Event::reset() noexcept {
-  if (handle_ != nullptr) ops_->event_destroy(handle_);
-  handle_ = nullptr;
 }
 
 Registration::Registration(DeviceOps& ops, void* ptr, std::size_t length, int& code) noexcept

@@ -42,4 +42,13 @@ class Library {
   std::string error_;
 };
 
+// Sets `fn` to the address of `name` in `lib` (null when missing) and records the first missing
+// name in `missing`, so that a loader can resolve a table of functions and report one reason.
+template <typename Fn>
+bool resolve(const Library& lib, const char* name, Fn& fn, std::string& missing) {
+  fn = reinterpret_cast<Fn>(lib.symbol(name));
+  if (fn == nullptr && missing.empty()) missing = name;
+  return fn != nullptr;
+}
+
 }  // namespace nvio::cuda

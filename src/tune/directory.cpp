@@ -157,6 +157,15 @@ class ScratchFile {
 TuneResult tune_directory(const TuneRequest& request) {
   const auto start = Clock::now();
   request.space.validate();
+  for (EngineKind e : request.space.engines) {
+    const EngineProbe& probe = probe_engine(e);
+    if (!probe.available) {
+      throw EngineUnavailable(
+          fmt::format("engine {} is not available here ({}): leave it out of "
+                      "the engines to tune",
+                      to_string(e), probe.reason));
+    }
+  }
   const std::string& dir = request.directory;
   if (dir.empty()) throw InvalidArgument("tuning needs a directory");
   struct stat st {};

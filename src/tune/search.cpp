@@ -92,12 +92,29 @@ void TuneSpace::validate() const {
   nonempty(overlap_events.empty(), "overlap_events values");
   nonempty(direct.empty(), "direct I/O modes");
   for (EngineKind e : engines) {
-    if (e == EngineKind::Auto) throw InvalidArgument("the tuning space must name concrete engines");
+    if (e == EngineKind::Auto) {
+      throw InvalidArgument(
+          "the tuning space must name concrete engines (io_uring, libaio, psync), not auto");
+    }
   }
   for (DirectIo d : direct) {
     if (d == DirectIo::Auto)
       throw InvalidArgument("the tuning space's direct modes must be on or off");
   }
+  // A value listed twice would be searched as two points that are one.
+  auto unique = [](auto v, const char* what) {
+    std::sort(v.begin(), v.end());
+    if (std::adjacent_find(v.begin(), v.end()) != v.end()) {
+      throw InvalidArgument(fmt::format("the tuning space lists a {} twice", what));
+    }
+  };
+  unique(engines, "engine");
+  unique(block_sizes, "block size");
+  unique(queue_depths, "queue depth");
+  unique(parallelism, "parallelism value");
+  unique(single_submit, "single_submit value");
+  unique(overlap_events, "overlap_events value");
+  unique(direct, "direct I/O mode");
   Options probe;
   for (std::size_t b : block_sizes) {
     probe.block_size = b;

@@ -140,6 +140,7 @@ def test_argument_errors(tmp_path):
         (("--engines", "warp"), "--engines"),
         (("--engines", "auto"), "concrete"),
         (("--engines", ""), "--engines"),
+        (("--engines", "psync,psync"), "twice"),
         (("--read-only", "--write-only"), "excludes"),
         (("--trial-size", "64M", "--size", "32M"), "trial size"),
     ]

@@ -209,6 +209,12 @@ TEST(TuneSearch, RejectsBadSpacesAndSettings) {
   s.direct = {DirectIo::Auto};
   EXPECT_THROW(nvio::search(s, drive, settings), nvio::InvalidArgument);
   s = test_space();
+  s.engines.push_back(EngineKind::Psync);
+  EXPECT_THROW(nvio::search(s, drive, settings), nvio::InvalidArgument);
+  s = test_space();
+  s.block_sizes.push_back(s.block_sizes.front());
+  EXPECT_THROW(nvio::search(s, drive, settings), nvio::InvalidArgument);
+  s = test_space();
   s.queue_depths.push_back(0);
   EXPECT_THROW(nvio::search(s, drive, settings), nvio::InvalidArgument);
   settings.budget_s = 0;

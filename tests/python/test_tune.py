@@ -98,6 +98,7 @@ def test_tune_read_only_without_save(tmp_path, config):
         (dict(size=-1), nvio.InvalidArgument, "size"),
         (dict(engines=["warp"]), nvio.InvalidArgument, "engines"),
         (dict(engines=["auto"]), nvio.InvalidArgument, "concrete"),
+        (dict(engines=["psync", "psync"]), nvio.InvalidArgument, "twice"),
     ],
 )
 def test_tune_argument_errors(tmp_path, kwargs, exc, needle):

@@ -10,7 +10,9 @@
 //   │                         memory; carries the API, its error code and name, path and range
 //   └── IoError               a system call on a file failed; carries op, path, offset, length, errno
 //       ├── FileNotFound      ENOENT
-//       ├── PermissionDenied  EACCES, EPERM, EROFS
+//       ├── PermissionDenied  EACCES, EPERM
+//       ├── ReadOnlyFileSystem EROFS (a write to a read-only mount: not a permission the caller
+//       │                     could be granted)
 //       ├── IsADirectory      EISDIR (also raised when a directory is given as a file)
 //       ├── NoSpace           ENOSPC, EDQUOT
 //       └── ShortFile         a read asked for bytes past the end of the file
@@ -103,6 +105,10 @@ class FileNotFound : public IoError {
   using IoError::IoError;
 };
 class PermissionDenied : public IoError {
+ public:
+  using IoError::IoError;
+};
+class ReadOnlyFileSystem : public IoError {
  public:
   using IoError::IoError;
 };

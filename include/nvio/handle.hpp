@@ -14,16 +14,29 @@
 // the file to end exactly where the write ends. A write by path creates the file (mode 0644 less
 // the umask) if missing. Reads of bytes past the end of the file raise ShortFile, naming the size.
 //
-// Thread-safety: all member functions may be called concurrently from several threads. wait()
-// waits for the asynchronous operations submitted through this handle (by any thread) that no
-// wait has collected yet; blocking calls are never counted by wait(). Destroying the handle waits
+// Thread-safety: all member functions may be called concurrently from several threads. The rule
+// for waits on a shared handle: wait() returns only once every asynchronous operation submitted
+// through this handle before it was called (by any thread) has finished, including operations
+// that another thread's wait is collecting at the same time. Each operation is counted by exactly
+// one wait (the one that collected it); a wait raises the first failure among all the operations
+// it waited for, so a failure is never hidden from a thread whose own operation was collected by
+// another thread's wait. Blocking calls are never counted by wait(). Destroying the handle waits
 // for every operation still in flight (their errors are dropped: call wait() to see them).
+//
+// fork(): a child process cannot use its parent's worker threads (they do not exist in it). The
+// first call in a child on a handle made by its parent starts fresh workers with the same options
+// (asynchronous operations of the parent are not visible in the child: its wait() counts only its
+// own). Destroying such a handle in the child releases nothing the parent's threads might hold:
+// the parent's copy of the handle state is left to the child's exit.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+
+#include <sys/types.h>
 
 #include "nvio/gpu.hpp"
 #include "nvio/options.hpp"
@@ -103,7 +116,12 @@ class Handle {
 
  private:
   struct Impl;
-  std::unique_ptr<Impl> impl_;
+  // The state for this process: after a fork(), a fresh one is made in the child (see above).
+  // Mutable: a const call in a forked child also needs the child's own state.
+  Impl& impl() const;
+  Impl& renew_after_fork() const;
+  mutable std::unique_ptr<Impl> impl_;
+  mutable std::atomic<pid_t> owner_pid_;  // the process whose worker threads serve impl_
 };
 
 }  // namespace nvio

@@ -83,8 +83,8 @@ void throw_io_error(IoOp op, const std::string& path, std::uint64_t offset, std:
   switch (err) {
     case ENOENT: throw FileNotFound(op, path, offset, length, err, detail);
     case EACCES:
-    case EPERM:
-    case EROFS: throw PermissionDenied(op, path, offset, length, err, detail);
+    case EPERM: throw PermissionDenied(op, path, offset, length, err, detail);
+    case EROFS: throw ReadOnlyFileSystem(op, path, offset, length, err, detail);
     case EISDIR: throw IsADirectory(op, path, offset, length, err, detail);
     case ENOSPC:
     case EDQUOT: throw NoSpace(op, path, offset, length, err, detail);

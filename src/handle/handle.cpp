@@ -18,6 +18,7 @@
 #include "nvio/handle.hpp"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <fmt/format.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -182,8 +183,10 @@ struct Handle::Impl {
   void worker_main(unsigned index, std::promise<void> ready);
   void run_blocking(const OperationPtr& op);
   Ticket register_async(const OperationPtr& op);
-  // The operation behind `ticket`, removed from the table when `collect` (a wait takes it).
+  // The operation behind `ticket`; with `collect` a wait takes it: it moves from the table to
+  // `collecting` until the wait calls end_collect.
   OperationPtr find_ticket(Ticket ticket, bool collect);
+  void end_collect(const std::vector<OperationPtr>& ops);
 
   Options options;
   EngineKind engine_kind;
@@ -196,6 +199,9 @@ struct Handle::Impl {
 
   mutable std::mutex tickets_mutex;
   std::map<Ticket, OperationPtr> tickets;
+  // Operations a wait has taken from `tickets` and is waiting for: a concurrent wait() must still
+  // wait for them (see the rule in handle.hpp). Guarded by tickets_mutex.
+  std::map<const Operation*, OperationPtr> collecting;
   Ticket next_ticket = 1;
 
   std::mutex live_mutex;
@@ -1067,13 +1073,63 @@ OperationPtr Handle::Impl::find_ticket(Ticket ticket, bool collect) {
     throw InvalidArgument(fmt::format("ticket {} is unknown or was already waited for", ticket));
   }
   OperationPtr op = it->second;
-  if (collect) tickets.erase(it);
+  if (collect) {
+    tickets.erase(it);
+    collecting.emplace(op.get(), op);
+  }
   return op;
 }
 
+void Handle::Impl::end_collect(const std::vector<OperationPtr>& ops) {
+  std::lock_guard lock(tickets_mutex);
+  for (const OperationPtr& op : ops) collecting.erase(op.get());
+}
+
+namespace {
+
+// Serialises making a handle's state anew in a forked child. The fork handlers hold it across
+// fork(), so a child never inherits it locked by a thread that does not exist there.
+std::mutex g_fork_mutex;
+
+void install_fork_handlers() {
+  static const int installed = ::pthread_atfork([] { g_fork_mutex.lock(); },
+                                                [] { g_fork_mutex.unlock(); },
+                                                [] { g_fork_mutex.unlock(); });
+  (void)installed;  // fails only with ENOMEM; a child then takes the mutex as it finds it
+}
+
+}  // namespace
+
+Handle::Impl& Handle::impl() const {
+  if (owner_pid_.load(std::memory_order_acquire) == ::getpid()) return *impl_;
+  return renew_after_fork();
+}
+
+Handle::Impl& Handle::renew_after_fork() const {
+  std::lock_guard lock(g_fork_mutex);
+  const pid_t pid = ::getpid();
+  if (owner_pid_.load(std::memory_order_relaxed) != pid) {
+    // The options were fixed when the handle was made and nothing writes them: safe to read.
+    auto fresh = std::make_unique<Impl>(impl_->options);
+    // The parent's state stays as the fork left it: its worker threads do not exist here, its
+    // mutexes may be held, and destroying it would wait for them forever. It is left to exit.
+    (void)impl_.release();
+    impl_ = std::move(fresh);
+    owner_pid_.store(pid, std::memory_order_release);
+  }
+  return *impl_;
+}
+
 Handle::Handle() : Handle(resolve_options().values) {}
-Handle::Handle(const Options& options) : impl_(std::make_unique<Impl>(options)) {}
-Handle::~Handle() = default;
+Handle::Handle(const Options& options)
+    : impl_(std::make_unique<Impl>(options)), owner_pid_(::getpid()) {
+  install_fork_handlers();
+}
+
+Handle::~Handle() {
+  // In a forked child that never used the handle, the state is the parent's (see impl()).
+  if (owner_pid_.load(std::memory_order_acquire) != ::getpid()) (void)impl_.release();
+}
 
 namespace {
 
@@ -1088,90 +1144,111 @@ WriteOptions as_write_options(const ReadOptions& r) {
 
 void Handle::read(void* buf, std::size_t length, const std::string& path, std::uint64_t offset,
                   const ReadOptions& read_options) {
-  impl_->run_blocking(impl_->prepare(Direction::Read, static_cast<std::byte*>(buf), length, &path,
-                                     -1, offset, as_write_options(read_options)));
+  Impl& s = impl();
+  s.run_blocking(s.prepare(Direction::Read, static_cast<std::byte*>(buf), length, &path, -1, offset,
+                           as_write_options(read_options)));
 }
 
 void Handle::write(const void* buf, std::size_t length, const std::string& path,
                    std::uint64_t offset, const WriteOptions& write_options) {
   // The engines take a non-const pointer for both directions; writes never modify the buffer.
   auto* bytes = static_cast<std::byte*>(const_cast<void*>(buf));
-  impl_->run_blocking(
-      impl_->prepare(Direction::Write, bytes, length, &path, -1, offset, write_options));
+  Impl& s = impl();
+  s.run_blocking(s.prepare(Direction::Write, bytes, length, &path, -1, offset, write_options));
 }
 
 void Handle::read(void* buf, std::size_t length, int fd, std::uint64_t offset,
                   const ReadOptions& read_options) {
-  impl_->run_blocking(impl_->prepare(Direction::Read, static_cast<std::byte*>(buf), length, nullptr,
-                                     fd, offset, as_write_options(read_options)));
+  Impl& s = impl();
+  s.run_blocking(s.prepare(Direction::Read, static_cast<std::byte*>(buf), length, nullptr, fd,
+                           offset, as_write_options(read_options)));
 }
 
 void Handle::write(const void* buf, std::size_t length, int fd, std::uint64_t offset,
                    const WriteOptions& write_options) {
   auto* bytes = static_cast<std::byte*>(const_cast<void*>(buf));
-  impl_->run_blocking(
-      impl_->prepare(Direction::Write, bytes, length, nullptr, fd, offset, write_options));
+  Impl& s = impl();
+  s.run_blocking(s.prepare(Direction::Write, bytes, length, nullptr, fd, offset, write_options));
 }
 
 Ticket Handle::submit_read(void* buf, std::size_t length, const std::string& path,
                            std::uint64_t offset, const ReadOptions& read_options) {
-  return impl_->register_async(impl_->prepare(Direction::Read, static_cast<std::byte*>(buf), length,
-                                              &path, -1, offset, as_write_options(read_options)));
+  Impl& s = impl();
+  return s.register_async(s.prepare(Direction::Read, static_cast<std::byte*>(buf), length, &path,
+                                    -1, offset, as_write_options(read_options)));
 }
 
 Ticket Handle::submit_write(const void* buf, std::size_t length, const std::string& path,
                             std::uint64_t offset, const WriteOptions& write_options) {
   auto* bytes = static_cast<std::byte*>(const_cast<void*>(buf));
-  return impl_->register_async(
-      impl_->prepare(Direction::Write, bytes, length, &path, -1, offset, write_options));
+  Impl& s = impl();
+  return s.register_async(
+      s.prepare(Direction::Write, bytes, length, &path, -1, offset, write_options));
 }
 
 Ticket Handle::submit_read(void* buf, std::size_t length, int fd, std::uint64_t offset,
                            const ReadOptions& read_options) {
-  return impl_->register_async(impl_->prepare(Direction::Read, static_cast<std::byte*>(buf), length,
-                                              nullptr, fd, offset, as_write_options(read_options)));
+  Impl& s = impl();
+  return s.register_async(s.prepare(Direction::Read, static_cast<std::byte*>(buf), length,
+                                    nullptr, fd, offset, as_write_options(read_options)));
 }
 
 Ticket Handle::submit_write(const void* buf, std::size_t length, int fd, std::uint64_t offset,
                             const WriteOptions& write_options) {
   auto* bytes = static_cast<std::byte*>(const_cast<void*>(buf));
-  return impl_->register_async(
-      impl_->prepare(Direction::Write, bytes, length, nullptr, fd, offset, write_options));
+  Impl& s = impl();
+  return s.register_async(
+      s.prepare(Direction::Write, bytes, length, nullptr, fd, offset, write_options));
 }
 
 void Handle::wait(Ticket ticket) {
-  OperationPtr op = impl_->find_ticket(ticket, /*collect=*/true);
-  impl_->wait_finished(*op);
+  Impl& s = impl();
+  OperationPtr op = s.find_ticket(ticket, /*collect=*/true);
+  s.wait_finished(*op);
+  s.end_collect({op});
   if (op->error) std::rethrow_exception(op->error);
 }
 
 bool Handle::done(Ticket ticket) const {
-  OperationPtr op = impl_->find_ticket(ticket, /*collect=*/false);
+  OperationPtr op = impl().find_ticket(ticket, /*collect=*/false);
   std::lock_guard lock(op->mutex);
   return op->finished;
 }
 
 std::size_t Handle::wait() {
-  std::map<Ticket, OperationPtr> taken;
+  Impl& s = impl();
+  std::vector<OperationPtr> mine;    // collected by this wait: counted here
+  std::vector<OperationPtr> others;  // being collected by another thread's wait right now
   {
-    std::lock_guard lock(impl_->tickets_mutex);
-    taken.swap(impl_->tickets);
+    std::lock_guard lock(s.tickets_mutex);
+    for (const auto& [op, ptr] : s.collecting) others.push_back(ptr);
+    for (auto& [ticket, op] : s.tickets) {
+      s.collecting.emplace(op.get(), op);
+      mine.push_back(std::move(op));
+    }
+    s.tickets.clear();
   }
-  std::exception_ptr first;
-  for (auto& [ticket, op] : taken) {
-    impl_->wait_finished(*op);
-    if (op->error && !first) first = op->error;
+  for (const OperationPtr& op : mine) s.wait_finished(*op);
+  for (const OperationPtr& op : others) s.wait_finished(*op);
+  s.end_collect(mine);
+  // Every operation has been waited for; the first failure is the one reported, this wait's own
+  // operations first.
+  for (const auto* list : {&mine, &others}) {
+    for (const OperationPtr& op : *list) {
+      if (op->error) std::rethrow_exception(op->error);
+    }
   }
-  // Every operation has been waited for; the first failure is the one reported.
-  if (first) std::rethrow_exception(first);
-  return taken.size();
+  return mine.size();
 }
 
 std::size_t Handle::pending() const {
-  std::lock_guard lock(impl_->tickets_mutex);
-  return impl_->tickets.size();
+  Impl& s = impl();
+  std::lock_guard lock(s.tickets_mutex);
+  return s.tickets.size();
 }
 
+// These facts are fixed when the handle is made and are the same in a forked child, so they are
+// read from whichever state is current without making a new one.
 const Options& Handle::options() const noexcept { return impl_->options; }
 EngineKind Handle::engine() const noexcept { return impl_->engine_kind; }
 const std::string& Handle::engine_reason() const noexcept { return impl_->engine_reason; }

@@ -648,7 +648,7 @@ TEST(ErrorTypes, ThrowIoErrorMapsErrno) {
   expect_mapped<nvio::FileNotFound>(ENOENT);
   expect_mapped<nvio::PermissionDenied>(EACCES);
   expect_mapped<nvio::PermissionDenied>(EPERM);
-  expect_mapped<nvio::PermissionDenied>(EROFS);
+  expect_mapped<nvio::ReadOnlyFileSystem>(EROFS);
   expect_mapped<nvio::IsADirectory>(EISDIR);
   expect_mapped<nvio::NoSpace>(ENOSPC);
   expect_mapped<nvio::NoSpace>(EDQUOT);
@@ -665,6 +665,8 @@ TEST(ErrorTypes, Hierarchy) {
   static_assert(std::is_base_of_v<nvio::Error, nvio::IoError>);
   static_assert(std::is_base_of_v<nvio::IoError, nvio::FileNotFound>);
   static_assert(std::is_base_of_v<nvio::IoError, nvio::PermissionDenied>);
+  static_assert(std::is_base_of_v<nvio::IoError, nvio::ReadOnlyFileSystem>);
+  static_assert(!std::is_base_of_v<nvio::PermissionDenied, nvio::ReadOnlyFileSystem>);
   static_assert(std::is_base_of_v<nvio::IoError, nvio::IsADirectory>);
   static_assert(std::is_base_of_v<nvio::IoError, nvio::NoSpace>);
   static_assert(std::is_base_of_v<nvio::IoError, nvio::ShortFile>);

@@ -30,20 +30,20 @@
 // the parent's copy of the handle state is left to the child's exit.
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
 
-#include <sys/types.h>
-
 #include "nvio/gpu.hpp"
 #include "nvio/options.hpp"
 
 namespace nvio {
 
-enum class Truncate { No, AtEnd };    // AtEnd: the file size becomes offset + length
+enum class Truncate { No, AtEnd };     // AtEnd: the file size becomes offset + length
 enum class Durability { None, Data };  // Data: fdatasync before the operation completes
 
 // `memory` says where the buffer lives. Device buffers (CUDA device memory) move through a
@@ -79,8 +79,8 @@ class Handle {
   // Blocking operations: return when every byte is transferred, or throw.
   void read(void* buf, std::size_t length, const std::string& path, std::uint64_t offset = 0,
             const ReadOptions& read_options = {});
-  void write(const void* buf, std::size_t length, const std::string& path,
-             std::uint64_t offset = 0, const WriteOptions& write_options = {});
+  void write(const void* buf, std::size_t length, const std::string& path, std::uint64_t offset = 0,
+             const WriteOptions& write_options = {});
   // By an already open descriptor; nvio does not close it. The descriptor must stay open until
   // the operation completes.
   void read(void* buf, std::size_t length, int fd, std::uint64_t offset = 0,

@@ -18,8 +18,8 @@
 #include "nvio/handle.hpp"
 
 #include <fcntl.h>
-#include <pthread.h>
 #include <fmt/format.h>
+#include <pthread.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -1092,9 +1092,8 @@ namespace {
 std::mutex g_fork_mutex;
 
 void install_fork_handlers() {
-  static const int installed = ::pthread_atfork([] { g_fork_mutex.lock(); },
-                                                [] { g_fork_mutex.unlock(); },
-                                                [] { g_fork_mutex.unlock(); });
+  static const int installed = ::pthread_atfork(
+      [] { g_fork_mutex.lock(); }, [] { g_fork_mutex.unlock(); }, [] { g_fork_mutex.unlock(); });
   (void)installed;  // fails only with ENOMEM; a child then takes the mutex as it finds it
 }
 
@@ -1189,8 +1188,8 @@ Ticket Handle::submit_write(const void* buf, std::size_t length, const std::stri
 Ticket Handle::submit_read(void* buf, std::size_t length, int fd, std::uint64_t offset,
                            const ReadOptions& read_options) {
   Impl& s = impl();
-  return s.register_async(s.prepare(Direction::Read, static_cast<std::byte*>(buf), length,
-                                    nullptr, fd, offset, as_write_options(read_options)));
+  return s.register_async(s.prepare(Direction::Read, static_cast<std::byte*>(buf), length, nullptr,
+                                    fd, offset, as_write_options(read_options)));
 }
 
 Ticket Handle::submit_write(const void* buf, std::size_t length, int fd, std::uint64_t offset,

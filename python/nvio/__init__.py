@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence, Union
 
 from . import _nvio
+from ._args import InvalidType
 from ._aio import ValidationError, aio_handle, aio_read, aio_write
 from ._handle import Future, Handle
 from ._tune import TuneResult, tune
@@ -32,6 +33,7 @@ from ._nvio import (
     LockedMemoryError,
     NoSpace,
     PermissionDenied,
+    ReadOnlyFileSystem,
     ShortFile,
 )
 
@@ -53,8 +55,9 @@ def gpu_info() -> "dict[str, Any]":
 
 __all__ = [
     "Handle", "Future", "aio_handle", "aio_read", "aio_write", "empty_locked", "is_pinned",
-    "report", "tune", "TuneResult", "Error", "InvalidArgument", "EngineUnavailable", "LockedMemoryError", "IOFailure",
-    "FileNotFound", "PermissionDenied", "IsADirectory", "NoSpace", "ShortFile", "ValidationError",
+    "report", "tune", "TuneResult", "Error", "InvalidArgument", "InvalidType", "EngineUnavailable",
+    "LockedMemoryError", "IOFailure", "FileNotFound", "PermissionDenied", "ReadOnlyFileSystem",
+    "IsADirectory", "NoSpace", "ShortFile", "ValidationError",
     "__version__",
 ]
 __all__ += ["gds_handle", "gpu_info", "GpuError"]
@@ -67,11 +70,25 @@ def _is_torch_dtype(dtype: Any) -> bool:
 def empty_locked(shape: Union[int, Sequence[int]], dtype: Any = None):
     """An uninitialised, page-aligned, locked (when RLIMIT_MEMLOCK allows) CPU buffer.
 
-    ``shape`` is an element count or a shape. A torch dtype gives a torch tensor, anything numpy
-    understands gives a numpy array; ``None`` means ``torch.uint8`` when torch is importable, else
-    ``numpy.uint8``. Views of it count as pinned for ``is_pinned``.
+    ``shape`` is an element count or a shape (a sequence of counts), each an integer: a string,
+    a float or a bool is refused (``nvio.InvalidType``), never reinterpreted. A torch dtype gives a
+    torch tensor, anything numpy understands gives a numpy array; ``None`` means ``torch.uint8``
+    when torch is importable, else ``numpy.uint8``. Views of it count as pinned for ``is_pinned``.
     """
-    dims = (int(shape),) if isinstance(shape, int) else tuple(int(d) for d in shape)
+    from . import _args
+
+    if isinstance(shape, (str, bytes)):
+        raise InvalidType(f"empty_locked: shape must be an integer or a sequence of integers, "
+                          f"got {type(shape).__name__} {shape!r}")
+    try:
+        dims = (_args.integer(shape, "shape"),)
+    except InvalidType:
+        try:
+            items = tuple(shape)
+        except TypeError:
+            raise InvalidType(f"empty_locked: shape must be an integer or a sequence of "
+                              f"integers, got {type(shape).__name__}") from None
+        dims = tuple(_args.integer(d, "shape") for d in items)
     if any(d < 0 for d in dims):
         raise InvalidArgument(f"empty_locked: negative dimension in shape {dims}")
     count = 1
@@ -128,10 +145,12 @@ def report(dir: Optional[str] = None) -> "dict[str, Any]":
     where each came from."""
     import os
 
+    from . import _args
+
     engines = {name: {"available": ok, "reason": why}
                for name, (ok, why) in _nvio.probe_engines().items()}
     auto, auto_reason = _nvio.auto_engine()
-    target = os.path.abspath(dir or ".")
+    target = os.path.abspath(_args.path(dir, "dir") if dir is not None else b".")
     values, sources, config = _nvio.resolve_options(config_dir=target)
     info = _nvio.system_info()
     return {

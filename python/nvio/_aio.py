@@ -9,11 +9,10 @@ return 1 (the count of completed operations, as DeepSpeed documents) where DeepS
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Any, List, Optional, Tuple
 
-from . import _buffers, _nvio
+from . import _args, _buffers, _fork, _nvio
 
 # DeepSpeed's own alignment constant, kept for callers that pad sizes with get_alignment().
 _DEEPSPEED_ALIGNMENT = 512
@@ -51,12 +50,6 @@ def _bind(method: str, names: Tuple[str, ...], args: tuple, kwargs: dict, defaul
     return bound
 
 
-def _target(file: Any) -> Any:
-    if isinstance(file, bool):
-        raise TypeError("nvio: a file must be a path or a file descriptor, not a bool")
-    return file if isinstance(file, int) else os.fspath(file)
-
-
 def _file_bytes(target: Any, offset: int, nbytes: int) -> bytes:
     # A caller's descriptor may be O_DIRECT or write-only: read through a fresh buffered one.
     path = f"/proc/self/fd/{target}" if isinstance(target, int) else target
@@ -80,15 +73,27 @@ def _buffer_bytes(ref: _buffers.BufferRef) -> bytes:
 
 
 class _Pending:
-    __slots__ = ("ticket", "ref", "target", "offset", "validate", "is_read")
+    """One operation of an aio_handle: queued until a wait collects it; ``finished`` is set once
+    it has completed (and been validated), ``error`` holds its failure."""
+
+    __slots__ = ("ticket", "ref", "target", "offset", "validate", "is_read", "finished", "error")
 
     def __init__(self, ticket, ref, target, offset, validate, is_read):
         self.ticket, self.ref, self.target = ticket, ref, target
         self.offset, self.validate, self.is_read = offset, validate, is_read
+        self.finished = threading.Event()
+        self.error: Optional[BaseException] = None
 
 
 class aio_handle:  # noqa: N801 - DeepSpeed's name
-    """Drop-in for DeepSpeed's ``async_io.aio_handle`` (see module docstring for differences)."""
+    """Drop-in for DeepSpeed's ``async_io.aio_handle`` (see module docstring for differences).
+
+    Shared by threads: ``wait()`` returns only once every operation queued before it, by any
+    thread, has completed, including those another thread's ``wait()`` is collecting; each
+    operation is counted by the one wait that collected it, and a wait raises the first failure
+    among all the operations it waited for. A forked child may use its parent's handle; the
+    parent's queued operations are not the child's (its ``wait()`` does not count them).
+    """
 
     _GPU_DIRECT = "off"  # aio_handle moves CUDA tensors through the host bounce path
 
@@ -100,22 +105,29 @@ class aio_handle:  # noqa: N801 - DeepSpeed's name
         overlap_events: bool = False,
         intra_op_parallelism: int = 1,
     ) -> None:
-        self._block_size = block_size
-        self._queue_depth = queue_depth
-        self._single_submit = bool(single_submit)
-        self._overlap_events = bool(overlap_events)
-        self._intra_op_parallelism = intra_op_parallelism
+        self._block_size = _args.integer(block_size, "block_size")
+        self._queue_depth = _args.integer(queue_depth, "queue_depth")
+        self._single_submit = _args.boolean(single_submit, "single_submit")
+        self._overlap_events = _args.boolean(overlap_events, "overlap_events")
+        self._intra_op_parallelism = _args.integer(intra_op_parallelism, "intra_op_parallelism")
         self._core = _nvio.Handle(
-            block_size=block_size,
-            queue_depth=queue_depth,
-            single_submit=bool(single_submit),
-            overlap_events=bool(overlap_events),
-            intra_op_parallelism=intra_op_parallelism,
+            block_size=self._block_size,
+            queue_depth=self._queue_depth,
+            single_submit=self._single_submit,
+            overlap_events=self._overlap_events,
+            intra_op_parallelism=self._intra_op_parallelism,
             gpu_direct=self._GPU_DIRECT,
         )
         self._lock = threading.Lock()
-        self._pending: List[_Pending] = []
+        self._pending: List[_Pending] = []  # queued, not yet taken by a wait
+        self._collecting: "dict[int, _Pending]" = {}  # taken by a wait that has not finished
         self._locked: "dict[int, Any]" = {}
+        _fork.track(self)
+
+    def _after_fork_in_child(self) -> None:
+        self._lock = threading.Lock()
+        self._pending = []
+        self._collecting = {}
 
     # -- settings ------------------------------------------------------------------------------
     def get_block_size(self) -> int:
@@ -141,33 +153,36 @@ class aio_handle:  # noqa: N801 - DeepSpeed's name
     def _io(self, is_read: bool, buffer: Any, file: Any, validate: bool, is_async: bool,
             file_offset: int) -> int:
         ref = _buffers.resolve(buffer, writable=is_read)
-        target = _target(file)
+        target = _args.file_target(file, "filename")
+        file_offset = _args.offset(file_offset, "file_offset")
+        validate = _args.boolean(validate, "validate")
+        is_async = _args.boolean(is_async, "async")
         if is_read:
             ticket = self._core.submit_read(ref.address, ref.nbytes, target, file_offset,
                                             ref.device)
         else:
             ticket = self._core.submit_write(ref.address, ref.nbytes, target, file_offset,
                                              False, False, ref.device)
-        op = _Pending(ticket, ref, target, file_offset, bool(validate), is_read)
+        op = _Pending(ticket, ref, target, file_offset, validate, is_read)
         if is_async:
             with self._lock:
                 self._pending.append(op)
             return 0
-        self._finish([op])
+        self._finish(op)
+        if op.error is not None:
+            raise op.error
         return 1
 
-    def _finish(self, ops: List[_Pending]) -> int:
-        first: Optional[BaseException] = None
-        for op in ops:
-            try:
-                self._core.wait_ticket(op.ticket)
-                if op.validate:
-                    self._validate(op)
-            except BaseException as e:
-                first = first or e
-        if first is not None:
-            raise first
-        return len(ops)
+    def _finish(self, op: _Pending) -> None:
+        """Waits for ``op`` (which this thread collected), validates it, records the outcome."""
+        try:
+            self._core.wait_ticket(op.ticket)
+            if op.validate:
+                self._validate(op)
+        except BaseException as e:
+            op.error = e
+        finally:
+            op.finished.set()
 
     @staticmethod
     def _validate(op: _Pending) -> None:
@@ -223,11 +238,27 @@ class aio_handle:  # noqa: N801 - DeepSpeed's name
         return self._simple("async_pwrite", False, True, args, kwargs)
 
     def wait(self) -> int:
-        """Waits for every queued operation; returns how many completed since the last wait
-        (0 when none). All are waited for; the first failure is then raised."""
+        """Waits for every operation queued before this call, by any thread, including those
+        another thread's wait() is collecting; returns how many this wait collected (0 when none).
+        All are waited for; the first failure among them is then raised."""
         with self._lock:
-            ops, self._pending = self._pending, []
-        return self._finish(ops)
+            mine, self._pending = self._pending, []
+            others = list(self._collecting.values())
+            for op in mine:
+                self._collecting[id(op)] = op
+        try:
+            for op in mine:
+                self._finish(op)
+        finally:
+            with self._lock:
+                for op in mine:
+                    self._collecting.pop(id(op), None)
+        for op in others:
+            op.finished.wait()  # releases the GIL while it blocks
+        for op in mine + others:
+            if op.error is not None:
+                raise op.error
+        return len(mine)
 
     # -- locked memory -------------------------------------------------------------------------
     def new_cpu_locked_tensor(self, num_elem: int, example_tensor: Any = None, **kwargs: Any):

@@ -4,7 +4,10 @@ Accepted: torch tensors of any dtype on the CPU or a CUDA device, numpy arrays, 
 buffer protocol (bytearray, memoryview, array.array, bytes for writes), objects with
 ``__cuda_array_interface__`` (CuPy, Numba, ...), and objects with ``__dlpack__`` in CPU, CUDA,
 CUDA-host (pinned) or CUDA-managed memory. Reads need a writable, contiguous buffer: a read-only or
-non-contiguous one raises ``ValueError`` (never a silent copy whose result would be lost).
+non-contiguous one raises ``nvio.InvalidArgument`` (a ``ValueError``; never a silent copy whose
+result would be lost). Memory that holds Python objects (numpy object arrays, buffers of format
+``O``) is refused with ``nvio.InvalidType`` (a ``TypeError``): its bytes are pointers, which a write
+would store and a read would overwrite.
 
 ``BufferRef.device`` tells the core the memory is CUDA device memory (moved through the GPU path);
 pinned host memory (kDLCUDAHost) is host memory.
@@ -12,9 +15,11 @@ pinned host memory (kDLCUDAHost) is host memory.
 
 from __future__ import annotations
 
+import re
 from typing import Any, NamedTuple
 
 from . import _nvio
+from ._args import InvalidType
 
 _DLPACK_CPU = 1
 _DLPACK_CUDA = 2
@@ -38,11 +43,11 @@ def _torch():
 
 def _from_torch(t: Any, writable: bool) -> BufferRef:
     if t.device.type not in ("cpu", "cuda"):
-        raise TypeError(
+        raise InvalidType(
             f"nvio: {t.device.type} tensors are not supported; use CPU or CUDA tensors"
         )
     if not t.is_contiguous():
-        raise ValueError(
+        raise _nvio.InvalidArgument(
             "nvio: the tensor is not contiguous; pass t.contiguous() "
             "(and copy the result back after a read)"
         )
@@ -52,7 +57,7 @@ def _from_torch(t: Any, writable: bool) -> BufferRef:
 def _typestr_itemsize(typestr: str) -> int:
     digits = "".join(c for c in typestr if c.isdigit())
     if not digits:
-        raise ValueError(f"nvio: cannot read the item size of typestr {typestr!r}")
+        raise _nvio.InvalidArgument(f"nvio: cannot read the item size of typestr {typestr!r}")
     return int(digits)
 
 
@@ -61,7 +66,11 @@ def _from_cuda_array_interface(obj: Any, writable: bool) -> BufferRef:
     cai = obj.__cuda_array_interface__
     ptr, read_only = cai["data"]
     if writable and read_only:
-        raise ValueError(f"nvio: the {type(obj).__name__} is read-only and cannot be read into")
+        raise _nvio.InvalidArgument(
+            f"nvio: the {type(obj).__name__} is read-only and cannot be read into"
+        )
+    if "O" in cai["typestr"]:
+        raise InvalidType("nvio: the CUDA array holds Python objects, not plain data")
     itemsize = _typestr_itemsize(cai["typestr"])
     shape = tuple(int(d) for d in cai["shape"])
     strides = cai.get("strides")
@@ -72,21 +81,28 @@ def _from_cuda_array_interface(obj: Any, writable: bool) -> BufferRef:
         expected = itemsize
         for dim, stride in zip(reversed(shape), reversed(tuple(strides))):
             if dim > 1 and stride != expected:
-                raise ValueError("nvio: the CUDA array is not C-contiguous; pass a contiguous copy")
+                raise _nvio.InvalidArgument(
+                    "nvio: the CUDA array is not C-contiguous; pass a contiguous copy"
+                )
             expected *= dim
     if count > 0 and not ptr:
-        raise ValueError("nvio: the CUDA array has a null data pointer")
+        raise _nvio.InvalidArgument("nvio: the CUDA array has a null data pointer")
     return BufferRef(int(ptr), count * itemsize, obj, True)
 
 
 def _from_numpy(a: Any, writable: bool) -> BufferRef:
+    if a.dtype.hasobject:
+        raise InvalidType(
+            f"nvio: the array's dtype {a.dtype} holds Python objects, not plain data; "
+            "convert it to a numeric dtype"
+        )
     if not a.flags.c_contiguous:
-        raise ValueError(
+        raise _nvio.InvalidArgument(
             "nvio: the array is not C-contiguous; pass numpy.ascontiguousarray(a) "
             "(and copy the result back after a read)"
         )
     if writable and not a.flags.writeable:
-        raise ValueError("nvio: the array is read-only and cannot be read into")
+        raise _nvio.InvalidArgument("nvio: the array is read-only and cannot be read into")
     return BufferRef(a.__array_interface__["data"][0], a.nbytes, a)
 
 
@@ -104,14 +120,21 @@ def resolve(obj: Any, writable: bool) -> BufferRef:
     except TypeError:
         view = None
     if view is not None:
+        if "O" in re.sub(r":[^:]*:", "", view.format):  # struct field names dropped
+            raise InvalidType(
+                f"nvio: the {type(obj).__name__}'s items (format {view.format!r}) are Python "
+                "objects, not plain data"
+            )
         if writable and view.readonly:
-            raise ValueError(f"nvio: the {type(obj).__name__} is read-only and cannot be read into")
+            raise _nvio.InvalidArgument(
+                f"nvio: the {type(obj).__name__} is read-only and cannot be read into"
+            )
         address, nbytes = _nvio.buffer_address(view, writable)
         return BufferRef(address, nbytes, view)
     if hasattr(obj, "__dlpack__"):
         device_type = obj.__dlpack_device__()[0] if hasattr(obj, "__dlpack_device__") else 1
         if int(device_type) not in _DLPACK_KNOWN:
-            raise TypeError(
+            raise InvalidType(
                 f"nvio: DLPack device type {int(device_type)} is neither CPU nor CUDA memory"
             )
         capsule = obj.__dlpack__()
@@ -119,7 +142,7 @@ def resolve(obj: Any, writable: bool) -> BufferRef:
         device = kind in (_DLPACK_CUDA, _DLPACK_CUDA_MANAGED)
         # The capsule stays unconsumed, so the producer's memory lives as long as it does.
         return BufferRef(address, nbytes, (obj, capsule), device)
-    raise TypeError(
+    raise InvalidType(
         f"nvio: cannot use a {type(obj).__name__} as a buffer: expected a torch tensor, a numpy "
         "array, an object with the buffer protocol, __cuda_array_interface__ or __dlpack__"
     )

@@ -6,23 +6,15 @@ import os
 import threading
 from typing import Any, Optional, Union
 
-from . import _buffers, _nvio
+from . import _args, _buffers, _fork, _nvio
 
-PathOrFd = Union[str, "os.PathLike[str]", int]
-
-
-def _target(file: PathOrFd) -> Union[str, int]:
-    if isinstance(file, bool):
-        raise TypeError("nvio: a file must be a path or a file descriptor, not a bool")
-    if isinstance(file, int):
-        return file
-    return os.fspath(file)
+PathOrFd = Union[str, bytes, "os.PathLike[str]", int]
 
 
 class Future:
     """One asynchronous read or write. Keeps its buffer alive until it has been waited for."""
 
-    __slots__ = ("_handle", "_ticket", "_nbytes", "_owner", "_outcome", "_lock")
+    __slots__ = ("_handle", "_ticket", "_nbytes", "_owner", "_outcome", "_lock", "_pid")
 
     def __init__(self, handle: "Handle", ticket: int, nbytes: int, owner: Any) -> None:
         self._handle = handle
@@ -31,9 +23,23 @@ class Future:
         self._owner = owner
         self._outcome: Optional[BaseException] = None
         self._lock = threading.Lock()
+        self._pid = os.getpid()
+
+    def _check_process(self) -> None:
+        # Checked before taking the lock, which a thread of the parent may have held at the fork.
+        if os.getpid() != self._pid:
+            raise _nvio.Error(
+                f"nvio: this operation was submitted by process {self._pid} before a fork; only "
+                "that process can wait for it (the child has its own copy of the buffer, which the "
+                "operation does not fill)"
+            )
 
     def wait(self) -> int:
-        """Blocks until the operation finishes; returns the bytes moved or raises its error."""
+        """Blocks until the operation finishes; returns the bytes moved or raises its error.
+
+        Several threads may wait for one future: each returns (or raises) once it has finished.
+        """
+        self._check_process()
         with self._lock:
             if self._ticket is not None:
                 ticket, self._ticket = self._ticket, None
@@ -51,6 +57,7 @@ class Future:
 
     def done(self) -> bool:
         """True once the operation has finished (successfully or not)."""
+        self._check_process()
         with self._lock:
             return self._ticket is None or self._handle._core.done(self._ticket)
 
@@ -64,7 +71,10 @@ class Handle:
     ``__cuda_array_interface__`` / CUDA ``__dlpack__`` buffers) are moved by the best path here:
     GPUDirect Storage when it is real peer-to-peer, else the pipelined host bounce path
     (``gpu_direct``: auto, on, off). Usable from several threads at once, and as a
-    context manager that waits for outstanding operations on exit.
+    context manager that waits for outstanding operations on exit. ``wait_all()`` returns only
+    once every operation submitted before it (by any thread) has finished. A forked child may use
+    its parent's handle: it gets its own workers (see docs/python.md, "Threads, fork and shared
+    handles").
     """
 
     def __init__(
@@ -92,15 +102,16 @@ class Handle:
             "",
         )
 
-    def _init(self, options: "dict[str, Any]", config_dir: str) -> None:
-        known = {"engine", "block_size", "queue_depth", "single_submit", "overlap_events",
-                 "intra_op_parallelism", "direct", "gpu_direct"}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise TypeError(f"nvio.Handle: unknown option(s) {unknown}; known: {sorted(known)}")
-        self._core = _nvio.Handle(**options, config_dir=config_dir)
+    def _init(self, options: "dict[str, Any]", config_dir: bytes) -> None:
+        self._core = _nvio.Handle(**_args.options(options, "nvio.Handle"), config_dir=config_dir)
         self._futures_lock = threading.Lock()
+        # Futures not yet finished and collected: wait_all() waits for each of them.
         self._futures: "dict[int, Future]" = {}
+        _fork.track(self)
+
+    def _after_fork_in_child(self) -> None:
+        self._futures_lock = threading.Lock()
+        self._futures = {}  # the parent's operations; their futures refuse to wait in the child
 
     @classmethod
     def from_config(cls, directory: Union[str, "os.PathLike[str]", None] = None, **options: Any) -> "Handle":
@@ -113,7 +124,7 @@ class Handle:
         else ``~/.config/nvio/config.json``.
         """
         self = cls.__new__(cls)
-        self._init(options, os.fspath(directory) if directory is not None else "")
+        self._init(options, _args.path(directory, "directory") if directory is not None else b"")
         return self
 
     @property
@@ -132,7 +143,8 @@ class Handle:
     def read(self, buf: Any, file: PathOrFd, offset: int = 0) -> int:
         """Fills `buf` from `file` at `offset`; returns the number of bytes read."""
         ref = _buffers.resolve(buf, writable=True)
-        self._core.read(ref.address, ref.nbytes, _target(file), offset, ref.device)
+        self._core.read(ref.address, ref.nbytes, _args.file_target(file), _args.offset(offset),
+                        ref.device)
         return ref.nbytes
 
     def write(
@@ -144,12 +156,15 @@ class Handle:
         makes the file end where the write ends. ``sync=True`` fdatasyncs before returning.
         """
         ref = _buffers.resolve(buf, writable=False)
-        self._core.write(ref.address, ref.nbytes, _target(file), offset, truncate, sync, ref.device)
+        self._core.write(ref.address, ref.nbytes, _args.file_target(file), _args.offset(offset),
+                         _args.boolean(truncate, "truncate"), _args.boolean(sync, "sync"),
+                         ref.device)
         return ref.nbytes
 
     def read_async(self, buf: Any, file: PathOrFd, offset: int = 0) -> Future:
         ref = _buffers.resolve(buf, writable=True)
-        ticket = self._core.submit_read(ref.address, ref.nbytes, _target(file), offset, ref.device)
+        ticket = self._core.submit_read(ref.address, ref.nbytes, _args.file_target(file),
+                                        _args.offset(offset), ref.device)
         return self._track(Future(self, ticket, ref.nbytes, ref.owner))
 
     def write_async(
@@ -157,12 +172,14 @@ class Handle:
     ) -> Future:
         ref = _buffers.resolve(buf, writable=False)
         ticket = self._core.submit_write(
-            ref.address, ref.nbytes, _target(file), offset, truncate, sync, ref.device
+            ref.address, ref.nbytes, _args.file_target(file), _args.offset(offset),
+            _args.boolean(truncate, "truncate"), _args.boolean(sync, "sync"), ref.device
         )
         return self._track(Future(self, ticket, ref.nbytes, ref.owner))
 
     def wait_all(self) -> int:
-        """Waits for every outstanding asynchronous operation; returns how many completed.
+        """Waits for every asynchronous operation submitted before this call, by any thread,
+        including those another thread is waiting for right now; returns how many it waited for.
 
         All are waited for even when some fail; the first failure is then raised.
         """
@@ -184,15 +201,19 @@ class Handle:
         return future
 
     def _collect(self, ticket: int) -> None:
-        with self._futures_lock:
-            self._futures.pop(ticket, None)
-        self._core.wait_ticket(ticket)
+        # The future leaves the table only once finished, so that a concurrent wait_all() still
+        # sees it (and waits on its lock) while this thread waits for it.
+        try:
+            self._core.wait_ticket(ticket)
+        finally:
+            with self._futures_lock:
+                self._futures.pop(ticket, None)
 
     def __del__(self) -> None:
         # Finalizers run before a reference cycle is torn down (PEP 442), so this waits for I/O
         # still in flight before the buffers its futures keep alive can be freed.
         core = getattr(self, "_core", None)
-        if core is not None and core.pending():
+        if core is not None and getattr(self, "_futures", None) and core.pending():
             try:
                 core.wait_all()
             except BaseException:

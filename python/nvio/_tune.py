@@ -6,7 +6,7 @@ import json
 import os
 from typing import Any, Iterable, Optional, Union
 
-from . import _nvio
+from . import _args, _nvio
 
 _MODES = {"both": ("read", "write"), "read": ("read",), "write": ("write",)}
 
@@ -103,15 +103,15 @@ def tune(
     if mode not in _MODES:
         raise _nvio.InvalidArgument(f"mode must be 'both', 'read' or 'write', got {mode!r}")
     if isinstance(budget, bool) or not isinstance(budget, (int, float)):
-        raise TypeError("nvio.tune: budget must be a number of seconds")
+        raise _args.InvalidType("nvio.tune: budget must be a number of seconds")
     document, saved_to = _nvio.tune(
-        os.fspath(directory),
+        _args.path(directory, "directory"),
         size=_size(size, "size"),
         budget=float(budget),
         modes=list(_MODES[mode]),
         engines=None if engines is None else [str(e) for e in engines],
         trial_bytes=_size(trial_size, "trial_size"),
-        grid=bool(grid),
-        save=bool(save),
+        grid=_args.boolean(grid, "grid"),
+        save=_args.boolean(save, "save"),
     )
     return TuneResult(json.loads(document), saved_to if save else None)

@@ -10,6 +10,7 @@ and ``aio_handle_from_config(ds_config)`` for a DeepSpeed config's ``aio`` secti
 
 from __future__ import annotations
 
+import difflib
 import types
 import warnings
 from typing import Any, Mapping
@@ -27,6 +28,32 @@ _AIO_DEFAULTS = {
 _IGNORED_KEYS = ("use_gds",)
 # Older DeepSpeed configs and ds_nvme_tune output name the parallelism differently.
 _PARALLELISM_ALIASES = ("thread_count", "num_threads")
+_SECTION_KEYS = frozenset(_AIO_DEFAULTS) | frozenset(_PARALLELISM_ALIASES) | frozenset(_IGNORED_KEYS)
+# Top-level keys of a whole DeepSpeed config: a mapping with one of these and no "aio" section is
+# a DeepSpeed config that leaves aio at its defaults. Without one, the mapping must be an aio
+# section, so that {'blok_size': 4096} is an error rather than silently all defaults.
+_DEEPSPEED_TOP_LEVEL = frozenset((
+    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+    "optimizer", "scheduler", "fp16", "bf16", "amp", "zero_optimization", "gradient_clipping",
+    "steps_per_print", "wall_clock_breakdown", "activation_checkpointing", "flops_profiler",
+    "tensorboard", "wandb", "csv_monitor", "comms_logger", "prescale_gradients",
+    "gradient_predivide_factor", "communication_data_type", "data_types", "checkpoint",
+    "elasticity", "pipeline", "compression_training", "autotuning", "sparse_attention",
+    "data_efficiency", "curriculum_learning", "memory_breakdown", "dump_state",
+    "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "nebula", "hybrid_engine",
+    "weight_quantization", "torch_autocast", "compile", "sequence_parallel_size",
+    "disable_allgather", "dataloader_drop_last", "use_data_before_expert_parallel_",
+))
+
+
+def _suggest(key: str, known) -> str:
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75)
+    return f"'{key}' (did you mean '{close[0]}'?)" if close else f"'{key}'"
+
+
+def _unknown_keys_error(where: str, keys, known) -> "_nvio.InvalidArgument":
+    listed = ", ".join(_suggest(k, known) for k in sorted(keys))
+    return _nvio.InvalidArgument(f"aio config: unknown {where} {listed}; known: {sorted(known)}")
 
 
 def _deepspeed_memcpy(dest: Any, src: Any) -> int:
@@ -95,15 +122,39 @@ def _as_int(key: str, value: Any) -> int:
 def aio_handle_from_config(config: Mapping[str, Any]) -> _aio.aio_handle:
     """An ``aio_handle`` from a DeepSpeed config (the whole config or just its ``aio`` section).
 
-    Unknown keys are an error (a typo must not silently fall back to a default). ``thread_count``
-    and ``num_threads`` are accepted for ``intra_op_parallelism`` with a DeprecationWarning.
+    Unknown keys are an error in both forms (a typo must not silently fall back to a default):
+    a mapping with an ``aio`` key is a whole config; one with other DeepSpeed top-level keys
+    (``train_batch_size``, ``zero_optimization``, ...) is a whole config without an aio section
+    (DeepSpeed's defaults, as DeepSpeed does), in which an aio setting or a near miss of one at
+    the top level is an error; anything else is an aio section, checked key by key. ``thread_count`` and ``num_threads`` are
+    accepted for ``intra_op_parallelism`` with a DeprecationWarning.
     """
+    if not isinstance(config, Mapping):
+        raise _nvio.InvalidArgument(
+            f"aio config: expected a mapping (a DeepSpeed config or its aio section), got "
+            f"{type(config).__name__}"
+        )
     if "aio" in config:
+        if not isinstance(config["aio"], Mapping):
+            raise _nvio.InvalidArgument(
+                f"aio config: 'aio' must be a mapping, got {type(config['aio']).__name__}"
+            )
         section = dict(config["aio"])
-    elif set(config) & (set(_AIO_DEFAULTS) | set(_PARALLELISM_ALIASES)):
-        section = dict(config)  # the aio section itself
+    elif set(config) & _DEEPSPEED_TOP_LEVEL:
+        # A whole DeepSpeed config without an aio section: DeepSpeed's defaults. Its other keys
+        # may be ones newer than this list, but not aio settings or near misses of them.
+        aio_like = _SECTION_KEYS | {"aio"}
+        misplaced = {k for k in set(config) - _DEEPSPEED_TOP_LEVEL
+                     if k in aio_like or difflib.get_close_matches(k, aio_like, n=1, cutoff=0.75)}
+        if misplaced:
+            listed = ", ".join(_suggest(k, aio_like) for k in sorted(misplaced))
+            raise _nvio.InvalidArgument(
+                f"aio config: top-level key(s) {listed} of a DeepSpeed config look like aio "
+                "settings, which belong in its 'aio' section"
+            )
+        section = {}
     else:
-        section = {}  # a whole DeepSpeed config without an aio section: DeepSpeed's defaults
+        section = dict(config)  # the aio section itself
     for alias in _PARALLELISM_ALIASES:
         if alias in section:
             warnings.warn(
@@ -115,9 +166,9 @@ def aio_handle_from_config(config: Mapping[str, Any]) -> _aio.aio_handle:
             section.setdefault("intra_op_parallelism", value)
     for key in _IGNORED_KEYS:
         section.pop(key, None)
-    unknown = sorted(set(section) - set(_AIO_DEFAULTS))
+    unknown = set(section) - set(_AIO_DEFAULTS)
     if unknown:
-        raise _nvio.InvalidArgument(f"aio config: unknown keys {unknown}; known: {sorted(_AIO_DEFAULTS)}")
+        raise _unknown_keys_error("keys", unknown, _AIO_DEFAULTS)
     merged = {**_AIO_DEFAULTS, **section}
     return _aio.aio_handle(
         block_size=_as_int("block_size", merged["block_size"]),

@@ -5,6 +5,7 @@
 // GIL: every call that can block (file opens, I/O, waits, allocation) goes through `unlocked()`,
 // the one helper that releases the GIL and afterwards turns queued library warnings into Python
 // warnings, so no binding can forget either.
+#include <pthread.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -24,6 +25,34 @@ namespace {
 // and delivered by the next binding call on a Python thread.
 std::mutex g_warnings_mutex;
 std::deque<std::string> g_warnings;
+
+// Held across fork() so that a child never inherits it locked by a worker thread of the parent.
+void install_fork_handlers() {
+  static const int installed =
+      ::pthread_atfork([] { g_warnings_mutex.lock(); }, [] { g_warnings_mutex.unlock(); },
+                       [] { g_warnings_mutex.unlock(); });
+  (void)installed;
+}
+
+// Text from the core as a Python str. Messages and paths may hold bytes that are not UTF-8 (a
+// file name is any bytes): a message keeps them readable as \xNN escapes, and a path decodes as
+// os.fsdecode() does, so that it names the same file when handed back to os functions.
+py::str message_text(const std::string& s) {
+  PyObject* o =
+      PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "backslashreplace");
+  if (o == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::str>(o);
+}
+
+py::str path_text(const std::string& s) {
+  PyObject* o = PyUnicode_DecodeFSDefaultAndSize(s.data(), static_cast<Py_ssize_t>(s.size()));
+  if (o == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::str>(o);
+}
+
+void set_error(PyObject* type, const std::string& what) {
+  PyErr_SetObject(type, message_text(what).ptr());
+}
 
 void deliver_warnings() {
   std::deque<std::string> pending;
@@ -66,6 +95,7 @@ struct PyErrors {
   PyObject* io;
   PyObject* not_found;
   PyObject* permission;
+  PyObject* read_only;
   PyObject* is_directory;
   PyObject* no_space;
   PyObject* short_file;
@@ -87,13 +117,14 @@ PyObject* make_error(py::module_& m, const char* name, std::initializer_list<PyO
 
 void raise_os_error(PyObject* type, const nvio::IoError& e) {
   py::object exc;
+  const py::str path = path_text(e.path());
   if (e.error_code() != 0) {
-    exc = py::reinterpret_borrow<py::object>(type)(e.error_code(), e.what(), e.path());
+    exc = py::reinterpret_borrow<py::object>(type)(e.error_code(), message_text(e.what()), path);
   } else {
     // No errno (e.g. a short file): OSError's filename would turn str() into "[Errno None]".
-    exc = py::reinterpret_borrow<py::object>(type)(e.what());
+    exc = py::reinterpret_borrow<py::object>(type)(message_text(e.what()));
   }
-  exc.attr("path") = e.path();
+  exc.attr("path") = path;
   exc.attr("offset") = e.offset();
   exc.attr("length") = e.length();
   exc.attr("operation") = nvio::to_string(e.op());
@@ -112,6 +143,8 @@ void translate(std::exception_ptr p) {
     raise_os_error(g_errors.not_found, e);
   } catch (const nvio::PermissionDenied& e) {
     raise_os_error(g_errors.permission, e);
+  } catch (const nvio::ReadOnlyFileSystem& e) {
+    raise_os_error(g_errors.read_only, e);
   } catch (const nvio::IsADirectory& e) {
     raise_os_error(g_errors.is_directory, e);
   } catch (const nvio::NoSpace& e) {
@@ -119,22 +152,22 @@ void translate(std::exception_ptr p) {
   } catch (const nvio::IoError& e) {
     raise_os_error(g_errors.io, e);
   } catch (const nvio::InvalidArgument& e) {
-    PyErr_SetString(g_errors.invalid_argument, e.what());
+    set_error(g_errors.invalid_argument, e.what());
   } catch (const nvio::EngineUnavailable& e) {
-    PyErr_SetString(g_errors.engine_unavailable, e.what());
+    set_error(g_errors.engine_unavailable, e.what());
   } catch (const nvio::MemoryError& e) {
-    PyErr_SetString(g_errors.memory, e.what());
+    set_error(g_errors.memory, e.what());
   } catch (const nvio::GpuError& e) {
-    py::object exc = py::reinterpret_borrow<py::object>(g_errors.gpu)(e.what());
+    py::object exc = py::reinterpret_borrow<py::object>(g_errors.gpu)(message_text(e.what()));
     exc.attr("api") = e.api();
     exc.attr("code") = e.code();
     exc.attr("code_name") = e.code_name();
-    exc.attr("path") = e.path();
+    exc.attr("path") = path_text(e.path());
     exc.attr("offset") = e.offset();
     exc.attr("length") = e.length();
     PyErr_SetObject(g_errors.gpu, exc.ptr());
   } catch (const nvio::Error& e) {
-    PyErr_SetString(g_errors.error, e.what());
+    set_error(g_errors.error, e.what());
   }
 }
 
@@ -255,6 +288,8 @@ PYBIND11_MODULE(_nvio, m) {
                                   "The file does not exist.");
   g_errors.permission = make_error(m, "PermissionDenied", {g_errors.io, PyExc_PermissionError},
                                    "Access to the file was refused.");
+  g_errors.read_only = make_error(m, "ReadOnlyFileSystem", {g_errors.io},
+                                  "A write to a file on a read-only file system (errno EROFS).");
   g_errors.is_directory = make_error(m, "IsADirectory", {g_errors.io, PyExc_IsADirectoryError},
                                      "A directory was given where a file was expected.");
   g_errors.no_space = make_error(m, "NoSpace", {g_errors.io}, "The device is full.");
@@ -264,6 +299,7 @@ PYBIND11_MODULE(_nvio, m) {
                             "A CUDA driver or cuFile call failed, or CUDA is unusable for device "
                             "memory (attributes: api, code, code_name, path, offset, length).");
   py::register_exception_translator(&translate);
+  install_fork_handlers();
 
   nvio::set_warning_sink([](const std::string& msg) {
     std::lock_guard lock(g_warnings_mutex);
@@ -528,7 +564,7 @@ PYBIND11_MODULE(_nvio, m) {
   m.def("probe_directory", [](const std::string& dir) {
     const nvio::DirectIoInfo info = unlocked([&] { return nvio::probe_directory(dir); });
     py::dict d;
-    d["path"] = dir;
+    d["path"] = path_text(dir);
     d["direct_io"] = info.supported;
     d["mem_align"] = info.mem_align;
     d["offset_align"] = info.offset_align;

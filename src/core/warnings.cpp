@@ -1,5 +1,7 @@
 #include "nvio/warnings.hpp"
 
+#include <pthread.h>
+
 #include <mutex>
 #include <set>
 
@@ -14,7 +16,13 @@ struct WarningState {
 
 WarningState& state() {
   // Leaked on purpose: warnings may be raised from static destructors of other objects.
-  static auto* s = new WarningState;
+  static auto* s = [] {
+    auto* created = new WarningState;
+    // Held across fork(): a child must not inherit the mutex locked by a thread it lacks.
+    ::pthread_atfork([] { state().mutex.lock(); }, [] { state().mutex.unlock(); },
+                     [] { state().mutex.unlock(); });
+    return created;
+  }();
   return *s;
 }
 

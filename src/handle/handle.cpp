@@ -490,6 +490,11 @@ OperationPtr Handle::Impl::prepare(Direction dir, std::byte* buf, std::size_t le
   }
   if (path != nullptr) {
     if (path->empty()) throw InvalidArgument("file path is empty");
+    if (const std::size_t nul = path->find('\0'); nul != std::string::npos) {
+      // open() would stop at the NUL and use a different, shorter name.
+      throw InvalidArgument(fmt::format("file path '{}' holds a NUL byte at position {}",
+                                        path->substr(0, nul), nul));
+    }
     open_path(*op, *path, options.direct);
   } else {
     if (fd < 0) throw InvalidArgument(fmt::format("file descriptor {} is negative", fd));

@@ -46,9 +46,20 @@ _DEEPSPEED_TOP_LEVEL = frozenset((
 ))
 
 
-def _suggest(key: str, known) -> str:
+def _closest(key: Any, known) -> "str | None":
+    """The known key `key` most likely misspells: transposed letters ('aoi') or a close match."""
+    if not isinstance(key, str):
+        return None
+    for k in sorted(known):
+        if sorted(k) == sorted(key):
+            return k
     close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75)
-    return f"'{key}' (did you mean '{close[0]}'?)" if close else f"'{key}'"
+    return close[0] if close else None
+
+
+def _suggest(key: Any, known) -> str:
+    close = _closest(key, known)
+    return f"'{key}' (did you mean '{close}'?)" if close else f"'{key}'"
 
 
 def _unknown_keys_error(where: str, keys, known) -> "_nvio.InvalidArgument":
@@ -144,8 +155,7 @@ def aio_handle_from_config(config: Mapping[str, Any]) -> _aio.aio_handle:
         # A whole DeepSpeed config without an aio section: DeepSpeed's defaults. Its other keys
         # may be ones newer than this list, but not aio settings or near misses of them.
         aio_like = _SECTION_KEYS | {"aio"}
-        misplaced = {k for k in set(config) - _DEEPSPEED_TOP_LEVEL
-                     if k in aio_like or difflib.get_close_matches(k, aio_like, n=1, cutoff=0.75)}
+        misplaced = {k for k in set(config) - _DEEPSPEED_TOP_LEVEL if _closest(k, aio_like)}
         if misplaced:
             listed = ", ".join(_suggest(k, aio_like) for k in sorted(misplaced))
             raise _nvio.InvalidArgument(

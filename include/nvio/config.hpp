@@ -2,8 +2,11 @@
 //
 // Where it lives: $NVIO_CONFIG when set (the value "none" turns the file off), else
 // $XDG_CONFIG_HOME/nvio/config.json, else $HOME/.config/nvio/config.json. A missing file is not
-// an error: it simply adds nothing. A file that exists but does not parse, or holds an unknown
-// option or a bad value, is an InvalidArgument naming the file and the key.
+// an error: it simply adds nothing. A file that exists but does not parse, holds an unknown key at
+// any level (reported with its key path and the closest known key) or a value that does not parse
+// or is out of range (in any profile, whichever applies), is an InvalidArgument naming the file and
+// the key. It must be a regular file of at most 1 MiB: a FIFO, device or socket, or a larger file,
+// is an InvalidArgument; a directory is an IsADirectory. A FIFO without a writer does not block.
 //
 // Format (JSON):
 //   { "version": 1,
@@ -52,8 +55,8 @@ std::string config_path(const EnvLookup& getenv = {});
 // The profile key of the device holding `path`. Throws IoError when `path` cannot be stat'ed.
 std::string device_key(const std::string& path);
 
-// Reads the whole file; nullopt when it does not exist. Throws InvalidArgument when malformed and
-// IoError when it exists but cannot be read.
+// Reads the whole file; nullopt when it does not exist. Throws InvalidArgument when malformed, not
+// a regular file or over 1 MiB, and IoError (with the real errno) when it cannot be read.
 std::optional<ConfigFile> load_config(const std::string& path);
 
 // The profile that applies to `directory` (its device's profile, else the default one; with an

@@ -2,10 +2,13 @@
 //
 // Precedence, lowest to highest: the default below, then the saved configuration file written by
 // `nvio tune --save` (see nvio/config.hpp), then the environment (NVIO_*), then values set
-// explicitly by the caller (OptionOverrides). Environment and configuration values are parsed
-// strictly: a value that does not parse raises InvalidArgument naming the variable or the file;
-// range checks apply to the merged result (so an out-of-range environment value is an error unless
-// an explicit value replaces it).
+// explicitly by the caller (OptionOverrides). Environment and configuration values are parsed and
+// range-checked strictly whenever options are resolved, whether or not a higher layer replaces
+// them: a set NVIO_* variable that does not parse or is out of range raises InvalidArgument naming
+// the variable, its value and the valid range, even when the caller passes an explicit value for
+// that option or for another one (a malformed variable is a configuration mistake the user must
+// hear about, not one that depends on which options a caller happens to set). The same holds for
+// every value in the configuration file (see config.hpp). Explicit values are range-checked too.
 //
 // | option               | default | environment                 | valid range                  |
 // |----------------------|---------|-----------------------------|------------------------------|

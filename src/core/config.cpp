@@ -6,12 +6,13 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
-#include <sstream>
+#include <vector>
 
 #include "nvio/errors.hpp"
 
@@ -20,8 +21,70 @@ namespace {
 
 using nlohmann::json;
 
+// A configuration file holds one small profile per drive: a few KiB at most. The cap keeps an
+// endless or huge file (NVIO_CONFIG=/dev/zero, a log file by mistake) from hanging the process
+// and eating its memory.
+constexpr std::size_t kMaxConfigBytes = std::size_t{1} << 20;
+
 [[noreturn]] void malformed(const std::string& path, const std::string& what) {
   throw InvalidArgument(fmt::format("configuration file {}: {}", path, what));
+}
+
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+// Every level of the document is checked, so that a misspelt key ("defualt", "optoins") is an
+// error rather than a setting silently ignored. `where` is the key path of `object` ("" at the
+// top level).
+void check_keys(const json& object, std::initializer_list<const char*> known,
+                const std::string& path, const std::string& where) {
+  for (const auto& [name, value] : object.items()) {
+    (void)value;
+    if (std::find(known.begin(), known.end(), name) != known.end()) continue;
+    std::string message =
+        fmt::format("unknown key '{}'", where.empty() ? name : where + "." + name);
+    const char* closest = nullptr;
+    std::size_t best = 0;
+    for (const char* k : known) {
+      const std::size_t d = edit_distance(name, k);
+      if (closest == nullptr || d < best) {
+        closest = k;
+        best = d;
+      }
+    }
+    // Only a near miss is a suggestion; "foo" is not a misspelling of "profiles".
+    if (closest != nullptr && best <= std::max<std::size_t>(2, name.size() / 3)) {
+      message += fmt::format(" (did you mean '{}'?)", closest);
+    }
+    message += fmt::format("; known keys{}: ", where.empty() ? "" : " in " + where);
+    bool first = true;
+    for (const char* k : known) {
+      message += (first ? "" : ", ") + std::string(k);
+      first = false;
+    }
+    malformed(path, message);
+  }
+}
+
+// Range-checks one option value as Options::validate() does, so that a bad value is reported with
+// its key path even when the environment or the caller overrides it later.
+template <typename T>
+void check_range(T Options::*field, T value) {
+  Options probe;
+  probe.*field = value;
+  probe.validate();
 }
 
 unsigned json_unsigned(const json& v, const std::string& path, const std::string& where) {
@@ -44,6 +107,10 @@ std::string json_string(const json& v, const std::string& path, const std::strin
 
 OptionOverrides parse_options(const json& j, const std::string& path, const std::string& where) {
   if (!j.is_object()) malformed(path, where + " must be an object");
+  check_keys(j,
+             {"engine", "block_size", "queue_depth", "intra_op_parallelism", "single_submit",
+              "overlap_events", "direct", "gpu_direct"},
+             path, where);
   OptionOverrides o;
   for (const auto& [name, value] : j.items()) {
     const std::string at = where + "." + name;
@@ -54,10 +121,13 @@ OptionOverrides parse_options(const json& j, const std::string& path, const std:
       } else if (name == "block_size") {
         o.block_size = value.is_string() ? parse_size(value.get<std::string>(), at)
                                          : std::size_t{json_unsigned(value, path, at)};
+        check_range(&Options::block_size, *o.block_size);
       } else if (name == "queue_depth") {
         o.queue_depth = json_unsigned(value, path, at);
+        check_range(&Options::queue_depth, *o.queue_depth);
       } else if (name == "intra_op_parallelism") {
         o.intra_op_parallelism = json_unsigned(value, path, at);
+        check_range(&Options::intra_op_parallelism, *o.intra_op_parallelism);
       } else if (name == "single_submit") {
         o.single_submit = json_bool(value, path, at);
       } else if (name == "overlap_events") {
@@ -66,13 +136,12 @@ OptionOverrides parse_options(const json& j, const std::string& path, const std:
         o.direct = parse_direct(json_string(value, path, at), at);
       } else if (name == "gpu_direct") {
         o.gpu_direct = parse_gpu_direct(json_string(value, path, at), at);
-      } else {
-        malformed(path, fmt::format("unknown option '{}' in {}", name, where));
       }
     } catch (const InvalidArgument& e) {
       const std::string msg = e.what();
       if (msg.rfind("configuration file ", 0) == 0) throw;
-      malformed(path, msg);
+      // The range checks name the option but not where it is; the parsers already name `at`.
+      malformed(path, msg.find(at) == std::string::npos ? at + ": " + msg : msg);
     }
   }
   return o;
@@ -107,6 +176,7 @@ ConfigFile parse_file(const std::string& text, const std::string& path) {
     malformed(path, fmt::format("not valid JSON ({})", e.what()));
   }
   if (!j.is_object()) malformed(path, "the top level must be a JSON object");
+  check_keys(j, {"version", "default", "profiles"}, path, "");
   if (!j.contains("version") || j["version"] != 1) {
     malformed(path, "\"version\" must be 1 (written by a different nvio?)");
   }
@@ -118,6 +188,7 @@ ConfigFile parse_file(const std::string& text, const std::string& path) {
     for (const auto& [key, p] : profiles.items()) {
       const std::string where = "profiles." + key;
       if (!p.is_object()) malformed(path, where + " must be an object");
+      check_keys(p, {"directory", "filesystem", "saved_at", "note", "options"}, path, where);
       ConfigProfile profile;
       profile.key = key;
       auto text_field = [&](const char* name, std::string& out) {
@@ -141,6 +212,71 @@ ConfigFile parse_file(const std::string& text, const std::string& path) {
 
 std::string key_of(const struct stat& st) {
   return fmt::format("dev:{}:{}", major(st.st_dev), minor(st.st_dev));
+}
+
+const char* file_kind(mode_t mode) {
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() { ::close(fd_); }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+// The whole file, or nullopt when it does not exist. The checks use fstat on the descriptor that
+// is then read, not a stat of the path, so the file cannot be swapped in between.
+std::optional<std::string> read_config_text(const std::string& path) {
+  // O_NONBLOCK: opening a FIFO that has no writer returns at once instead of waiting for one (the
+  // fstat below then refuses it); it changes nothing for a regular file.
+  const int raw = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  if (raw < 0) {
+    const int err = errno;
+    if (err == ENOENT) return std::nullopt;
+    throw_io_error(IoOp::Open, path, 0, 0, err, "cannot read the configuration file");
+  }
+  const Fd fd(raw);
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) {
+    throw_io_error(IoOp::Stat, path, 0, 0, errno, "cannot read the configuration file");
+  }
+  if (S_ISDIR(st.st_mode)) {
+    throw_io_error(IoOp::Open, path, 0, 0, EISDIR, "the configuration file must be a regular file");
+  }
+  if (!S_ISREG(st.st_mode)) {
+    malformed(path, fmt::format("is {}, not a regular file", file_kind(st.st_mode)));
+  }
+  auto too_big = [&](const char* qualifier, std::uint64_t size) {
+    malformed(path, fmt::format("{}{} bytes is over the {}-byte limit of a configuration file",
+                                qualifier, size, kMaxConfigBytes));
+  };
+  if (static_cast<std::uint64_t>(st.st_size) > kMaxConfigBytes) {
+    too_big("", static_cast<std::uint64_t>(st.st_size));
+  }
+  // Read to the end rather than trusting st_size, but never past the cap: the file may have grown
+  // since the fstat.
+  std::string text;
+  text.reserve(static_cast<std::size_t>(st.st_size));
+  char chunk[16384];
+  while (true) {
+    const ssize_t n = ::read(fd.get(), chunk, sizeof chunk);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw_io_error(IoOp::Read, path, text.size(), sizeof chunk, errno);
+    if (n == 0) break;
+    text.append(chunk, static_cast<std::size_t>(n));
+    if (text.size() > kMaxConfigBytes) too_big("at least ", text.size());
+  }
+  return text;
 }
 
 }  // namespace
@@ -174,15 +310,9 @@ std::string device_key(const std::string& path) {
 
 std::optional<ConfigFile> load_config(const std::string& path) {
   if (path.empty()) return std::nullopt;
-  std::ifstream in(path);
-  if (!in) {
-    const int err = errno;
-    if (err == ENOENT) return std::nullopt;
-    throw_io_error(IoOp::Open, path, 0, 0, err, "cannot read the configuration file");
-  }
-  std::ostringstream text;
-  text << in.rdbuf();
-  return parse_file(text.str(), path);
+  std::optional<std::string> text = read_config_text(path);
+  if (!text) return std::nullopt;
+  return parse_file(*text, path);
 }
 
 std::optional<ConfigProfile> select_profile(const ConfigFile& file, const std::string& directory) {

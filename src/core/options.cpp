@@ -172,21 +172,31 @@ unsigned parse_unsigned(const std::string& text, const std::string& what) {
 
 // Applies one option from each layer in turn; `parse` turns the environment text into a value.
 template <typename T, typename Parse>
-void layer(const char* name, T& value, const std::optional<T>& config_value,
-           const std::optional<T>& explicit_value, const EnvLookup& getenv, EffectiveOptions& out,
-           Parse parse) {
+void layer(const char* name, T Options::*field, Options& values,
+           const std::optional<T>& config_value, const std::optional<T>& explicit_value,
+           const EnvLookup& getenv, EffectiveOptions& out, Parse parse) {
   out.sources[name] = OptionSource::Default;
   if (config_value) {
-    value = *config_value;
+    values.*field = *config_value;
     out.sources[name] = OptionSource::Config;
   }
   const std::string& var = EffectiveOptions::environment_names().at(name);
   if (const char* text = getenv(var.c_str()); text != nullptr) {
-    value = parse(std::string(text), var);
+    const T parsed = parse(std::string(text), var);
+    // Range-checked here, not only in the merged result: a bad variable is a mistake the user
+    // must hear about even when an explicit value replaces it.
+    Options probe;
+    probe.*field = parsed;
+    try {
+      probe.validate();
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(fmt::format("invalid value '{}' for {}: {}", text, var, e.what()));
+    }
+    values.*field = parsed;
     out.sources[name] = OptionSource::Environment;
   }
   if (explicit_value) {
-    value = *explicit_value;
+    values.*field = *explicit_value;
     out.sources[name] = OptionSource::Explicit;
   }
 }
@@ -208,36 +218,23 @@ EffectiveOptions resolve_options(const OptionOverrides& overrides, const EnvLook
   }
   Options& o = out.values;
   const OptionOverrides& x = overrides;
-  layer("engine", o.engine, saved.engine, x.engine, getenv, out, parse_engine);
-  layer("block_size", o.block_size, saved.block_size, x.block_size, getenv, out, parse_size);
-  layer("queue_depth", o.queue_depth, saved.queue_depth, x.queue_depth, getenv, out,
+  layer("engine", &Options::engine, o, saved.engine, x.engine, getenv, out, parse_engine);
+  layer("block_size", &Options::block_size, o, saved.block_size, x.block_size, getenv, out,
+        parse_size);
+  layer("queue_depth", &Options::queue_depth, o, saved.queue_depth, x.queue_depth, getenv, out,
         parse_unsigned);
-  layer("single_submit", o.single_submit, saved.single_submit, x.single_submit, getenv, out,
-        parse_bool);
-  layer("overlap_events", o.overlap_events, saved.overlap_events, x.overlap_events, getenv, out,
-        parse_bool);
-  layer("intra_op_parallelism", o.intra_op_parallelism, saved.intra_op_parallelism,
+  layer("single_submit", &Options::single_submit, o, saved.single_submit, x.single_submit, getenv,
+        out, parse_bool);
+  layer("overlap_events", &Options::overlap_events, o, saved.overlap_events, x.overlap_events,
+        getenv, out, parse_bool);
+  layer("intra_op_parallelism", &Options::intra_op_parallelism, o, saved.intra_op_parallelism,
         x.intra_op_parallelism, getenv, out, parse_unsigned);
-  layer("direct", o.direct, saved.direct, x.direct, getenv, out, parse_direct);
-  layer("gpu_direct", o.gpu_direct, saved.gpu_direct, x.gpu_direct, getenv, out, parse_gpu_direct);
-  try {
-    o.validate();
-  } catch (const InvalidArgument& e) {
-    // Say which layer the bad value came from, so an environment typo or a stale configuration
-    // file is easy to find.
-    for (const auto& [name, source] : out.sources) {
-      if (std::string(e.what()).rfind(name + " ", 0) != 0) continue;
-      if (source == OptionSource::Environment) {
-        throw InvalidArgument(std::string(e.what()) + " (from " +
-                              EffectiveOptions::environment_names().at(name) + ")");
-      }
-      if (source == OptionSource::Config) {
-        throw InvalidArgument(fmt::format("{} (from profile '{}' of configuration file {})",
-                                          e.what(), out.config_profile, out.config_path));
-      }
-    }
-    throw;
-  }
+  layer("direct", &Options::direct, o, saved.direct, x.direct, getenv, out, parse_direct);
+  layer("gpu_direct", &Options::gpu_direct, o, saved.gpu_direct, x.gpu_direct, getenv, out,
+        parse_gpu_direct);
+  // The configuration file and the environment were range-checked as they were read, so only an
+  // explicit value can still be out of range here; the message names the option.
+  o.validate();
   return out;
 }
 

@@ -5,12 +5,14 @@ environment without NVIO_* variables (and NVIO_CONFIG=none) unless a test adds o
 change the outcome. Sizes are small and odd so that the whole file runs in a few seconds.
 """
 
+import hashlib
 import json
 import math
 import os
 import pty
 import re
 import signal
+import stat
 import subprocess
 import time
 
@@ -144,6 +146,19 @@ def test_bad_environment_exits_2_naming_the_variable(tmp_path, command):
     r = nvio(command, "--dir", tmp_path / "d", env=clean_env(NVIO_QUEUE_DEPTH="garbage"))
     line = assert_one_error_line(r)
     assert "NVIO_QUEUE_DEPTH" in line
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize(
+    "var, value, flag",
+    [("NVIO_QUEUE_DEPTH", "0", "--queue-depth"), ("NVIO_BLOCK_SIZE", "16G", "--block-size"),
+     ("NVIO_INTRA_OP_PARALLELISM", "0", "--queue-depth")],
+)
+def test_out_of_range_environment_is_an_error_even_with_a_flag(tmp_path, var, value, flag):
+    r = nvio("bench", "--dir", tmp_path / "d", flag, "4", env=clean_env(**{var: value}))
+    line = assert_one_error_line(r)
+    assert var in line and f"'{value}'" in line
+    assert "(from --" not in line  # the flag's value was fine; the variable was not
     assert not (tmp_path / "d").exists()
 
 
@@ -289,14 +304,21 @@ def test_verify_catches_a_flipped_byte(tmp_path):
     assert f.read_bytes() == bytes(data)  # a read-only run leaves the file alone
 
 
-def test_verify_rejects_a_stale_file_without_the_seed(tmp_path):
-    f = tmp_path / "data.bin"
-    r = nvio("bench", "--op", "write", "--keep", "--file", f, "--size", 65536, "--loops", 1)
+def test_verify_of_an_existing_file_needs_its_seed(tmp_path):
+    # Only the run that wrote a file knows its pattern: without --seed, verifying an existing file
+    # (nvio's or anyone's) is refused rather than reported as corrupt at offset 0.
+    stale = tmp_path / "data.bin"
+    r = nvio("bench", "--op", "write", "--keep", "--file", stale, "--size", 65536, "--loops", 1)
     assert r.returncode == 0, r.stderr
-    # No --seed: a new one is drawn, so the old file must not pass.
-    r = nvio("bench", "--op", "read", "--verify", "--file", f, "--size", 65536, "--loops", 1)
-    assert r.returncode == 1
-    assert re.search(r"first bad byte at file offset [0-7] ", r.stderr), r.stderr
+    foreign = tmp_path / "foreign.bin"
+    foreign.write_bytes(os.urandom(65536))
+    for f in (stale, foreign):
+        before = fingerprint(f)
+        r = nvio("bench", "--op", "read", "--verify", "--file", f, "--size", 65536, "--loops", 1)
+        line = assert_one_error_line(r)
+        assert "--seed" in line and str(f) in line
+        assert "verify failed" not in r.stderr
+        assert fingerprint(f) == before
 
 
 # ---- files --------------------------------------------------------------------------------------
@@ -324,13 +346,81 @@ def test_existing_file_is_never_removed(tmp_path):
     assert f.read_bytes() == content
 
 
-def test_short_file_is_extended_before_a_read_only_run(tmp_path):
-    f = tmp_path / "short.bin"
-    f.write_bytes(b"abc")
-    out = bench_json("--op", "read", "--file", f, "--size", ODD_SIZE, "--loops", 1, "--verify",
-                     "--seed", 9)
-    assert out["results"][0]["verified"] is True
-    assert f.stat().st_size == ODD_SIZE
+def fingerprint(path):
+    """What must not change when a run only reads a file: its bytes, size and mtime."""
+    st = os.stat(path)
+    return hashlib.sha256(open(path, "rb").read()).hexdigest(), st.st_size, st.st_mtime_ns
+
+
+@pytest.mark.parametrize("content_size", [0, 3, ODD_SIZE - 1])
+@pytest.mark.parametrize("mode", [0o644, 0o444])
+def test_read_only_run_never_writes_an_existing_file(tmp_path, content_size, mode):
+    # A --size larger than the file is refused (exit 2, naming the file, its size and --size)
+    # rather than the file being extended or overwritten with the pattern.
+    f = tmp_path / "mine.bin"
+    f.write_bytes(os.urandom(content_size))
+    f.chmod(mode)
+    before = fingerprint(f)
+    r = nvio("bench", "--op", "read", "--file", f, "--size", ODD_SIZE, "--loops", 1)
+    line = assert_one_error_line(r)
+    assert str(f) in line and f"{content_size} bytes" in line and str(ODD_SIZE) in line
+    assert fingerprint(f) == before
+    if content_size:  # a --size the file holds is read, and the file is left as it was
+        out = bench_json("--op", "read", "--file", f, "--size", content_size, "--loops", 2)
+        assert out["results"][0]["bytes"] == content_size
+        assert fingerprint(f) == before
+
+
+def test_default_op_does_not_overwrite_an_existing_file(tmp_path):
+    f = tmp_path / "mine.bin"
+    f.write_bytes(os.urandom(ODD_SIZE))
+    before = fingerprint(f)
+    r = nvio("bench", "--file", f, "--size", 65536, "--loops", 1)
+    line = assert_one_error_line(r)
+    assert str(f) in line and "--op read" in line and "--op write" in line
+    assert fingerprint(f) == before
+
+
+@pytest.mark.parametrize("op", ["write", "both"])
+def test_explicit_write_op_overwrites_an_existing_file_and_keeps_it(tmp_path, op):
+    f = tmp_path / "mine.bin"
+    f.write_bytes(b"\0" * (2 * 65536))
+    out = bench_json("--op", op, "--file", f, "--size", 65536, "--loops", 1, "--verify")
+    assert all(r["verified"] is True for r in out["results"])
+    data = f.read_bytes()
+    assert len(data) == 2 * 65536  # only the first --size bytes are written
+    assert data[:65536] != b"\0" * 65536 and data[65536:] == b"\0" * 65536
+
+
+def dummy_block_device(tmp_path):
+    """A block device node for device 0:0, which no driver has: never a real disk, so a test (or a
+    regression) can never write to one."""
+    path = tmp_path / "blockdev"
+    try:
+        os.mknod(path, stat.S_IFBLK | 0o600, os.makedev(0, 0))
+    except OSError as e:
+        pytest.skip(f"cannot make a block device node here: {e}")
+    return path
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo", "char-device", "block-device"])
+@pytest.mark.parametrize("op", ["read", "both"])
+def test_file_that_is_not_a_regular_file_is_refused(tmp_path, kind, op):
+    if kind == "directory":
+        target, words = tmp_path / "d", "is a directory"
+        target.mkdir()
+    elif kind == "fifo":
+        target, words = tmp_path / "fifo", "is a FIFO"
+        os.mkfifo(target)
+    elif kind == "char-device":
+        target, words = "/dev/null", "is a character device"
+    else:
+        target, words = dummy_block_device(tmp_path), "is a block device"
+    r = nvio("bench", "--op", op, "--file", target, "--size", 4096, "--loops", 1, timeout=20)
+    line = assert_one_error_line(r)
+    assert str(target) in line and words in line
+    if kind == "directory":
+        assert list(target.iterdir()) == []
 
 
 def test_dir_is_created_and_scratch_file_kept_with_keep(tmp_path):
@@ -338,6 +428,36 @@ def test_dir_is_created_and_scratch_file_kept_with_keep(tmp_path):
     out = bench_json("--dir", d, "--size", ODD_SIZE, "--loops", 1, "--keep")
     assert [p.name for p in d.iterdir()] == [os.path.basename(out["file"])]
     assert os.path.getsize(out["file"]) == ODD_SIZE
+
+
+# ---- configuration file ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["report", "bench"])
+@pytest.mark.parametrize("kind", ["dev-zero", "fifo", "huge"])
+def test_unreadable_kinds_of_configuration_file_are_one_line_not_a_hang(tmp_path, command, kind):
+    if kind == "dev-zero":
+        config, words = "/dev/zero", "character device"
+    elif kind == "fifo":
+        config, words = str(tmp_path / "config.fifo"), "FIFO"
+        os.mkfifo(config)
+    else:
+        config, words = str(tmp_path / "config.json"), "limit"
+        with open(config, "wb") as f:
+            f.truncate(1 << 30)  # sparse: costs no disk
+    args = ["--dir", tmp_path / "d"]
+    if command == "bench":
+        args += ["--size", 4096, "--loops", 1]
+    r = nvio(command, *args, env=clean_env(NVIO_CONFIG=config), timeout=20)
+    line = assert_one_error_line(r)
+    assert config in line and words in line
+    assert not (tmp_path / "d").exists()
+
+
+def test_directory_as_configuration_file_says_so(tmp_path):
+    r = nvio("report", "--dir", tmp_path, env=clean_env(NVIO_CONFIG=str(tmp_path)), timeout=20)
+    line = assert_one_error_line(r, code=1)
+    assert str(tmp_path) in line and "Is a directory" in line
 
 
 # ---- report -------------------------------------------------------------------------------------

@@ -2,11 +2,15 @@
 // selection by device, and its place in the precedence default < config < environment < explicit.
 #include "nvio/config.hpp"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <map>
 #include <string>
 
@@ -228,17 +232,109 @@ TEST(Config, MalformedFilesAreErrorsNamingTheFileAndKey) {
     write_text(path, text);
     EXPECT_TRUE(throws_naming(resolve, {path, needle})) << text;
   }
-  // In range per type but not for the handle: the message says it came from the file.
+  // In range per type but not for the handle: the message names the file and the key path.
   write_text(path, R"({"version": 1, "default": "k",
                        "profiles": {"k": {"options": {"queue_depth": 0}}}})");
-  EXPECT_TRUE(throws_naming(resolve, {"queue_depth", path, "profile 'k'"}));
-  // An explicit value replaces the bad one, as for the environment.
+  EXPECT_TRUE(throws_naming(resolve, {path, "profiles.k.options.queue_depth", "between 1 and"}));
+  // Still an error when an explicit value would replace it: the file itself is wrong.
   nvio::OptionOverrides o;
   o.queue_depth = 2;
-  EXPECT_EQ(nvio::resolve_options(o, env.lookup()).values.queue_depth, 2u);
+  EXPECT_TRUE(throws_naming([&] { nvio::resolve_options(o, env.lookup()); },
+                            {path, "profiles.k.options.queue_depth"}));
+  // And in a profile that does not apply here (another drive's): the whole file is checked.
+  write_text(path, R"({"version": 1, "default": "k", "profiles": {
+                         "k": {"options": {}},
+                         "dev:9999:9": {"options": {"block_size": "16G"}}}})");
+  EXPECT_TRUE(throws_naming(resolve, {path, "profiles.dev:9999:9.options.block_size", "between"}));
   // save_profile refuses to overwrite a file it cannot read, rather than losing other profiles.
   write_text(path, "{broken");
   EXPECT_TRUE(throws_naming([&] { nvio::save_profile(path, sample_profile(dir.path())); }, {path}));
+}
+
+TEST(Config, UnknownKeysAtEveryLevelAreErrorsNamingTheKeyPath) {
+  TempDir dir;
+  const std::string path = dir.file("config.json");
+  Env env;
+  env.vars["NVIO_CONFIG"] = path;
+  auto resolve = [&] { nvio::resolve_options({}, env.lookup()); };
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {R"({"version": 1, "defualt": "k", "profiles": {"k": {"options": {}}}})",
+       {"'defualt'", "did you mean 'default'"}},
+      {R"({"version": 1, "profiles": {"dev:8:0": {"optoins": {}, "options": {}}}})",
+       {"'profiles.dev:8:0.optoins'", "did you mean 'options'"}},
+      {R"({"version": 1, "profiles": {"k": {"options": {}, "nots": "x"}}})",
+       {"'profiles.k.nots'", "did you mean 'note'"}},
+      {R"({"version": 1, "profiles": {"k": {"options": {"queue_depht": 4}}}})",
+       {"'profiles.k.options.queue_depht'", "did you mean 'queue_depth'"}},
+  };
+  for (const auto& [text, needles] : cases) {
+    write_text(path, text);
+    std::vector<std::string> all = needles;
+    all.push_back(path);
+    EXPECT_TRUE(throws_naming(resolve, all)) << text;
+  }
+  // A key that is nothing like a known one gets the list of known keys, not a wild guess.
+  write_text(path, R"({"version": 1, "colour": "red"})");
+  try {
+    resolve();
+    ADD_FAILURE() << "accepted an unknown top-level key";
+  } catch (const nvio::InvalidArgument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("'colour'"), std::string::npos) << what;
+    EXPECT_NE(what.find("profiles"), std::string::npos) << what;
+    EXPECT_EQ(what.find("did you mean"), std::string::npos) << what;
+  }
+}
+
+TEST(Config, NonRegularAndOversizedFilesAreRefused) {
+  TempDir dir;
+  // A character device that never ends: refused at once, not read until memory runs out.
+  EXPECT_TRUE(
+      throws_naming([] { nvio::load_config("/dev/zero"); }, {"/dev/zero", "character device"}));
+  // A directory.
+  try {
+    nvio::load_config(dir.path());
+    ADD_FAILURE() << "a directory was accepted";
+  } catch (const nvio::IsADirectory& e) {
+    EXPECT_NE(std::string(e.what()).find(dir.path()), std::string::npos) << e.what();
+    EXPECT_EQ(e.error_code(), EISDIR);
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "wrong exception: " << e.what();
+  }
+  // A sparse file over the cap: its size and the cap are named, and it is not read.
+  const std::string big = dir.file("big.json");
+  {
+    const int fd = ::open(big.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::ftruncate(fd, 2 << 20), 0);
+    ::close(fd);
+  }
+  EXPECT_TRUE(throws_naming([&] { nvio::load_config(big); }, {big, "2097152", "1048576"}));
+}
+
+TEST(Config, FifoWithNoWriterIsRefusedWithoutHanging) {
+  TempDir dir;
+  const std::string fifo = dir.file("config.fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  auto loading = std::async(std::launch::async, [&]() -> std::string {
+    try {
+      nvio::load_config(fifo);
+    } catch (const nvio::InvalidArgument& e) {
+      return e.what();
+    } catch (const std::exception& e) {
+      return std::string("wrong exception: ") + e.what();
+    }
+    return "accepted";
+  });
+  if (loading.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+    ADD_FAILURE() << "load_config blocked opening a FIFO with no writer";
+    // Become the writer so that the blocked open returns and the test can end.
+    const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd >= 0) ::close(fd);
+  }
+  const std::string what = loading.get();
+  EXPECT_NE(what.find(fifo), std::string::npos) << what;
+  EXPECT_NE(what.find("FIFO"), std::string::npos) << what;
 }
 
 TEST(Config, UnwritableLocationIsAnIoError) {

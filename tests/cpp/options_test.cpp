@@ -1,5 +1,6 @@
 // Options: defaults, NVIO_* environment overrides through a fake EnvLookup, explicit overrides,
 // recorded sources, and strict parsing.
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -16,10 +17,9 @@ using nvio::OptionOverrides;
 using nvio::OptionSource;
 using nvio::resolve_options;
 
-const std::vector<std::string> kOptionNames = {"engine",        "block_size",
-                                               "queue_depth",   "single_submit",
-                                               "overlap_events", "intra_op_parallelism",
-                                               "direct",        "gpu_direct"};
+const std::vector<std::string> kOptionNames = {
+    "engine",         "block_size",           "queue_depth", "single_submit",
+    "overlap_events", "intra_op_parallelism", "direct",      "gpu_direct"};
 
 // A fake environment: the only variables resolve_options() sees; records what it asked for.
 struct FakeEnv {
@@ -100,14 +100,10 @@ TEST(Options, ResolveDefaultsOnly) {
 
 TEST(Options, EnvironmentOverridesDefaults) {
   FakeEnv env;
-  env.vars = {{"NVIO_ENGINE", "psync"},
-              {"NVIO_BLOCK_SIZE", "64K"},
-              {"NVIO_QUEUE_DEPTH", "32"},
-              {"NVIO_SINGLE_SUBMIT", "true"},
-              {"NVIO_OVERLAP_EVENTS", "off"},
-              {"NVIO_INTRA_OP_PARALLELISM", "4"},
-              {"NVIO_DIRECT", "on"},
-              {"NVIO_GPU_DIRECT", "off"}};
+  env.vars = {{"NVIO_ENGINE", "psync"},       {"NVIO_BLOCK_SIZE", "64K"},
+              {"NVIO_QUEUE_DEPTH", "32"},     {"NVIO_SINGLE_SUBMIT", "true"},
+              {"NVIO_OVERLAP_EVENTS", "off"}, {"NVIO_INTRA_OP_PARALLELISM", "4"},
+              {"NVIO_DIRECT", "on"},          {"NVIO_GPU_DIRECT", "off"}};
   auto eff = resolve_options({}, env.lookup());
   EXPECT_EQ(eff.values.gpu_direct, nvio::GpuDirect::Off);
   EXPECT_EQ(eff.values.engine, EngineKind::Psync);
@@ -166,9 +162,7 @@ TEST(Options, ExplicitOverridesDefaultsWithoutEnvironment) {
   EXPECT_EQ(eff.sources.at("block_size"), OptionSource::Default);
 }
 
-TEST(Options, ExplicitOverrideHidesBadEnvironmentValueOrRejectsIt) {
-  // An explicit value wins; whether a malformed variable it hides is still reported is not part
-  // of the contract, but the result must never be the environment's value.
+TEST(Options, ExplicitOverridesAGoodEnvironmentValue) {
   FakeEnv env;
   env.vars = {{"NVIO_QUEUE_DEPTH", "64"}};
   OptionOverrides ov;
@@ -178,9 +172,9 @@ TEST(Options, ExplicitOverrideHidesBadEnvironmentValueOrRejectsIt) {
 
 TEST(Options, SizeSuffixes) {
   const std::pair<const char*, std::size_t> good[] = {
-      {"512", 512},          {"4096", 4096},        {"4K", 4 * KiB},     {"4KiB", 4 * KiB},
-      {"4KB", 4 * KiB},      {"1M", MiB},           {"1MiB", MiB},       {"2M", 2 * MiB},
-      {"1G", GiB},           {"1GiB", GiB},         {"1048576", MiB},    {"3M", 3 * MiB}};
+      {"512", 512},     {"4096", 4096}, {"4K", 4 * KiB},  {"4KiB", 4 * KiB},
+      {"4KB", 4 * KiB}, {"1M", MiB},    {"1MiB", MiB},    {"2M", 2 * MiB},
+      {"1G", GiB},      {"1GiB", GiB},  {"1048576", MiB}, {"3M", 3 * MiB}};
   for (const auto& [text, value] : good) {
     SCOPED_TRACE(text);
     FakeEnv env;
@@ -237,15 +231,15 @@ TEST(Options, EngineAndDirectSpellings) {
   EXPECT_EQ(nvio::parse_gpu_direct("AUTO"), nvio::GpuDirect::Auto);
   EXPECT_EQ(nvio::parse_gpu_direct("on"), nvio::GpuDirect::On);
   EXPECT_EQ(nvio::parse_gpu_direct("0"), nvio::GpuDirect::Off);
-  EXPECT_TRUE(rejects_naming([] { nvio::parse_gpu_direct("p2p", "NVIO_GPU_DIRECT"); },
-                             "NVIO_GPU_DIRECT"));
+  EXPECT_TRUE(
+      rejects_naming([] { nvio::parse_gpu_direct("p2p", "NVIO_GPU_DIRECT"); }, "NVIO_GPU_DIRECT"));
 }
 
 TEST(Options, StrictParsingNamesTheVariable) {
-  const char* numeric_vars[] = {"NVIO_BLOCK_SIZE", "NVIO_QUEUE_DEPTH",
-                                "NVIO_INTRA_OP_PARALLELISM"};
-  const char* bad_numbers[] = {"12Q", "", "-1", "1.5", "yes please", " 4", "4 ", "0x10",
-                               "99999999999999999999999", "K", "4KK"};
+  const char* numeric_vars[] = {"NVIO_BLOCK_SIZE", "NVIO_QUEUE_DEPTH", "NVIO_INTRA_OP_PARALLELISM"};
+  const char* bad_numbers[] = {
+      "12Q", "",   "-1", "1.5", "yes please", " 4", "4 ", "0x10", "99999999999999999999999",
+      "K",   "4KK"};
   for (const char* var : numeric_vars) {
     for (const char* text : bad_numbers) {
       SCOPED_TRACE(std::string(var) + "=\"" + text + "\"");
@@ -278,12 +272,15 @@ TEST(Options, StrictParsingNamesTheVariable) {
 }
 
 TEST(Options, OutOfRangeEnvironmentNamesTheVariable) {
-  const std::pair<const char*, const char*> bad[] = {
-      {"NVIO_BLOCK_SIZE", "0"},         {"NVIO_BLOCK_SIZE", "100"},
-      {"NVIO_BLOCK_SIZE", "2G"},        {"NVIO_QUEUE_DEPTH", "0"},
-      {"NVIO_QUEUE_DEPTH", "100000"},   {"NVIO_QUEUE_DEPTH", "4097"},
-      {"NVIO_INTRA_OP_PARALLELISM", "0"}, {"NVIO_INTRA_OP_PARALLELISM", "1000"},
-      {"NVIO_INTRA_OP_PARALLELISM", "257"}};
+  const std::pair<const char*, const char*> bad[] = {{"NVIO_BLOCK_SIZE", "0"},
+                                                     {"NVIO_BLOCK_SIZE", "100"},
+                                                     {"NVIO_BLOCK_SIZE", "2G"},
+                                                     {"NVIO_QUEUE_DEPTH", "0"},
+                                                     {"NVIO_QUEUE_DEPTH", "100000"},
+                                                     {"NVIO_QUEUE_DEPTH", "4097"},
+                                                     {"NVIO_INTRA_OP_PARALLELISM", "0"},
+                                                     {"NVIO_INTRA_OP_PARALLELISM", "1000"},
+                                                     {"NVIO_INTRA_OP_PARALLELISM", "257"}};
   for (const auto& [var, text] : bad) {
     SCOPED_TRACE(std::string(var) + "=" + text);
     FakeEnv env;
@@ -303,6 +300,63 @@ TEST(Options, OutOfRangeEnvironmentNamesTheVariable) {
   EXPECT_EQ(resolve_options({}, env.lookup()).values.block_size, GiB);
 }
 
+// A set NVIO_* variable is parsed and range-checked whatever the caller passes explicitly: for
+// nothing, for other options, or for the very option the variable sets.
+TEST(Options, BadEnvironmentIsAnErrorWhateverTheCallerSets) {
+  struct Case {
+    const char* var;
+    const char* text;
+    const char* range;  // part of the message that states the valid range
+    std::function<void(OptionOverrides&)> set_same;
+    std::function<void(OptionOverrides&)> set_other;
+  };
+  auto set_block = [](OptionOverrides& o) { o.block_size = 4 * KiB; };
+  auto set_depth = [](OptionOverrides& o) { o.queue_depth = 8; };
+  auto set_par = [](OptionOverrides& o) { o.intra_op_parallelism = 2; };
+  const Case cases[] = {
+      {"NVIO_BLOCK_SIZE", "16G", "between 512 and 1073741824", set_block, set_depth},
+      {"NVIO_BLOCK_SIZE", "100", "between 512 and 1073741824", set_block, set_par},
+      {"NVIO_BLOCK_SIZE", "0", "between 512 and 1073741824", set_block, set_depth},
+      {"NVIO_QUEUE_DEPTH", "0", "between 1 and 4096", set_depth, set_block},
+      {"NVIO_QUEUE_DEPTH", "4097", "between 1 and 4096", set_depth, set_par},
+      {"NVIO_INTRA_OP_PARALLELISM", "0", "between 1 and 256", set_par, set_depth},
+      {"NVIO_INTRA_OP_PARALLELISM", "257", "between 1 and 256", set_par, set_block},
+      {"NVIO_QUEUE_DEPTH", "garbage", "non-negative integer", set_depth, set_block},
+      {"NVIO_BLOCK_SIZE", "1Q", "K, M, G or T", set_block, set_depth},
+      {"NVIO_ENGINE", "fast", "io_uring", [](OptionOverrides& o) { o.engine = EngineKind::Psync; },
+       set_depth},
+      {"NVIO_DIRECT", "maybe", "auto, on or off",
+       [](OptionOverrides& o) { o.direct = DirectIo::Off; }, set_depth},
+      {"NVIO_GPU_DIRECT", "p2p", "auto, on or off",
+       [](OptionOverrides& o) { o.gpu_direct = nvio::GpuDirect::Off; }, set_depth},
+      {"NVIO_SINGLE_SUBMIT", "2", "true/false", [](OptionOverrides& o) { o.single_submit = true; },
+       set_depth},
+      {"NVIO_OVERLAP_EVENTS", "2", "true/false",
+       [](OptionOverrides& o) { o.overlap_events = true; }, set_depth},
+  };
+  for (const Case& c : cases) {
+    FakeEnv env;
+    env.vars = {{c.var, c.text}};
+    OptionOverrides none, same, other;
+    c.set_same(same);
+    c.set_other(other);
+    for (const auto& [label, ov] : {std::pair<const char*, const OptionOverrides&>{"none", none},
+                                    {"same option", same},
+                                    {"other option", other}}) {
+      SCOPED_TRACE(std::string(c.var) + "=" + c.text + ", explicit: " + label);
+      try {
+        resolve_options(ov, env.lookup());
+        ADD_FAILURE() << "accepted";
+      } catch (const nvio::InvalidArgument& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find(c.var), std::string::npos) << what;
+        EXPECT_NE(what.find(std::string("'") + c.text + "'"), std::string::npos) << what;
+        EXPECT_NE(what.find(c.range), std::string::npos) << what;
+      }
+    }
+  }
+}
+
 TEST(Options, ExplicitOutOfRangeNamesTheOption) {
   FakeEnv env;
   {
@@ -318,8 +372,7 @@ TEST(Options, ExplicitOutOfRangeNamesTheOption) {
   {
     OptionOverrides ov;
     ov.intra_op_parallelism = 1000;
-    EXPECT_TRUE(
-        rejects_naming([&] { resolve_options(ov, env.lookup()); }, "intra_op_parallelism"));
+    EXPECT_TRUE(rejects_naming([&] { resolve_options(ov, env.lookup()); }, "intra_op_parallelism"));
   }
 }
 

@@ -256,6 +256,19 @@ def test_bad_environment_variable_names_it(monkeypatch):
         nvio.Handle()
 
 
+@pytest.mark.parametrize(
+    "var, value", [("NVIO_BLOCK_SIZE", "16G"), ("NVIO_INTRA_OP_PARALLELISM", "0")]
+)
+@pytest.mark.parametrize(
+    "kwargs", [{}, {"queue_depth": 8}, {"block_size": 4096, "intra_op_parallelism": 2}]
+)
+def test_out_of_range_environment_raises_whatever_the_arguments(monkeypatch, var, value, kwargs):
+    # Explicit arguments, for other options or for the same one, do not hide a bad variable.
+    monkeypatch.setenv(var, value)
+    with pytest.raises(nvio.InvalidArgument, match=f"{var}.*'{value}'|'{value}'.*{var}"):
+        nvio.Handle(**kwargs)
+
+
 def test_negative_offset(tmp_path):
     path = write_file(tmp_path / "n.bin", b"n" * 100)
     h = nvio.Handle()

@@ -43,21 +43,23 @@ void add_bench_options(CLI::App& app, BenchArgs& args) {
                  "Directory for the scratch file nvio-bench-<pid>.dat (made if missing)")
       ->type_name("DIR");
   app.add_option("--file", args.file,
-                 "Use exactly this file instead of a scratch file under --dir (a file that "
-                 "existed before the run is never removed)")
+                 "Use exactly this regular file instead of a scratch file under --dir. A file the "
+                 "run creates is removed unless --keep. A file that existed before the run is "
+                 "never removed and is written only when --op write or --op both is given "
+                 "explicitly (that overwrites its first --size bytes); --op read only reads it and "
+                 "refuses a --size larger than the file")
       ->type_name("PATH");
   app.add_option("--size", args.size, "Bytes per operation; K/M/G suffixes are powers of 1024")
       ->type_name("BYTES")
       ->capture_default_str();
-  app.add_option("--op", args.op, "read, write or both (write first)")
-      ->type_name("OP")
-      ->capture_default_str();
+  app.add_option("--op", args.op, "read, write or both (write first); default both")
+      ->type_name("OP");
   app.add_option("--loops", args.loops, "Timed loops per operation")
       ->type_name("N")
       ->capture_default_str();
   app.add_option("--seed", args.seed,
-                 "Seed of the data pattern (default: from time and pid, so stale files fail "
-                 "--verify)")
+                 "Seed of the data pattern (default: a new one from time and pid, so that no file "
+                 "left by another run can pass --verify)")
       ->type_name("N");
   app.add_option("--engine", args.engine, "auto, io_uring, libaio or psync [env NVIO_ENGINE]")
       ->type_name("ENGINE");
@@ -80,7 +82,8 @@ void add_bench_options(CLI::App& app, BenchArgs& args) {
       ->type_name("MODE");
   app.add_flag("--verify", args.verify,
                "Check every byte read back against the pattern; exit 1 naming the first bad "
-               "offset on a mismatch");
+               "offset on a mismatch. Reading an existing --file needs the --seed it was written "
+               "with (--op write --keep --seed N)");
   app.add_flag("--keep", args.keep, "Keep the file the run wrote (default: remove it)");
   app.add_flag("--json", args.json, "Print one JSON object instead of a table");
   app.add_flag("--gpu", args.gpu,
@@ -105,6 +108,8 @@ enum class Op { Read, Write, Both };
 struct Plan {
   std::string path;
   bool scratch = false;  // path is our own nvio-bench-<pid>.dat under --dir
+  // The size of a --file that existed before the run: the user's data, not ours.
+  std::optional<std::uint64_t> existing_size;
   std::size_t size = 0;
   Op op = Op::Both;
   unsigned loops = 0;
@@ -218,6 +223,52 @@ nvio::EffectiveOptions resolve_naming_flags(const nvio::OptionOverrides& o,
   }
 }
 
+const char* kind_of(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+// What a run may do to a --file that already exists: it is the user's data, so it is written only
+// on an explicit --op write/both, and a read-only run must find all --size bytes already there
+// rather than have them written. Checked before any file is touched.
+void check_existing_file(const BenchArgs& args, Plan& plan) {
+  struct stat st {};
+  if (::stat(plan.path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return;  // the run creates it (and removes it unless --keep)
+    nvio::throw_io_error(nvio::IoOp::Stat, plan.path, 0, 0, errno);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    throw UsageError(fmt::format(
+        "--file {} is {}: nvio bench reads and writes regular files only{}", plan.path,
+        kind_of(st.st_mode), S_ISDIR(st.st_mode) ? " (--dir DIR puts a scratch file in DIR)" : ""));
+  }
+  const auto size = static_cast<std::uint64_t>(st.st_size);
+  plan.existing_size = size;
+  if (!args.op) {
+    throw UsageError(fmt::format(
+        "--file {} exists ({} bytes) and the default --op both would overwrite it: give --op read "
+        "to only read it, or --op write or --op both to overwrite it",
+        plan.path, size));
+  }
+  if (plan.op != Op::Read) return;  // an explicit instruction to write it
+  if (size < plan.size) {
+    throw UsageError(fmt::format(
+        "--size {} is larger than --file {} ({} bytes): a read-only run never writes an existing "
+        "file; give --size {} or less",
+        plan.size, plan.path, size, size));
+  }
+  if (plan.verify && !args.seed) {
+    throw UsageError(fmt::format(
+        "--verify of the existing --file {} needs --seed, the seed it was written with (nvio "
+        "bench --op write --keep --seed N); a file nvio did not write holds no pattern to check",
+        plan.path));
+  }
+}
+
 Plan make_plan(const BenchArgs& args) {
   if ((args.gds || args.h2d_only) && !args.gpu) throw UsageError("--gds and --h2d-only need --gpu");
   if (args.gds && args.h2d_only) throw UsageError("--gds and --h2d-only exclude each other");
@@ -232,7 +283,7 @@ Plan make_plan(const BenchArgs& args) {
   }
   plan.size = nvio::parse_size(args.size, "--size");
   if (plan.size == 0) throw UsageError("--size: must be at least 1 byte");
-  plan.op = parse_op(args.op);
+  plan.op = parse_op(args.op.value_or("both"));
   plan.loops = parse_unsigned(args.loops, "--loops");
   if (plan.loops == 0) throw UsageError("--loops: must be at least 1");
   plan.seed = args.seed ? parse_seed(*args.seed) : default_seed();
@@ -262,6 +313,7 @@ Plan make_plan(const BenchArgs& args) {
   if (!needs_file) return plan;
   if (args.file) {
     plan.path = *args.file;
+    check_existing_file(args, plan);
   } else {
     plan.path =
         (std::filesystem::path(*args.dir) / fmt::format("nvio-bench-{}.dat", ::getpid())).string();
@@ -466,9 +518,10 @@ OpResult run_writes(nvio::Handle& handle, Buffers& buf, const Plan& plan, Progre
   return result;
 }
 
-// A read-only run needs a file to read: write the pattern first (untimed) if it is missing or
-// shorter than --size.
+// A read-only run needs a file to read: write the pattern first (untimed) if the run's own file is
+// missing or shorter than --size.
 void ensure_readable(nvio::Handle& handle, Buffers& buf, const Plan& plan) {
+  if (plan.existing_size) return;  // the user's file: make_plan checked that it is long enough
   auto size = file_size(plan.path);
   if (size && *size >= plan.size) return;
   nvio::pattern::fill(buf.host.data(), plan.size, 0, plan.seed);
@@ -645,8 +698,7 @@ int run_bench(const BenchArgs& args) {
   if (plan.scratch) {
     std::filesystem::create_directories(std::filesystem::path(plan.path).parent_path());
   }
-  bool existed = file_size(plan.path).has_value();
-  FileCleanup cleanup(plan.path, !plan.keep && (plan.scratch || !existed));
+  FileCleanup cleanup(plan.path, !plan.keep && (plan.scratch || !plan.existing_size));
 
   std::vector<OpResult> results = run_ops(handle, plan);
   if (plan.json) {

@@ -34,7 +34,7 @@ struct BenchArgs {
   std::optional<std::string> dir;
   std::optional<std::string> file;
   std::string size = "1G";
-  std::string op = "both";
+  std::optional<std::string> op;  // unset: both, but an existing --file then is not overwritten
   std::string loops = "3";
   std::optional<std::string> seed;
   // Handle options: unset ones fall through to NVIO_* environment variables and defaults.

@@ -8,6 +8,8 @@
 
 #include <cerrno>
 
+#include "core/retry.hpp"
+
 namespace nvio::detail {
 
 FileDescriptor::~FileDescriptor() {
@@ -24,11 +26,11 @@ FileDescriptor& FileDescriptor::operator=(FileDescriptor&& other) noexcept {
 }
 
 int open_file(const std::string& path, int flags, unsigned mode) noexcept {
-  int fd;
-  do {
-    fd = ::open(path.c_str(), flags | O_CLOEXEC, mode);
-  } while (fd < 0 && errno == EINTR);
-  return fd < 0 ? -errno : fd;
+  // An open that blocks (a FIFO, a network file system) may be interrupted by a signal.
+  return retry_interrupted([&] {
+    const int fd = ::open(path.c_str(), flags | O_CLOEXEC, mode);
+    return fd < 0 ? -errno : fd;
+  });
 }
 
 DirectIoInfo direct_io_info(int fd) {

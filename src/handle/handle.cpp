@@ -36,6 +36,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/retry.hpp"
 #include "cuda/cufile.hpp"
 #include "cuda/device_ops.hpp"
 #include "engine/engine.hpp"
@@ -158,7 +159,7 @@ struct Slot {
   bool direct = false;
   std::byte* user = nullptr;    // the piece's bytes in the caller's buffer
   std::byte* bounce = nullptr;  // the aligned copy used for I/O, or null for zero-copy
-  int retries = 0;
+  detail::RetryCounter retries{detail::kTransferRetries};  // EINTR / EAGAIN completions in a row
 };
 
 }  // namespace
@@ -700,6 +701,7 @@ std::exception_ptr run_gds_piece(Operation& op, const Piece& p) {
   const IoOp io_op = is_read ? IoOp::Read : IoOp::Write;
   std::byte* user = op.buf + (p.file_offset - op.offset);
   std::size_t done = 0;
+  detail::RetryCounter retries(detail::kTransferRetries);
   try {
     const int rc = op.device_ops->make_current(op.device);
     if (rc != cuda::kSuccess) cuda::throw_gpu_error(*op.device_ops, "cuCtxSetCurrent", rc);
@@ -709,7 +711,7 @@ std::exception_ptr run_gds_piece(Operation& op, const Piece& p) {
           cuda::gds_transfer(op.cufile, is_read, user + done, p.length - done, at);
       if (n < 0) {
         const int err = static_cast<int>(-n);
-        if (err == EINTR || err == EAGAIN) continue;
+        if (retries.retry(err)) continue;
         if (err > cuda::abi::kCuFileOpBaseErr) {
           throw GpuError(is_read ? "cuFileRead" : "cuFileWrite", err, cuda::cufile_error_name(err),
                          cuda::cufile_error_text(err), op.path, at, p.length - done);
@@ -726,6 +728,7 @@ std::exception_ptr run_gds_piece(Operation& op, const Piece& p) {
         throw_io_error(io_op, op.path, at, p.length - done, EIO, "cuFileWrite transferred 0 bytes");
       }
       done += static_cast<std::size_t>(n);
+      retries.progress();
     }
   } catch (...) {
     return std::current_exception();
@@ -835,7 +838,7 @@ void Handle::Impl::worker_main(unsigned /*index*/, std::promise<void> ready) {
     const IoOp io_op = op->direction == Direction::Read ? IoOp::Read : IoOp::Write;
     if (c.result < 0) {
       const int err = static_cast<int>(-c.result);
-      if ((err == EINTR || err == EAGAIN) && s.retries++ < 16) {
+      if (s.retries.retry(err)) {
         batch.push_back(request_for(s, tag));
         return;
       }
@@ -867,6 +870,7 @@ void Handle::Impl::worker_main(unsigned /*index*/, std::promise<void> ready) {
       return;
     }
     s.done += static_cast<std::size_t>(c.result);
+    s.retries.progress();
     if (s.done < s.length) {
       // Short transfer: resume the rest. If what is left is no longer aligned for O_DIRECT, it
       // goes through the buffered descriptor (reading into / writing from the same memory).

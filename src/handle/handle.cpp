@@ -42,6 +42,7 @@
 #include "engine/engine.hpp"
 #include "handle/file.hpp"
 #include "memory/bounce_pool.hpp"
+#include "memory/user_copy.hpp"
 #include "nvio/errors.hpp"
 #include "nvio/system.hpp"
 #include "nvio/warnings.hpp"
@@ -756,6 +757,7 @@ void Handle::Impl::worker_main(unsigned /*index*/, std::promise<void> ready) {
       std::min<std::size_t>(qd, std::max<std::size_t>(2, (std::size_t{64} << 20) / chunk));
   detail::BouncePool pool(chunk, bounce_count);
   std::unique_ptr<DeviceLane> lane;  // after `pool`: destroyed before it
+  detail::UserCopier copier;         // bounce copies to and from the caller's memory
 
   std::vector<Slot> slots(qd);
   std::vector<unsigned> free_slots;
@@ -781,6 +783,26 @@ void Handle::Impl::worker_main(unsigned /*index*/, std::promise<void> ready) {
     s = Slot{};
     free_slots.push_back(tag);
     --inflight;
+  };
+  // Copies slot `tag`'s bytes between its chunk and the caller's host memory (out of the chunk
+  // after a read, into it before a write). Memory the caller cannot access fails the operation
+  // with EFAULT, as the kernel does with such a buffer: the slot is released and false returned.
+  auto copy_host = [&](unsigned tag) {
+    Slot& s = slots[tag];
+    const bool read = s.op->direction == Direction::Read;
+    const detail::UserCopyResult r = read ? copier.to_user(s.user, s.bounce, s.length)
+                                          : copier.from_user(s.bounce, s.user, s.length);
+    if (r.error == 0) return true;
+    OperationPtr op = s.op;
+    const std::uint64_t at = s.file_offset + r.fault_at;
+    const std::size_t left = s.length - r.fault_at;
+    const void* where = s.user + r.fault_at;
+    release_slot(tag);
+    fail(*op, io_error_ptr(read ? IoOp::Read : IoOp::Write, op->path, at, left, r.error,
+                           fmt::format("copying {} the caller's buffer at {} ({})",
+                                       read ? "into" : "out of", where,
+                                       read ? "is it writable?" : "is it readable?")));
+    return false;
   };
   // Starts the copy of slot `tag` between its chunk and the device (ToHost before a write,
   // ToDevice after a read) and records its event. Throws GpuError.
@@ -892,7 +914,7 @@ void Handle::Impl::worker_main(unsigned /*index*/, std::promise<void> ready) {
         }
         return;
       }
-      std::memcpy(s.user, s.bounce, s.length);
+      if (!copy_host(tag)) return;
     }
     release_slot(tag);
     finish_piece(*op, 1);
@@ -1003,7 +1025,7 @@ void Handle::Impl::worker_main(unsigned /*index*/, std::promise<void> ready) {
             }
             continue;
           }
-          if (op->direction == Direction::Write) std::memcpy(s.bounce, s.user, s.length);
+          if (op->direction == Direction::Write && !copy_host(tag)) continue;
         }
         batch.push_back(request_for(s, tag));
       }

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <linux/fs.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -15,11 +16,14 @@
 #include <type_traits>
 #include <typeinfo>
 
+#include <fmt/format.h>
+
 #include "test_util.hpp"
 
 namespace nvio_test {
 namespace {
 
+using nvio::DirectIo;
 using nvio::EngineKind;
 using nvio::Handle;
 using nvio::Options;
@@ -507,6 +511,138 @@ TEST_P(Errors, DestructorWaitsForInFlight) {
     EXPECT_EQ(bytes.size(), 8 * len);
     EXPECT_TRUE(file_range_has_pattern(bytes, 0, 8 * len, 60 + f))
         << "the destructor returned before the writes finished";
+  }
+}
+
+// Anonymous memory of whole pages with the given protection, unmapped on destruction.
+class Mapping {
+ public:
+  Mapping(std::size_t bytes, int prot) : size_(bytes) {
+    void* p = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return;
+    base_ = static_cast<unsigned char*>(p);
+    std::memset(base_, 0x5A, size_);  // faulted in: the kernel sees it present, still protected
+    if (::mprotect(base_, size_, prot) != 0) {
+      ::munmap(base_, size_);
+      base_ = nullptr;
+    }
+  }
+  ~Mapping() {
+    if (base_ != nullptr) ::munmap(base_, size_);
+  }
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  unsigned char* data() const { return base_; }
+
+ private:
+  std::size_t size_;
+  unsigned char* base_ = nullptr;
+};
+
+// Where a transfer through memory the process may not access: the aligned middle bounced (an
+// unaligned address), zero-copy (an aligned address), only buffered edges (a short range), and
+// the same again without direct I/O.
+struct BadMemoryCase {
+  std::size_t address_offset;  // from the start of the mapping
+  std::uint64_t file_offset;
+  std::size_t length;
+};
+constexpr BadMemoryCase kBadMemoryCases[] = {
+    {1, 0, 2 * MiB},            // unaligned buffer, aligned file range: every piece bounced
+    {4095, 4096 + 17, MiB + 5}, // unaligned both: edges buffered, middle bounced
+    {0, 0, MiB},                // aligned: zero-copy direct I/O
+    {3, 100, 1000},             // one buffered piece
+};
+
+template <typename Fn>
+void expect_efault(Fn&& fn, const std::string& path, std::uint64_t off, std::size_t len,
+                   const std::string& what) {
+  SCOPED_TRACE(what);
+  try {
+    fn();
+    ADD_FAILURE() << "no exception";
+  } catch (const nvio::IoError& e) {
+    EXPECT_EQ(e.error_code(), EFAULT) << e.what();
+    EXPECT_EQ(e.path(), path);
+    EXPECT_TRUE(contains(e.what(), path));
+    EXPECT_GE(e.offset(), off);
+    EXPECT_LE(e.offset() + e.length(), off + len);
+    EXPECT_TRUE(contains(e.what(), "offset " + std::to_string(e.offset())));
+    EXPECT_TRUE(contains(e.what(), "length " + std::to_string(e.length())));
+  }
+}
+
+// A read into read-only memory (e.g. a np.memmap opened with mode='r') is an IoError with EFAULT
+// through every path, bounced or not, never a SIGSEGV; the memory is left as it was.
+TEST_P(Errors, ReadIntoReadOnlyMemory) {
+  const std::string path = file("src.bin");
+  write_pattern_file(path, 4 * MiB, 70);
+  for (DirectIo direct : {DirectIo::Auto, DirectIo::Off}) {
+    Options o = base_options();
+    if (direct == DirectIo::Off) o.direct = direct;
+    o.block_size = 256 * KiB;
+    Handle h(o);
+    for (const BadMemoryCase& c : kBadMemoryCases) {
+      Mapping m(c.address_offset + c.length + 4096, PROT_READ);
+      ASSERT_NE(m.data(), nullptr);
+      const std::string what = fmt::format("read of {} bytes at {} into mapping + {}, direct {}",
+                                           c.length, c.file_offset, c.address_offset,
+                                           nvio::to_string(o.direct));
+      expect_efault([&] { h.read(m.data() + c.address_offset, c.length, path, c.file_offset); },
+                    path, c.file_offset, c.length, what);
+      expect_efault(
+          [&] { h.wait(h.submit_read(m.data() + c.address_offset, c.length, path, c.file_offset)); },
+          path, c.file_offset, c.length, "async " + what);
+      for (std::size_t i = 0; i < c.address_offset + c.length; i += 4096) {
+        ASSERT_EQ(m.data()[i], 0x5A) << "read-only memory changed";
+      }
+    }
+    // Writable up to a point, read-only after it: the error names where the bad memory starts.
+    Mapping half(4 * MiB, PROT_READ | PROT_WRITE);
+    ASSERT_NE(half.data(), nullptr);
+    ASSERT_EQ(::mprotect(half.data() + 2 * MiB, 2 * MiB, PROT_READ), 0);
+    try {
+      h.read(half.data() + 1, 3 * MiB, path, 0);
+      ADD_FAILURE() << "no exception";
+    } catch (const nvio::IoError& e) {
+      EXPECT_EQ(e.error_code(), EFAULT) << e.what();
+      EXPECT_GE(e.offset(), MiB) << e.what();
+      EXPECT_LT(e.offset(), 3 * MiB) << e.what();
+    }
+    // The handle is still usable.
+    GuardedBuffer b(MiB + 5, BufKind::Plus3);
+    ASSERT_NO_THROW(h.read(b.data(), MiB + 5, path, 4096 + 17));
+    EXPECT_TRUE(buffer_has_pattern(b.data(), MiB + 5, 4096 + 17, 70));
+  }
+}
+
+// A write from memory the process may not read (PROT_NONE) is an IoError with EFAULT, never a
+// SIGSEGV.
+TEST_P(Errors, WriteFromUnreadableMemory) {
+  const std::string path = file("dst.bin");
+  for (DirectIo direct : {DirectIo::Auto, DirectIo::Off}) {
+    Options o = base_options();
+    if (direct == DirectIo::Off) o.direct = direct;
+    o.block_size = 256 * KiB;
+    Handle h(o);
+    for (const BadMemoryCase& c : kBadMemoryCases) {
+      Mapping m(c.address_offset + c.length + 4096, PROT_NONE);
+      ASSERT_NE(m.data(), nullptr);
+      const std::string what = fmt::format("write of {} bytes at {} from mapping + {}, direct {}",
+                                           c.length, c.file_offset, c.address_offset,
+                                           nvio::to_string(o.direct));
+      expect_efault([&] { h.write(m.data() + c.address_offset, c.length, path, c.file_offset); },
+                    path, c.file_offset, c.length, what);
+      expect_efault(
+          [&] {
+            h.wait(h.submit_write(m.data() + c.address_offset, c.length, path, c.file_offset));
+          },
+          path, c.file_offset, c.length, "async " + what);
+    }
+    GuardedBuffer b(MiB + 5, BufKind::Plus3);
+    b.fill_pattern(4096 + 17, 71);
+    ASSERT_NO_THROW(h.write(b.data(), MiB + 5, path, 4096 + 17));
+    EXPECT_TRUE(file_range_has_pattern(read_file(path), 4096 + 17, MiB + 5, 71));
   }
 }
 

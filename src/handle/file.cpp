@@ -1,7 +1,9 @@
 #include "handle/file.hpp"
 
 #include <fcntl.h>
+#include <linux/fs.h>
 #include <linux/stat.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -31,6 +33,19 @@ int open_file(const std::string& path, int flags, unsigned mode) noexcept {
     const int fd = ::open(path.c_str(), flags | O_CLOEXEC, mode);
     return fd < 0 ? -errno : fd;
   });
+}
+
+std::int64_t file_size(int fd, const struct stat& st) noexcept {
+  if (!S_ISBLK(st.st_mode)) return static_cast<std::int64_t>(st.st_size);
+  std::uint64_t bytes = 0;
+  if (::ioctl(fd, BLKGETSIZE64, &bytes) != 0) return -errno;
+  return static_cast<std::int64_t>(bytes);
+}
+
+std::int64_t file_size(int fd) noexcept {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return -errno;
+  return file_size(fd, st);
 }
 
 DirectIoInfo direct_io_info(int fd) {

@@ -290,7 +290,7 @@ std::string fd_name(int fd) {
 }
 
 // Checks what the descriptor refers to: directories are refused, and reads past the end of a
-// regular file are refused up front with the file's size.
+// regular file or a block device are refused up front with its size.
 void check_target(const Operation& op, int fd) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
@@ -306,10 +306,27 @@ void check_target(const Operation& op, int fd) {
     throw InvalidArgument(fmt::format("{}: not a regular file or block device (mode {:o})", op.path,
                                       st.st_mode & S_IFMT));
   }
-  if (op.direction == Direction::Read && S_ISREG(st.st_mode) &&
-      op.end() > static_cast<std::uint64_t>(st.st_size)) {
-    throw ShortFile(IoOp::Read, op.path, op.offset, op.length,
-                    static_cast<std::uint64_t>(st.st_size));
+  if (op.direction == Direction::Read) {
+    const std::int64_t size = detail::file_size(fd, st);
+    if (size < 0) {
+      throw_io_error(IoOp::Stat, op.path, op.offset, op.length, static_cast<int>(-size),
+                     "the size of the block device (BLKGETSIZE64)");
+    }
+    if (op.end() > static_cast<std::uint64_t>(size)) {
+      throw ShortFile(IoOp::Read, op.path, op.offset, op.length, static_cast<std::uint64_t>(size));
+    }
+  }
+}
+
+// The error of a read of `op` that got end of file at byte `at` of the file: the file ended
+// inside the request while it was being read. `fd` is a descriptor of the file.
+std::exception_ptr ended_during_read(const Operation& op, int fd, std::uint64_t at) {
+  const std::int64_t size = detail::file_size(fd);
+  try {
+    throw ShortFile::ended_during_read(op.path, op.offset, op.length, at,
+                                       size >= 0 ? static_cast<std::uint64_t>(size) : at);
+  } catch (...) {
+    return std::current_exception();
   }
 }
 
@@ -720,12 +737,7 @@ std::exception_ptr run_gds_piece(Operation& op, const Piece& p) {
         throw_io_error(io_op, op.path, at, p.length - done, err, "cuFile");
       }
       if (n == 0) {
-        if (is_read) {
-          struct stat st {};
-          const std::uint64_t size =
-              ::fstat(op.direct_fd, &st) == 0 ? static_cast<std::uint64_t>(st.st_size) : at;
-          throw ShortFile(IoOp::Read, op.path, op.offset, op.length, size);
-        }
+        if (is_read) std::rethrow_exception(ended_during_read(op, op.direct_fd, at));
         throw_io_error(io_op, op.path, at, p.length - done, EIO, "cuFileWrite transferred 0 bytes");
       }
       done += static_cast<std::size_t>(n);
@@ -876,16 +888,8 @@ void Handle::Impl::worker_main(unsigned /*index*/, std::promise<void> ready) {
       const std::size_t left = s.length - s.done;
       release_slot(tag);
       if (io_op == IoOp::Read) {
-        struct stat st {};
-        const std::uint64_t size =
-            ::fstat(op->buffered_fd >= 0 ? op->buffered_fd : op->direct_fd, &st) == 0
-                ? static_cast<std::uint64_t>(st.st_size)
-                : at;
-        try {
-          throw ShortFile(IoOp::Read, op->path, op->offset, op->length, size);
-        } catch (...) {
-          fail(*op, std::current_exception());
-        }
+        fail(*op, ended_during_read(*op, op->buffered_fd >= 0 ? op->buffered_fd : op->direct_fd,
+                                    at));
       } else {
         fail(*op, io_error_ptr(io_op, op->path, at, left, EIO, "write transferred 0 bytes"));
       }

@@ -646,6 +646,49 @@ TEST_P(Errors, WriteFromUnreadableMemory) {
   }
 }
 
+// A block device reports its real size (BLKGETSIZE64; its st_size is 0): a read past its end is
+// refused up front with that size, and a read up to the end works.
+TEST_P(Errors, BlockDeviceSize) {
+  if (::geteuid() != 0) GTEST_SKIP() << "attaching a loop device needs root";
+  if (::access("/usr/sbin/losetup", X_OK) != 0 && ::access("/sbin/losetup", X_OK) != 0) {
+    GTEST_SKIP() << "losetup is not installed";
+  }
+  const std::string image = file("disk.img");
+  constexpr std::size_t kSize = MiB + 8192;
+  write_pattern_file(image, kSize, 80);
+  const std::string cmd = "losetup -f --show " + image + " 2>/dev/null";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  char line[256] = {};
+  const bool got = std::fgets(line, sizeof(line), p) != nullptr;
+  const int status = ::pclose(p);
+  if (!got || status != 0) GTEST_SKIP() << "losetup could not attach a loop device here";
+  std::string dev(line);
+  while (!dev.empty() && (dev.back() == '\n' || dev.back() == ' ')) dev.pop_back();
+  struct Detach {
+    std::string dev;
+    ~Detach() { (void)std::system(("losetup -d " + dev).c_str()); }
+  } detach{dev};
+
+  Handle h(base_options());
+  GuardedBuffer b(3 * 4096, BufKind::Plus1);
+  b.fill_sentinel();
+  for (const std::uint64_t off : {std::uint64_t{kSize - 4096}, std::uint64_t{kSize + 4096}}) {
+    expect_throw<nvio::ShortFile>(
+        [&] { h.read(b.data(), 3 * 4096, dev, off); },
+        [&](const nvio::ShortFile& e) {
+          EXPECT_EQ(e.file_size(), kSize);
+          EXPECT_TRUE(contains(e.what(), dev));
+          EXPECT_TRUE(contains(e.what(), "holds only " + std::to_string(kSize) + " bytes"));
+          EXPECT_TRUE(contains(e.what(), "up to " + std::to_string(off + 3 * 4096)));
+        },
+        "read past the end of " + dev);
+  }
+  ASSERT_NO_THROW(h.read(b.data(), 3 * 4096, dev, kSize - 3 * 4096));
+  EXPECT_TRUE(buffer_has_pattern(b.data(), 3 * 4096, kSize - 3 * 4096, 80));
+  EXPECT_TRUE(b.guards_intact());
+}
+
 INSTANTIATE_TEST_SUITE_P(Engines, Errors, NVIO_ALL_ENGINES, EngineParamName());
 
 // ---- invalid options -------------------------------------------------------------------------
@@ -813,6 +856,7 @@ TEST(ErrorTypes, Hierarchy) {
 
 TEST(ErrorTypes, ShortFileMessage) {
   nvio::ShortFile e(nvio::IoOp::Read, "/data/x.bin", 4096, 8192, 10000);
+  EXPECT_TRUE(contains(e.what(), "holds only 10000 bytes, the request needs bytes up to 12288"));
   EXPECT_EQ(e.file_size(), 10000u);
   EXPECT_EQ(e.error_code(), 0) << "a short file is not an errno";
   EXPECT_EQ(e.offset(), 4096u);
@@ -822,6 +866,23 @@ TEST(ErrorTypes, ShortFileMessage) {
   EXPECT_TRUE(contains(e.what(), "10000"));
   EXPECT_TRUE(contains(e.what(), "4096"));
   EXPECT_TRUE(contains(e.what(), "8192"));
+}
+
+// The file ended while a read ran: the message says where, and what the size is now.
+TEST(ErrorTypes, ShortFileDuringReadMessage) {
+  const auto truncated = nvio::ShortFile::ended_during_read("/data/x.bin", 0, 8388608, 4096, 4096);
+  EXPECT_EQ(truncated.file_size(), 4096u);
+  EXPECT_EQ(truncated.error_code(), 0);
+  EXPECT_EQ(truncated.op(), nvio::IoOp::Read);
+  EXPECT_EQ(truncated.offset(), 0u);
+  EXPECT_EQ(truncated.length(), 8388608u);
+  EXPECT_TRUE(contains(truncated.what(), "/data/x.bin"));
+  EXPECT_TRUE(contains(truncated.what(), "ended at byte 4096"));
+  EXPECT_TRUE(contains(truncated.what(), "size is now 4096"));
+  EXPECT_TRUE(contains(truncated.what(), "truncated"));
+  const auto early = nvio::ShortFile::ended_during_read("/data/x.bin", 0, 8388608, 4096, 8388608);
+  EXPECT_TRUE(contains(early.what(), "the file ended at byte 4096 while its size says 8388608"));
+  EXPECT_FALSE(contains(early.what(), "holds only"));
 }
 
 TEST(ErrorTypes, OpNamesDistinct) {

@@ -1,6 +1,7 @@
 // The retry policy for EINTR and EAGAIN (core/retry.hpp): engines report them as completions and
 // never loop; the handle retries a piece a bounded number of times, then fails with the errno.
-// The psync engine's system calls are replaced (engine/engine.hpp's PsyncCalls) to inject them.
+// The psync engine's system calls are replaced (engine/engine.hpp's PsyncCalls) to inject them,
+// and to truncate a file while it is being read.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -214,6 +215,57 @@ INSTANTIATE_TEST_SUITE_P(Errnos, HandleRetry, ::testing::Values(EINTR, EAGAIN),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return std::string(info.param == EINTR ? "EINTR" : "EAGAIN");
                          });
+
+// A read that meets end of file inside the request (another process truncates the file while it
+// is read) is a ShortFile that says where the file ended and how long it is now.
+std::string g_shrink_path;
+std::atomic<bool> g_shrunk{false};
+constexpr off_t kShrinkTo = 100 * 1024;
+
+ssize_t shrinking_pread(int fd, void* buf, std::size_t n, off_t off) {
+  if (!g_shrunk.exchange(true)) {
+    EXPECT_EQ(::truncate(g_shrink_path.c_str(), kShrinkTo), 0);
+  }
+  return ::pread(fd, buf, n, off);
+}
+
+TEST(ShortRead, FileTruncatedDuringRead) {
+  TempDir dir;
+  g_shrink_path = dir.file("f.bin");
+  constexpr std::size_t kLength = 8 * MiB;
+  nvio::Options o;
+  o.engine = nvio::EngineKind::Psync;
+  o.direct = nvio::DirectIo::Off;
+  o.block_size = 256 * KiB;
+  o.queue_depth = 1;
+  o.intra_op_parallelism = 1;
+  ScopedEngineFactory guard([](nvio::EngineKind, unsigned qd) {
+    return nvio::engine::make_psync_engine(qd, PsyncCalls{shrinking_pread, ::pwrite});
+  });
+  nvio::Handle h(o);
+  std::vector<unsigned char> buf(kLength);
+  for (const bool async : {false, true}) {
+    SCOPED_TRACE(async ? "async" : "blocking");
+    write_pattern_file(g_shrink_path, kLength, 4);
+    g_shrunk = false;
+    try {
+      if (async) {
+        h.wait(h.submit_read(buf.data(), kLength, g_shrink_path, 0));
+      } else {
+        h.read(buf.data(), kLength, g_shrink_path, 0);
+      }
+      ADD_FAILURE() << "no exception";
+    } catch (const nvio::ShortFile& e) {
+      EXPECT_EQ(e.file_size(), static_cast<std::uint64_t>(kShrinkTo));
+      EXPECT_EQ(e.offset(), 0u);
+      EXPECT_EQ(e.length(), kLength);
+      EXPECT_TRUE(contains(e.what(), g_shrink_path));
+      EXPECT_TRUE(contains(e.what(), "ended at byte " + std::to_string(kShrinkTo))) << e.what();
+      EXPECT_TRUE(contains(e.what(), "size is now " + std::to_string(kShrinkTo))) << e.what();
+      EXPECT_FALSE(contains(e.what(), "holds only")) << e.what();
+    }
+  }
+}
 
 TEST(RetryCounter, BoundedAndResetByProgress) {
   nvio::detail::RetryCounter c(3);

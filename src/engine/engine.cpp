@@ -31,8 +31,10 @@ std::unique_ptr<Engine> make_engine(EngineKind kind, unsigned queue_depth) {
   }
   if (factory && kind != EngineKind::Auto) {
     std::unique_ptr<Engine> e = factory(kind, queue_depth);
-    if (!e) throw EngineUnavailable(fmt::format("the test engine factory made no {} engine",
-                                                to_string(kind)));
+    if (!e) {
+      throw EngineUnavailable(
+          fmt::format("the test engine factory made no {} engine", to_string(kind)));
+    }
     return e;
   }
   return make_backend_engine(kind, queue_depth);

@@ -30,8 +30,8 @@
 namespace nvio::detail {
 
 struct UserCopyResult {
-  int error = 0;              // 0, or a positive errno: EFAULT when part of the range is bad
-  std::size_t fault_at = 0;   // error: the offset in the range where the bad memory starts
+  int error = 0;             // 0, or a positive errno: EFAULT when part of the range is bad
+  std::size_t fault_at = 0;  // error: the offset in the range where the bad memory starts
 };
 
 class UserCopier {

@@ -591,7 +591,9 @@ TEST_P(Errors, ReadIntoReadOnlyMemory) {
       expect_efault([&] { h.read(m.data() + c.address_offset, c.length, path, c.file_offset); },
                     path, c.file_offset, c.length, what);
       expect_efault(
-          [&] { h.wait(h.submit_read(m.data() + c.address_offset, c.length, path, c.file_offset)); },
+          [&] {
+            h.wait(h.submit_read(m.data() + c.address_offset, c.length, path, c.file_offset));
+          },
           path, c.file_offset, c.length, "async " + what);
       for (std::size_t i = 0; i < c.address_offset + c.length; i += 4096) {
         ASSERT_EQ(m.data()[i], 0x5A) << "read-only memory changed";

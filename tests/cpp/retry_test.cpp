@@ -2,6 +2,8 @@
 // never loop; the handle retries a piece a bounded number of times, then fails with the errno.
 // The psync engine's system calls are replaced (engine/engine.hpp's PsyncCalls) to inject them,
 // and to truncate a file while it is being read.
+#include "core/retry.hpp"
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -11,7 +13,6 @@
 #include <string>
 #include <vector>
 
-#include "core/retry.hpp"
 #include "engine/engine.hpp"
 #include "engine_override.hpp"
 #include "test_util.hpp"

@@ -15,7 +15,8 @@
 //       │                     could be granted)
 //       ├── IsADirectory      EISDIR (also raised when a directory is given as a file)
 //       ├── NoSpace           ENOSPC, EDQUOT
-//       └── ShortFile         a read asked for bytes past the end of the file
+//       └── ShortFile         a read asked for bytes past the end of the file, or the file ended
+//                             while it was being read
 //
 // Thread-safety: error objects are immutable after construction.
 #pragma once
@@ -121,14 +122,23 @@ class NoSpace : public IoError {
   using IoError::IoError;
 };
 
-// A read of [offset, offset + length) from a file that holds only `file_size` bytes.
+// A read of [offset, offset + length) from a file that holds only `file_size` bytes (found before
+// any I/O), or that ended inside the request while it was being read (ended_during_read).
 class ShortFile : public IoError {
  public:
   ShortFile(IoOp op, std::string path, std::uint64_t offset, std::uint64_t length,
             std::uint64_t file_size);
+  // The read got end of file at byte `ended_at` of the file, inside the request, and the file's
+  // size is `file_size` now: it was truncated while being read, or (its size still covering the
+  // request) the file system reported end of file early.
+  static ShortFile ended_during_read(std::string path, std::uint64_t offset, std::uint64_t length,
+                                     std::uint64_t ended_at, std::uint64_t file_size);
   std::uint64_t file_size() const noexcept { return file_size_; }
 
  private:
+  ShortFile(IoOp op, std::string path, std::uint64_t offset, std::uint64_t length,
+            std::uint64_t file_size, const std::string& detail);
+
   std::uint64_t file_size_;
 };
 

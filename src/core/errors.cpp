@@ -49,10 +49,29 @@ IoError::IoError(IoOp op, std::string path, std::uint64_t offset, std::uint64_t 
 
 ShortFile::ShortFile(IoOp op, std::string path, std::uint64_t offset, std::uint64_t length,
                      std::uint64_t file_size)
-    : IoError(op, std::move(path), offset, length, 0,
-              fmt::format("the file holds only {} bytes, the request needs {} (end of file)",
-                          file_size, offset + length)),
-      file_size_(file_size) {}
+    : ShortFile(op, std::move(path), offset, length, file_size,
+                fmt::format("the file holds only {} bytes, the request needs bytes up to {} (end "
+                            "of file)",
+                            file_size, offset + length)) {}
+
+ShortFile::ShortFile(IoOp op, std::string path, std::uint64_t offset, std::uint64_t length,
+                     std::uint64_t file_size, const std::string& detail)
+    : IoError(op, std::move(path), offset, length, 0, detail), file_size_(file_size) {}
+
+ShortFile ShortFile::ended_during_read(std::string path, std::uint64_t offset,
+                                       std::uint64_t length, std::uint64_t ended_at,
+                                       std::uint64_t file_size) {
+  const std::uint64_t end = offset + length;
+  std::string detail =
+      file_size < end
+          ? fmt::format("the file ended at byte {} during the read and its size is now {}, short "
+                        "of byte {} that the request needs: it was truncated while being read",
+                        ended_at, file_size, end)
+          : fmt::format("the file ended at byte {} while its size says {} (the request needs "
+                        "bytes up to {}): the file system reported end of file early",
+                        ended_at, file_size, end);
+  return ShortFile(IoOp::Read, std::move(path), offset, length, file_size, detail);
+}
 
 namespace {
 

@@ -2,13 +2,45 @@
 
 #include <mutex>
 
+#include <fmt/format.h>
+
 #include "nvio/errors.hpp"
 #include "nvio/system.hpp"
 
 namespace nvio {
 namespace engine {
 
+namespace {
+
+std::mutex g_factory_mutex;
+EngineFactory g_factory;  // guarded by g_factory_mutex; empty: the back ends
+
+}  // namespace
+
+EngineFactory set_engine_factory_for_testing(EngineFactory factory) {
+  std::lock_guard lock(g_factory_mutex);
+  std::swap(g_factory, factory);
+  return factory;
+}
+
 std::unique_ptr<Engine> make_engine(EngineKind kind, unsigned queue_depth) {
+  EngineFactory factory;
+  {
+    std::lock_guard lock(g_factory_mutex);
+    factory = g_factory;
+  }
+  if (factory && kind != EngineKind::Auto) {
+    std::unique_ptr<Engine> e = factory(kind, queue_depth);
+    if (!e) {
+      throw EngineUnavailable(
+          fmt::format("the test engine factory made no {} engine", to_string(kind)));
+    }
+    return e;
+  }
+  return make_backend_engine(kind, queue_depth);
+}
+
+std::unique_ptr<Engine> make_backend_engine(EngineKind kind, unsigned queue_depth) {
   switch (kind) {
     case EngineKind::IoUring: return make_io_uring_engine(queue_depth);
     case EngineKind::Libaio: return make_libaio_engine(queue_depth);
@@ -26,7 +58,7 @@ EngineProbe run_probe(EngineKind kind) {
   // Creating a small instance is the probe: it fails exactly where real use would (ENOSYS on old
   // kernels, EPERM under seccomp or io_uring_disabled, EAGAIN when fs.aio-max-nr is exhausted).
   try {
-    engine::make_engine(kind, 4);
+    engine::make_backend_engine(kind, 4);
   } catch (const EngineUnavailable& e) {
     return EngineProbe{false, e.what()};
   }

@@ -2,8 +2,11 @@
 // worker thread (not thread-safe); the handle never branches on which engine it has.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -34,7 +37,9 @@ class Engine {
   // Submits `requests` (never more than queue_depth in flight in total). Returns how many were
   // accepted, in order. A negative value is -errno for the FIRST request, which the kernel refused
   // (e.g. EBADF, EINVAL); the ones after it were not taken. -EAGAIN (or 0) means the kernel is out
-  // of resources for now: offer the requests again after reaping.
+  // of resources for now: offer the requests again after reaping. A transfer that fails, with
+  // EINTR or EAGAIN too, reports it as its completion: engines never repeat a transfer themselves
+  // (the handle applies the retry policy, core/retry.hpp).
   virtual int submit(std::span<const Request> requests) = 0;
   // Waits until at least `min_complete` completions are available (0: do not wait), stores up to
   // out.size() of them, and returns how many, or -errno.
@@ -42,13 +47,32 @@ class Engine {
   virtual EngineKind kind() const noexcept = 0;
 };
 
-// Creates an engine of a concrete kind able to keep `queue_depth` requests in flight. Throws
-// EngineUnavailable when the kernel refuses (with the reason), never returns null.
+// Creates an engine of a concrete kind able to keep `queue_depth` requests in flight: the test
+// factory's when one is installed, else the back end's. Throws EngineUnavailable when the kernel
+// refuses (with the reason), never returns null.
 std::unique_ptr<Engine> make_engine(EngineKind kind, unsigned queue_depth);
+// The back end's own engine, whatever factory is installed (the availability probes use it).
+std::unique_ptr<Engine> make_backend_engine(EngineKind kind, unsigned queue_depth);
+
+// Makes the engine for a concrete kind and queue depth. Called on worker threads: it must be
+// thread-safe.
+using EngineFactory = std::function<std::unique_ptr<Engine>(EngineKind kind, unsigned queue_depth)>;
+// Tests: installs `factory` for the engines made from now on (an empty one restores the back
+// ends) and returns the previous one. Workers keep the engine they made until their handle goes.
+EngineFactory set_engine_factory_for_testing(EngineFactory factory);
+
+// The system calls of the psync engine, replaceable in tests (e.g. a pread that fails with EINTR).
+// Each returns what the system call does: a count, or -1 with errno set.
+struct PsyncCalls {
+  ssize_t (*pread)(int fd, void* buf, std::size_t count, off_t offset);
+  ssize_t (*pwrite)(int fd, const void* buf, std::size_t count, off_t offset);
+};
+PsyncCalls real_psync_calls() noexcept;
 
 // Back ends, defined in their own files.
 std::unique_ptr<Engine> make_io_uring_engine(unsigned queue_depth);
 std::unique_ptr<Engine> make_libaio_engine(unsigned queue_depth);
-std::unique_ptr<Engine> make_psync_engine(unsigned queue_depth);
+std::unique_ptr<Engine> make_psync_engine(unsigned queue_depth,
+                                          PsyncCalls calls = real_psync_calls());
 
 }  // namespace nvio::engine

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "core/retry.hpp"
 #include "engine/engine.hpp"
 #include "nvio/errors.hpp"
 
@@ -70,11 +71,14 @@ class IoUringEngine final : public Engine {
       if (rc < 0 && rc != -EAGAIN && rc != -EBUSY) return rc;
     }
     if (min_complete > 0) {
+      // A wait moves no data: interruptions (and EAGAIN, which the ring reports while it cannot
+      // wait yet) are repeated within the bound for such calls.
       io_uring_cqe* cqe = nullptr;
+      detail::RetryCounter interrupted(detail::kInterruptedCallRetries);
       int rc;
       do {
         rc = io_uring_wait_cqe_nr(ring_.get(), &cqe, static_cast<unsigned>(min_complete));
-      } while (rc == -EINTR || rc == -EAGAIN);
+      } while (rc < 0 && interrupted.retry(-rc));
       if (rc < 0) return rc;
     }
     io_uring_cqe* cqes[256];
@@ -91,10 +95,7 @@ class IoUringEngine final : public Engine {
 
  private:
   int submit_pending() {
-    int rc;
-    do {
-      rc = io_uring_submit(ring_.get());
-    } while (rc == -EINTR);
+    const int rc = detail::retry_interrupted([&] { return io_uring_submit(ring_.get()); });
     unsubmitted_ = rc < 0 || io_uring_sq_ready(ring_.get()) > 0;
     return rc;
   }

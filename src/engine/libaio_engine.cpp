@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "core/retry.hpp"
 #include "engine/engine.hpp"
 #include "nvio/errors.hpp"
 
@@ -65,8 +66,9 @@ class LibaioEngine final : public Engine {
     std::size_t done = 0;
     int error = 0;
     while (done < batch.size()) {
-      const int rc = io_submit(ctx_.get(), static_cast<long>(batch.size() - done), &batch[done]);
-      if (rc == -EINTR) continue;
+      const int rc = detail::retry_interrupted([&] {
+        return io_submit(ctx_.get(), static_cast<long>(batch.size() - done), &batch[done]);
+      });
       if (rc <= 0) {
         error = rc;
         break;
@@ -79,11 +81,10 @@ class LibaioEngine final : public Engine {
 
   int reap(std::span<Completion> out, std::size_t min_complete) override {
     const long want = static_cast<long>(std::min(out.size(), events_.size()));
-    int rc;
-    do {
-      rc = io_getevents(ctx_.get(), static_cast<long>(min_complete), want, events_.data(),
-                        nullptr);
-    } while (rc == -EINTR);
+    const int rc = detail::retry_interrupted([&] {
+      return io_getevents(ctx_.get(), static_cast<long>(min_complete), want, events_.data(),
+                          nullptr);
+    });
     if (rc < 0) return rc;
     for (int i = 0; i < rc; ++i) {
       iocb* cb = events_[i].obj;

@@ -12,15 +12,15 @@ namespace {
 
 class PsyncEngine final : public Engine {
  public:
+  explicit PsyncEngine(PsyncCalls calls) : calls_(calls) {}
+
   int submit(std::span<const Request> requests) override {
-    // Each request runs to completion now; its result waits in `done_` for reap().
+    // Each request runs once, now; its result (EINTR included: the handle decides about retries)
+    // waits in `done_` for reap().
     for (const Request& r : requests) {
-      ssize_t rc;
-      do {
-        rc = r.direction == Direction::Read
-                 ? ::pread(r.fd, r.buf, r.length, static_cast<off_t>(r.offset))
-                 : ::pwrite(r.fd, r.buf, r.length, static_cast<off_t>(r.offset));
-      } while (rc < 0 && errno == EINTR);
+      const ssize_t rc = r.direction == Direction::Read
+                             ? calls_.pread(r.fd, r.buf, r.length, static_cast<off_t>(r.offset))
+                             : calls_.pwrite(r.fd, r.buf, r.length, static_cast<off_t>(r.offset));
       done_.push_back(Completion{r.tag, rc < 0 ? -static_cast<std::int64_t>(errno) : rc});
     }
     return static_cast<int>(requests.size());
@@ -38,13 +38,16 @@ class PsyncEngine final : public Engine {
   EngineKind kind() const noexcept override { return EngineKind::Psync; }
 
  private:
+  PsyncCalls calls_;
   std::deque<Completion> done_;
 };
 
 }  // namespace
 
-std::unique_ptr<Engine> make_psync_engine(unsigned /*queue_depth*/) {
-  return std::make_unique<PsyncEngine>();
+PsyncCalls real_psync_calls() noexcept { return PsyncCalls{::pread, ::pwrite}; }
+
+std::unique_ptr<Engine> make_psync_engine(unsigned /*queue_depth*/, PsyncCalls calls) {
+  return std::make_unique<PsyncEngine>(calls);
 }
 
 }  // namespace nvio::engine

@@ -1,12 +1,16 @@
 #include "handle/file.hpp"
 
 #include <fcntl.h>
+#include <linux/fs.h>
 #include <linux/stat.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
+
+#include "core/retry.hpp"
 
 namespace nvio::detail {
 
@@ -24,11 +28,24 @@ FileDescriptor& FileDescriptor::operator=(FileDescriptor&& other) noexcept {
 }
 
 int open_file(const std::string& path, int flags, unsigned mode) noexcept {
-  int fd;
-  do {
-    fd = ::open(path.c_str(), flags | O_CLOEXEC, mode);
-  } while (fd < 0 && errno == EINTR);
-  return fd < 0 ? -errno : fd;
+  // An open that blocks (a FIFO, a network file system) may be interrupted by a signal.
+  return retry_interrupted([&] {
+    const int fd = ::open(path.c_str(), flags | O_CLOEXEC, mode);
+    return fd < 0 ? -errno : fd;
+  });
+}
+
+std::int64_t file_size(int fd, const struct stat& st) noexcept {
+  if (!S_ISBLK(st.st_mode)) return static_cast<std::int64_t>(st.st_size);
+  std::uint64_t bytes = 0;
+  if (::ioctl(fd, BLKGETSIZE64, &bytes) != 0) return -errno;
+  return static_cast<std::int64_t>(bytes);
+}
+
+std::int64_t file_size(int fd) noexcept {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return -errno;
+  return file_size(fd, st);
 }
 
 DirectIoInfo direct_io_info(int fd) {

@@ -1,6 +1,8 @@
 // File descriptors and direct-I/O facts about open files. Internal to the library.
 #pragma once
 
+#include <sys/stat.h>
+
 #include <cstdint>
 #include <string>
 
@@ -28,6 +30,12 @@ class FileDescriptor {
 
 // open(2) wrapper: returns the descriptor, or -errno.
 int open_file(const std::string& path, int flags, unsigned mode = 0644) noexcept;
+
+// The size in bytes of the regular file or block device open as `fd`, whose fstat(2) is `st`:
+// st_size, or for a block device (whose st_size is 0) the ioctl BLKGETSIZE64. Returns -errno when
+// it cannot be had. The one-argument form runs fstat itself.
+std::int64_t file_size(int fd, const struct stat& st) noexcept;
+std::int64_t file_size(int fd) noexcept;
 
 // Direct-I/O alignment of an open file: statx's DIO fields where the kernel reports them, else
 // the block size from fstat as a conservative stand-in. `supported` is false when the file system

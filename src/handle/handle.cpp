@@ -37,11 +37,13 @@
 #include <thread>
 #include <vector>
 
+#include "core/retry.hpp"
 #include "cuda/cufile.hpp"
 #include "cuda/device_ops.hpp"
 #include "engine/engine.hpp"
 #include "handle/file.hpp"
 #include "memory/bounce_pool.hpp"
+#include "memory/user_copy.hpp"
 #include "nvio/errors.hpp"
 #include "nvio/system.hpp"
 #include "nvio/warnings.hpp"
@@ -159,7 +161,7 @@ struct Slot {
   bool direct = false;
   std::byte* user = nullptr;    // the piece's bytes in the caller's buffer
   std::byte* bounce = nullptr;  // the aligned copy used for I/O, or null for zero-copy
-  int retries = 0;
+  detail::RetryCounter retries{detail::kTransferRetries};  // EINTR / EAGAIN completions in a row
 };
 
 }  // namespace
@@ -294,7 +296,7 @@ std::string fd_name(int fd) {
 }
 
 // Checks what the descriptor refers to: directories are refused, and reads past the end of a
-// regular file are refused up front with the file's size.
+// regular file or a block device are refused up front with its size.
 void check_target(const Operation& op, int fd) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
@@ -310,10 +312,27 @@ void check_target(const Operation& op, int fd) {
     throw InvalidArgument(fmt::format("{}: not a regular file or block device (mode {:o})", op.path,
                                       st.st_mode & S_IFMT));
   }
-  if (op.direction == Direction::Read && S_ISREG(st.st_mode) &&
-      op.end() > static_cast<std::uint64_t>(st.st_size)) {
-    throw ShortFile(IoOp::Read, op.path, op.offset, op.length,
-                    static_cast<std::uint64_t>(st.st_size));
+  if (op.direction == Direction::Read) {
+    const std::int64_t size = detail::file_size(fd, st);
+    if (size < 0) {
+      throw_io_error(IoOp::Stat, op.path, op.offset, op.length, static_cast<int>(-size),
+                     "the size of the block device (BLKGETSIZE64)");
+    }
+    if (op.end() > static_cast<std::uint64_t>(size)) {
+      throw ShortFile(IoOp::Read, op.path, op.offset, op.length, static_cast<std::uint64_t>(size));
+    }
+  }
+}
+
+// The error of a read of `op` that got end of file at byte `at` of the file: the file ended
+// inside the request while it was being read. `fd` is a descriptor of the file.
+std::exception_ptr ended_during_read(const Operation& op, int fd, std::uint64_t at) {
+  const std::int64_t size = detail::file_size(fd);
+  try {
+    throw ShortFile::ended_during_read(op.path, op.offset, op.length, at,
+                                       size >= 0 ? static_cast<std::uint64_t>(size) : at);
+  } catch (...) {
+    return std::current_exception();
   }
 }
 
@@ -711,6 +730,7 @@ std::exception_ptr run_gds_piece(Operation& op, const Piece& p) {
   const IoOp io_op = is_read ? IoOp::Read : IoOp::Write;
   std::byte* user = op.buf + (p.file_offset - op.offset);
   std::size_t done = 0;
+  detail::RetryCounter retries(detail::kTransferRetries);
   try {
     const int rc = op.device_ops->make_current(op.device);
     if (rc != cuda::kSuccess) cuda::throw_gpu_error(*op.device_ops, "cuCtxSetCurrent", rc);
@@ -720,7 +740,7 @@ std::exception_ptr run_gds_piece(Operation& op, const Piece& p) {
           cuda::gds_transfer(op.cufile, is_read, user + done, p.length - done, at);
       if (n < 0) {
         const int err = static_cast<int>(-n);
-        if (err == EINTR || err == EAGAIN) continue;
+        if (retries.retry(err)) continue;
         if (err > cuda::abi::kCuFileOpBaseErr) {
           throw GpuError(is_read ? "cuFileRead" : "cuFileWrite", err, cuda::cufile_error_name(err),
                          cuda::cufile_error_text(err), op.path, at, p.length - done);
@@ -728,15 +748,11 @@ std::exception_ptr run_gds_piece(Operation& op, const Piece& p) {
         throw_io_error(io_op, op.path, at, p.length - done, err, "cuFile");
       }
       if (n == 0) {
-        if (is_read) {
-          struct stat st {};
-          const std::uint64_t size =
-              ::fstat(op.direct_fd, &st) == 0 ? static_cast<std::uint64_t>(st.st_size) : at;
-          throw ShortFile(IoOp::Read, op.path, op.offset, op.length, size);
-        }
+        if (is_read) std::rethrow_exception(ended_during_read(op, op.direct_fd, at));
         throw_io_error(io_op, op.path, at, p.length - done, EIO, "cuFileWrite transferred 0 bytes");
       }
       done += static_cast<std::size_t>(n);
+      retries.progress();
     }
   } catch (...) {
     return std::current_exception();
@@ -764,6 +780,7 @@ void Handle::Impl::worker_main(unsigned /*index*/, std::promise<void> ready) {
       std::min<std::size_t>(qd, std::max<std::size_t>(2, (std::size_t{64} << 20) / chunk));
   detail::BouncePool pool(chunk, bounce_count);
   std::unique_ptr<DeviceLane> lane;  // after `pool`: destroyed before it
+  detail::UserCopier copier;         // bounce copies to and from the caller's memory
 
   std::vector<Slot> slots(qd);
   std::vector<unsigned> free_slots;
@@ -789,6 +806,26 @@ void Handle::Impl::worker_main(unsigned /*index*/, std::promise<void> ready) {
     s = Slot{};
     free_slots.push_back(tag);
     --inflight;
+  };
+  // Copies slot `tag`'s bytes between its chunk and the caller's host memory (out of the chunk
+  // after a read, into it before a write). Memory the caller cannot access fails the operation
+  // with EFAULT, as the kernel does with such a buffer: the slot is released and false returned.
+  auto copy_host = [&](unsigned tag) {
+    Slot& s = slots[tag];
+    const bool read = s.op->direction == Direction::Read;
+    const detail::UserCopyResult r = read ? copier.to_user(s.user, s.bounce, s.length)
+                                          : copier.from_user(s.bounce, s.user, s.length);
+    if (r.error == 0) return true;
+    OperationPtr op = s.op;
+    const std::uint64_t at = s.file_offset + r.fault_at;
+    const std::size_t left = s.length - r.fault_at;
+    const void* where = s.user + r.fault_at;
+    release_slot(tag);
+    fail(*op, io_error_ptr(read ? IoOp::Read : IoOp::Write, op->path, at, left, r.error,
+                           fmt::format("copying {} the caller's buffer at {} ({})",
+                                       read ? "into" : "out of", where,
+                                       read ? "is it writable?" : "is it readable?")));
+    return false;
   };
   // Starts the copy of slot `tag` between its chunk and the device (ToHost before a write,
   // ToDevice after a read) and records its event. Throws GpuError.
@@ -846,7 +883,7 @@ void Handle::Impl::worker_main(unsigned /*index*/, std::promise<void> ready) {
     const IoOp io_op = op->direction == Direction::Read ? IoOp::Read : IoOp::Write;
     if (c.result < 0) {
       const int err = static_cast<int>(-c.result);
-      if ((err == EINTR || err == EAGAIN) && s.retries++ < 16) {
+      if (s.retries.retry(err)) {
         batch.push_back(request_for(s, tag));
         return;
       }
@@ -862,22 +899,15 @@ void Handle::Impl::worker_main(unsigned /*index*/, std::promise<void> ready) {
       const std::size_t left = s.length - s.done;
       release_slot(tag);
       if (io_op == IoOp::Read) {
-        struct stat st {};
-        const std::uint64_t size =
-            ::fstat(op->buffered_fd >= 0 ? op->buffered_fd : op->direct_fd, &st) == 0
-                ? static_cast<std::uint64_t>(st.st_size)
-                : at;
-        try {
-          throw ShortFile(IoOp::Read, op->path, op->offset, op->length, size);
-        } catch (...) {
-          fail(*op, std::current_exception());
-        }
+        fail(*op, ended_during_read(*op, op->buffered_fd >= 0 ? op->buffered_fd : op->direct_fd,
+                                    at));
       } else {
         fail(*op, io_error_ptr(io_op, op->path, at, left, EIO, "write transferred 0 bytes"));
       }
       return;
     }
     s.done += static_cast<std::size_t>(c.result);
+    s.retries.progress();
     if (s.done < s.length) {
       // Short transfer: resume the rest. If what is left is no longer aligned for O_DIRECT, it
       // goes through the buffered descriptor (reading into / writing from the same memory).
@@ -899,7 +929,7 @@ void Handle::Impl::worker_main(unsigned /*index*/, std::promise<void> ready) {
         }
         return;
       }
-      std::memcpy(s.user, s.bounce, s.length);
+      if (!copy_host(tag)) return;
     }
     release_slot(tag);
     finish_piece(*op, 1);
@@ -1010,7 +1040,7 @@ void Handle::Impl::worker_main(unsigned /*index*/, std::promise<void> ready) {
             }
             continue;
           }
-          if (op->direction == Direction::Write) std::memcpy(s.bounce, s.user, s.length);
+          if (op->direction == Direction::Write && !copy_host(tag)) continue;
         }
         batch.push_back(request_for(s, tag));
       }

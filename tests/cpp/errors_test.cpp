@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <linux/fs.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -15,11 +16,14 @@
 #include <type_traits>
 #include <typeinfo>
 
+#include <fmt/format.h>
+
 #include "test_util.hpp"
 
 namespace nvio_test {
 namespace {
 
+using nvio::DirectIo;
 using nvio::EngineKind;
 using nvio::Handle;
 using nvio::Options;
@@ -510,6 +514,183 @@ TEST_P(Errors, DestructorWaitsForInFlight) {
   }
 }
 
+// Anonymous memory of whole pages with the given protection, unmapped on destruction.
+class Mapping {
+ public:
+  Mapping(std::size_t bytes, int prot) : size_(bytes) {
+    void* p = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return;
+    base_ = static_cast<unsigned char*>(p);
+    std::memset(base_, 0x5A, size_);  // faulted in: the kernel sees it present, still protected
+    if (::mprotect(base_, size_, prot) != 0) {
+      ::munmap(base_, size_);
+      base_ = nullptr;
+    }
+  }
+  ~Mapping() {
+    if (base_ != nullptr) ::munmap(base_, size_);
+  }
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  unsigned char* data() const { return base_; }
+
+ private:
+  std::size_t size_;
+  unsigned char* base_ = nullptr;
+};
+
+// Where a transfer through memory the process may not access: the aligned middle bounced (an
+// unaligned address), zero-copy (an aligned address), only buffered edges (a short range), and
+// the same again without direct I/O.
+struct BadMemoryCase {
+  std::size_t address_offset;  // from the start of the mapping
+  std::uint64_t file_offset;
+  std::size_t length;
+};
+constexpr BadMemoryCase kBadMemoryCases[] = {
+    {1, 0, 2 * MiB},            // unaligned buffer, aligned file range: every piece bounced
+    {4095, 4096 + 17, MiB + 5}, // unaligned both: edges buffered, middle bounced
+    {0, 0, MiB},                // aligned: zero-copy direct I/O
+    {3, 100, 1000},             // one buffered piece
+};
+
+template <typename Fn>
+void expect_efault(Fn&& fn, const std::string& path, std::uint64_t off, std::size_t len,
+                   const std::string& what) {
+  SCOPED_TRACE(what);
+  try {
+    fn();
+    ADD_FAILURE() << "no exception";
+  } catch (const nvio::IoError& e) {
+    EXPECT_EQ(e.error_code(), EFAULT) << e.what();
+    EXPECT_EQ(e.path(), path);
+    EXPECT_TRUE(contains(e.what(), path));
+    EXPECT_GE(e.offset(), off);
+    EXPECT_LE(e.offset() + e.length(), off + len);
+    EXPECT_TRUE(contains(e.what(), "offset " + std::to_string(e.offset())));
+    EXPECT_TRUE(contains(e.what(), "length " + std::to_string(e.length())));
+  }
+}
+
+// A read into read-only memory (e.g. a np.memmap opened with mode='r') is an IoError with EFAULT
+// through every path, bounced or not, never a SIGSEGV; the memory is left as it was.
+TEST_P(Errors, ReadIntoReadOnlyMemory) {
+  const std::string path = file("src.bin");
+  write_pattern_file(path, 4 * MiB, 70);
+  for (DirectIo direct : {DirectIo::Auto, DirectIo::Off}) {
+    Options o = base_options();
+    if (direct == DirectIo::Off) o.direct = direct;
+    o.block_size = 256 * KiB;
+    Handle h(o);
+    for (const BadMemoryCase& c : kBadMemoryCases) {
+      Mapping m(c.address_offset + c.length + 4096, PROT_READ);
+      ASSERT_NE(m.data(), nullptr);
+      const std::string what = fmt::format("read of {} bytes at {} into mapping + {}, direct {}",
+                                           c.length, c.file_offset, c.address_offset,
+                                           nvio::to_string(o.direct));
+      expect_efault([&] { h.read(m.data() + c.address_offset, c.length, path, c.file_offset); },
+                    path, c.file_offset, c.length, what);
+      expect_efault(
+          [&] {
+            h.wait(h.submit_read(m.data() + c.address_offset, c.length, path, c.file_offset));
+          },
+          path, c.file_offset, c.length, "async " + what);
+      for (std::size_t i = 0; i < c.address_offset + c.length; i += 4096) {
+        ASSERT_EQ(m.data()[i], 0x5A) << "read-only memory changed";
+      }
+    }
+    // Writable up to a point, read-only after it: the error names where the bad memory starts.
+    Mapping half(4 * MiB, PROT_READ | PROT_WRITE);
+    ASSERT_NE(half.data(), nullptr);
+    ASSERT_EQ(::mprotect(half.data() + 2 * MiB, 2 * MiB, PROT_READ), 0);
+    try {
+      h.read(half.data() + 1, 3 * MiB, path, 0);
+      ADD_FAILURE() << "no exception";
+    } catch (const nvio::IoError& e) {
+      EXPECT_EQ(e.error_code(), EFAULT) << e.what();
+      EXPECT_GE(e.offset(), MiB) << e.what();
+      EXPECT_LT(e.offset(), 3 * MiB) << e.what();
+    }
+    // The handle is still usable.
+    GuardedBuffer b(MiB + 5, BufKind::Plus3);
+    ASSERT_NO_THROW(h.read(b.data(), MiB + 5, path, 4096 + 17));
+    EXPECT_TRUE(buffer_has_pattern(b.data(), MiB + 5, 4096 + 17, 70));
+  }
+}
+
+// A write from memory the process may not read (PROT_NONE) is an IoError with EFAULT, never a
+// SIGSEGV.
+TEST_P(Errors, WriteFromUnreadableMemory) {
+  const std::string path = file("dst.bin");
+  for (DirectIo direct : {DirectIo::Auto, DirectIo::Off}) {
+    Options o = base_options();
+    if (direct == DirectIo::Off) o.direct = direct;
+    o.block_size = 256 * KiB;
+    Handle h(o);
+    for (const BadMemoryCase& c : kBadMemoryCases) {
+      Mapping m(c.address_offset + c.length + 4096, PROT_NONE);
+      ASSERT_NE(m.data(), nullptr);
+      const std::string what = fmt::format("write of {} bytes at {} from mapping + {}, direct {}",
+                                           c.length, c.file_offset, c.address_offset,
+                                           nvio::to_string(o.direct));
+      expect_efault([&] { h.write(m.data() + c.address_offset, c.length, path, c.file_offset); },
+                    path, c.file_offset, c.length, what);
+      expect_efault(
+          [&] {
+            h.wait(h.submit_write(m.data() + c.address_offset, c.length, path, c.file_offset));
+          },
+          path, c.file_offset, c.length, "async " + what);
+    }
+    GuardedBuffer b(MiB + 5, BufKind::Plus3);
+    b.fill_pattern(4096 + 17, 71);
+    ASSERT_NO_THROW(h.write(b.data(), MiB + 5, path, 4096 + 17));
+    EXPECT_TRUE(file_range_has_pattern(read_file(path), 4096 + 17, MiB + 5, 71));
+  }
+}
+
+// A block device reports its real size (BLKGETSIZE64; its st_size is 0): a read past its end is
+// refused up front with that size, and a read up to the end works.
+TEST_P(Errors, BlockDeviceSize) {
+  if (::geteuid() != 0) GTEST_SKIP() << "attaching a loop device needs root";
+  if (::access("/usr/sbin/losetup", X_OK) != 0 && ::access("/sbin/losetup", X_OK) != 0) {
+    GTEST_SKIP() << "losetup is not installed";
+  }
+  const std::string image = file("disk.img");
+  constexpr std::size_t kSize = MiB + 8192;
+  write_pattern_file(image, kSize, 80);
+  const std::string cmd = "losetup -f --show " + image + " 2>/dev/null";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  char line[256] = {};
+  const bool got = std::fgets(line, sizeof(line), p) != nullptr;
+  const int status = ::pclose(p);
+  if (!got || status != 0) GTEST_SKIP() << "losetup could not attach a loop device here";
+  std::string dev(line);
+  while (!dev.empty() && (dev.back() == '\n' || dev.back() == ' ')) dev.pop_back();
+  struct Detach {
+    std::string dev;
+    ~Detach() { (void)std::system(("losetup -d " + dev).c_str()); }
+  } detach{dev};
+
+  Handle h(base_options());
+  GuardedBuffer b(3 * 4096, BufKind::Plus1);
+  b.fill_sentinel();
+  for (const std::uint64_t off : {std::uint64_t{kSize - 4096}, std::uint64_t{kSize + 4096}}) {
+    expect_throw<nvio::ShortFile>(
+        [&] { h.read(b.data(), 3 * 4096, dev, off); },
+        [&](const nvio::ShortFile& e) {
+          EXPECT_EQ(e.file_size(), kSize);
+          EXPECT_TRUE(contains(e.what(), dev));
+          EXPECT_TRUE(contains(e.what(), "holds only " + std::to_string(kSize) + " bytes"));
+          EXPECT_TRUE(contains(e.what(), "up to " + std::to_string(off + 3 * 4096)));
+        },
+        "read past the end of " + dev);
+  }
+  ASSERT_NO_THROW(h.read(b.data(), 3 * 4096, dev, kSize - 3 * 4096));
+  EXPECT_TRUE(buffer_has_pattern(b.data(), 3 * 4096, kSize - 3 * 4096, 80));
+  EXPECT_TRUE(b.guards_intact());
+}
+
 INSTANTIATE_TEST_SUITE_P(Engines, Errors, NVIO_ALL_ENGINES, EngineParamName());
 
 // ---- invalid options -------------------------------------------------------------------------
@@ -679,6 +860,7 @@ TEST(ErrorTypes, Hierarchy) {
 
 TEST(ErrorTypes, ShortFileMessage) {
   nvio::ShortFile e(nvio::IoOp::Read, "/data/x.bin", 4096, 8192, 10000);
+  EXPECT_TRUE(contains(e.what(), "holds only 10000 bytes, the request needs bytes up to 12288"));
   EXPECT_EQ(e.file_size(), 10000u);
   EXPECT_EQ(e.error_code(), 0) << "a short file is not an errno";
   EXPECT_EQ(e.offset(), 4096u);
@@ -688,6 +870,23 @@ TEST(ErrorTypes, ShortFileMessage) {
   EXPECT_TRUE(contains(e.what(), "10000"));
   EXPECT_TRUE(contains(e.what(), "4096"));
   EXPECT_TRUE(contains(e.what(), "8192"));
+}
+
+// The file ended while a read ran: the message says where, and what the size is now.
+TEST(ErrorTypes, ShortFileDuringReadMessage) {
+  const auto truncated = nvio::ShortFile::ended_during_read("/data/x.bin", 0, 8388608, 4096, 4096);
+  EXPECT_EQ(truncated.file_size(), 4096u);
+  EXPECT_EQ(truncated.error_code(), 0);
+  EXPECT_EQ(truncated.op(), nvio::IoOp::Read);
+  EXPECT_EQ(truncated.offset(), 0u);
+  EXPECT_EQ(truncated.length(), 8388608u);
+  EXPECT_TRUE(contains(truncated.what(), "/data/x.bin"));
+  EXPECT_TRUE(contains(truncated.what(), "ended at byte 4096"));
+  EXPECT_TRUE(contains(truncated.what(), "size is now 4096"));
+  EXPECT_TRUE(contains(truncated.what(), "truncated"));
+  const auto early = nvio::ShortFile::ended_during_read("/data/x.bin", 0, 8388608, 4096, 8388608);
+  EXPECT_TRUE(contains(early.what(), "the file ended at byte 4096 while its size says 8388608"));
+  EXPECT_FALSE(contains(early.what(), "holds only"));
 }
 
 TEST(ErrorTypes, OpNamesDistinct) {

@@ -10,11 +10,13 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdint>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "memory/user_copy.hpp"
 #include "test_util.hpp"
 
 namespace nvio_test {
@@ -342,6 +344,73 @@ TEST_F(Warnings, SetReturnsPreviousAndEmptyRestoresDefault) {
   nvio::warn("to the default sink");
   EXPECT_EQ(got_.size(), 1u);
   EXPECT_EQ(recorded_warnings().size(), before + 1);
+}
+
+// ---- checked copies between the caller's memory and bounce chunks -----------------------------
+
+// 8 pages: the first 3 readable and writable, the rest `prot`.
+class PartlyProtected {
+ public:
+  explicit PartlyProtected(int prot) {
+    void* p = ::mmap(nullptr, kSize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    EXPECT_NE(p, MAP_FAILED);
+    base_ = static_cast<std::byte*>(p);
+    std::memset(base_, 0x11, kSize);
+    EXPECT_EQ(::mprotect(base_ + kGood, kSize - kGood, prot), 0);
+  }
+  ~PartlyProtected() { ::munmap(base_, kSize); }
+  std::byte* data() const { return base_; }
+  static constexpr std::size_t kSize = 8 * 4096;
+  static constexpr std::size_t kGood = 3 * 4096;
+
+ private:
+  std::byte* base_ = nullptr;
+};
+
+TEST(UserCopy, CopiesGoodMemoryAndStopsAtBadPages) {
+  std::vector<std::byte> chunk(PartlyProtected::kSize);
+  for (std::size_t i = 0; i < chunk.size(); ++i) chunk[i] = static_cast<std::byte>(i * 7);
+  nvio::detail::UserCopier copier;
+  {
+    // Into good memory, from an unaligned address: every byte, none beside it.
+    PartlyProtected m(PROT_READ | PROT_WRITE);
+    const auto r = copier.to_user(m.data() + 5, chunk.data(), 5 * 4096);
+    EXPECT_EQ(r.error, 0);
+    EXPECT_EQ(std::memcmp(m.data() + 5, chunk.data(), 5 * 4096), 0);
+    EXPECT_EQ(m.data()[4], std::byte{0x11});
+    EXPECT_EQ(m.data()[5 + 5 * 4096], std::byte{0x11});
+    std::vector<std::byte> back(5 * 4096);
+    EXPECT_EQ(copier.from_user(back.data(), m.data() + 5, back.size()).error, 0);
+    EXPECT_EQ(std::memcmp(back.data(), chunk.data(), back.size()), 0);
+  }
+  {
+    // Into memory that turns read-only: EFAULT exactly where it does.
+    PartlyProtected m(PROT_READ);
+    const auto r = copier.to_user(m.data() + 1, chunk.data(), 6 * 4096);
+    EXPECT_EQ(r.error, EFAULT);
+    EXPECT_EQ(r.fault_at, PartlyProtected::kGood - 1);
+    EXPECT_EQ(m.data()[PartlyProtected::kGood], std::byte{0x11}) << "read-only memory changed";
+    const auto v = nvio::detail::copy_user_by_process_vm(m.data() + 1, chunk.data(), 6 * 4096,
+                                                         /*to_user=*/true);
+    EXPECT_EQ(v.error, EFAULT);
+    EXPECT_EQ(v.fault_at, PartlyProtected::kGood - 1);
+  }
+  {
+    // Out of memory that turns unreadable.
+    PartlyProtected m(PROT_NONE);
+    std::vector<std::byte> out(6 * 4096);
+    const auto r = copier.from_user(out.data(), m.data() + 1, out.size());
+    EXPECT_EQ(r.error, EFAULT);
+    EXPECT_EQ(r.fault_at, PartlyProtected::kGood - 1);
+    const auto all_bad = copier.from_user(out.data(), m.data() + PartlyProtected::kGood, 4096);
+    EXPECT_EQ(all_bad.error, EFAULT);
+    EXPECT_EQ(all_bad.fault_at, 0u);
+  }
+  // The copier still works after failures (its pipe was left empty).
+  std::vector<std::byte> a(3 * 4096 + 9), b(a.size());
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<std::byte>(i);
+  EXPECT_EQ(copier.to_user(b.data() + 1, a.data(), a.size() - 1).error, 0);
+  EXPECT_EQ(std::memcmp(b.data() + 1, a.data(), a.size() - 1), 0);
 }
 
 }  // namespace

@@ -351,3 +351,38 @@ def test_error_during_numpy_read_leaves_no_pending_state(tmp_path):
     with pytest.raises(FileNotFoundError):
         h.read(np.zeros(10, np.uint8), tmp_path / "nope")
     assert h.wait_all() == 0
+
+
+_READ_ONLY_MEMMAP_SCRIPT = textwrap.dedent("""
+    import errno, sys, warnings
+    import numpy as np, torch, nvio
+    src, ro = sys.argv[1], sys.argv[2]
+    warnings.simplefilter("ignore")  # torch warns that the array is not writable
+    dst = torch.from_numpy(np.memmap(ro, mode="r"))[1:1 << 19]  # unaligned, read-only
+    for name, call in (("read", lambda: nvio.Handle().read(dst, src)),
+                       ("read_async", lambda: nvio.Handle().read_async(dst, src).wait()),
+                       ("aio", lambda: nvio.aio_handle().sync_pread(dst, src))):
+        try:
+            call()
+            print(name, "no exception")
+        except OSError as e:
+            ok = isinstance(e, nvio.IOFailure) and e.errno == errno.EFAULT and src in str(e)
+            print(name, "EFAULT" if ok else f"wrong: {type(e).__name__} {e.errno} {e}")
+    src_bytes = open(src, "rb").read(1 << 20)
+    assert bytes(np.memmap(ro, mode="r")[:1 << 20]) != src_bytes, "read-only memory was written"
+""")
+
+
+def test_read_into_read_only_memmap_is_efault(tmp_path):
+    """Reading into a read-only mapping through the unaligned (bounce) path is an IOFailure with
+    EFAULT, as it is for an aligned one, not a SIGSEGV. Run in a child, so that a crash fails this
+    test instead of ending pytest."""
+    src = write_file(tmp_path / "src.bin", os.urandom(1 << 20))
+    ro = write_file(tmp_path / "ro.bin", bytes(1 << 20))
+    import nvio as pkg
+
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(pkg.__file__))))
+    r = subprocess.run([sys.executable, "-c", _READ_ONLY_MEMMAP_SCRIPT, src, ro],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, f"exit status {r.returncode}: {r.stderr[-2000:]}"
+    assert r.stdout.split("\n")[:3] == ["read EFAULT", "read_async EFAULT", "aio EFAULT"], r.stdout

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "core/retry.hpp"
 #include "nvio/errors.hpp"
 
 namespace nvio {
@@ -269,9 +270,11 @@ std::optional<std::string> read_config_text(const std::string& path) {
   text.reserve(static_cast<std::size_t>(st.st_size));
   char chunk[16384];
   while (true) {
-    const ssize_t n = ::read(fd.get(), chunk, sizeof chunk);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw_io_error(IoOp::Read, path, text.size(), sizeof chunk, errno);
+    const ssize_t n = detail::retry_interrupted([&]() -> ssize_t {
+      const ssize_t r = ::read(fd.get(), chunk, sizeof chunk);
+      return r < 0 ? -errno : r;
+    });
+    if (n < 0) throw_io_error(IoOp::Read, path, text.size(), sizeof chunk, static_cast<int>(-n));
     if (n == 0) break;
     text.append(chunk, static_cast<std::size_t>(n));
     if (text.size() > kMaxConfigBytes) too_big("at least ", text.size());
@@ -361,10 +364,12 @@ void save_profile(const std::string& path, const ConfigProfile& profile) {
   if (fd < 0) throw_io_error(IoOp::Open, tmp, 0, text.size(), errno);
   std::size_t done = 0;
   while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
+    const ssize_t n = detail::retry_interrupted([&]() -> ssize_t {
+      const ssize_t r = ::write(fd, text.data() + done, text.size() - done);
+      return r < 0 ? -errno : r;
+    });
     if (n <= 0) {
-      const int err = n < 0 ? errno : EIO;
+      const int err = n < 0 ? static_cast<int>(-n) : EIO;
       ::close(fd);
       ::unlink(tmp.c_str());
       throw_io_error(IoOp::Write, tmp, done, text.size() - done, err);

@@ -17,6 +17,7 @@
 //   Handle      owns the queue, the workers and the table of asynchronous tickets.
 #include "nvio/handle.hpp"
 
+#include <cxxabi.h>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <pthread.h>
@@ -27,6 +28,7 @@
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <exception>
@@ -34,7 +36,10 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <new>
+#include <system_error>
 #include <thread>
+#include <typeinfo>
 #include <vector>
 
 #include "core/retry.hpp"
@@ -42,6 +47,7 @@
 #include "cuda/device_ops.hpp"
 #include "engine/engine.hpp"
 #include "handle/file.hpp"
+#include "handle/worker_threads.hpp"
 #include "memory/bounce_pool.hpp"
 #include "memory/user_copy.hpp"
 #include "nvio/errors.hpp"
@@ -49,6 +55,32 @@
 #include "nvio/warnings.hpp"
 
 namespace nvio {
+namespace detail {
+namespace {
+
+std::mutex g_starter_mutex;
+ThreadStarter g_starter;  // guarded by g_starter_mutex; empty: std::thread
+
+}  // namespace
+
+std::thread start_worker_thread(std::function<void()> body) {
+  ThreadStarter starter;
+  {
+    std::lock_guard lock(g_starter_mutex);
+    starter = g_starter;
+  }
+  if (starter) return starter(std::move(body));
+  return std::thread(std::move(body));
+}
+
+ThreadStarter set_thread_starter_for_testing(ThreadStarter starter) {
+  std::lock_guard lock(g_starter_mutex);
+  std::swap(g_starter, starter);
+  return starter;
+}
+
+}  // namespace detail
+
 namespace {
 
 using engine::Direction;
@@ -159,6 +191,7 @@ struct Slot {
   std::size_t done = 0;
   int fd = -1;
   bool direct = false;
+  bool on_disk = false;         // handed to the engine and its completion not reaped yet
   std::byte* user = nullptr;    // the piece's bytes in the caller's buffer
   std::byte* bounce = nullptr;  // the aligned copy used for I/O, or null for zero-copy
   detail::RetryCounter retries{detail::kTransferRetries};  // EINTR / EAGAIN completions in a row
@@ -175,9 +208,16 @@ struct Handle::Impl {
   // Device memory: finds its device and the transport (bounce or GDS) once the file is open.
   void prepare_device(Operation& op);
   void enqueue(const OperationPtr& op);
+  // After a worker died (worker_main): records `error` as the handle's, so that no operation is
+  // started from now on, and fails every queued operation with it.
+  void worker_died(const std::exception_ptr& error);
+  // The error of a dead worker, or null while all are alive.
+  std::exception_ptr worker_failure();
   void wait_finished(Operation& op);
   void finish_piece(Operation& op, std::size_t count);
-  void fail(Operation& op, std::exception_ptr error);
+  // Fails `op` with `error`: its pieces nobody has taken yet are skipped, and `held` pieces the
+  // caller has taken are counted as finished.
+  void fail(Operation& op, std::exception_ptr error, std::size_t held = 1);
   // Takes the next piece of the operation at the head of the queue. Returns false when there is
   // none, or when the next one needs a bounce chunk and `bounce_ok` is false.
   bool take_piece(OperationPtr& op, Piece& piece, bool bounce_ok, bool wait_for_work,
@@ -198,6 +238,9 @@ struct Handle::Impl {
   std::condition_variable queue_cv;
   std::deque<OperationPtr> queue;
   bool stopping = false;
+  // Set once, when a worker thread stops on an exception that escaped its loop: every operation
+  // from then on fails with it. Guarded by queue_mutex.
+  std::exception_ptr worker_error;
 
   mutable std::mutex tickets_mutex;
   std::map<Ticket, OperationPtr> tickets;
@@ -230,6 +273,29 @@ EngineKind choose_engine(EngineKind requested, std::string& reason) {
   return requested;
 }
 
+// The error for worker thread `index` (from 0) of `count` that could not be started, made from
+// the exception in flight (what std::thread's constructor throws).
+std::exception_ptr thread_start_error(unsigned index, unsigned count) {
+  int err = ENOMEM;
+  std::string reason = "out of memory";
+  try {
+    throw;
+  } catch (const std::system_error& e) {
+    err = e.code().value();
+    reason = e.what();
+  } catch (const std::bad_alloc&) {
+  } catch (...) {
+    reason = "an unexpected exception";
+  }
+  const char* name = err == EAGAIN ? "EAGAIN" : err == ENOMEM ? "ENOMEM" : "";
+  return std::make_exception_ptr(MemoryError(
+      fmt::format("cannot start worker thread {} of {} (intra_op_parallelism = {}): {} (errno {}"
+                  "{}{}); the system limits threads (RLIMIT_NPROC, kernel.threads-max, a cgroup's "
+                  "pids.max) and memory: lower intra_op_parallelism or raise the limit",
+                  index + 1, count, count, reason, err, *name != '\0' ? " " : "", name),
+      err));
+}
+
 }  // namespace
 
 Handle::Impl::Impl(const Options& opts) : options(opts) {
@@ -243,14 +309,29 @@ Handle::Impl::Impl(const Options& opts) : options(opts) {
     if (choice.warn) warn(choice.reason, "gds-fallback");
   }
   // Workers make their engines on their own threads (an io_uring ring is then used only by the
-  // thread that created it); the first failure is reported here.
+  // thread that created it); the first failure is reported here. When the system refuses a
+  // thread, the workers already started are stopped and joined before the error is thrown: a
+  // joinable std::thread destroyed un-joined would end the process.
+  const unsigned count = options.intra_op_parallelism;
   std::vector<std::future<void>> started;
-  for (unsigned i = 0; i < options.intra_op_parallelism; ++i) {
-    std::promise<void> ready;
-    started.push_back(ready.get_future());
-    workers.emplace_back(&Impl::worker_main, this, i, std::move(ready));
-  }
+  started.reserve(count);
+  workers.reserve(count);
   std::exception_ptr first;
+  for (unsigned i = 0; i < count && !first; ++i) {
+    try {
+      auto ready = std::make_shared<std::promise<void>>();
+      std::future<void> f = ready->get_future();
+      workers.push_back(
+          detail::start_worker_thread([this, i, ready] { worker_main(i, std::move(*ready)); }));
+      started.push_back(std::move(f));  // within the reserved capacity: does not throw
+    } catch (...) {
+      try {
+        first = thread_start_error(i, count);
+      } catch (...) {  // no memory left to describe it: report the bare std::bad_alloc
+        first = std::current_exception();
+      }
+    }
+  }
   for (auto& f : started) {
     try {
       f.get();
@@ -477,6 +558,8 @@ void plan(Operation& op, std::size_t block_size, DirectIo direct) {
 OperationPtr Handle::Impl::prepare(Direction dir, std::byte* buf, std::size_t length,
                                    const std::string* path, int fd, std::uint64_t offset,
                                    const WriteOptions& wopts) {
+  // A handle whose worker died runs nothing more (see worker_main).
+  if (std::exception_ptr dead = worker_failure()) std::rethrow_exception(dead);
   auto op = std::make_shared<Operation>();
   op->direction = dir;
   op->path = path != nullptr ? *path : fd_name(fd);
@@ -566,9 +649,29 @@ void Handle::Impl::enqueue(const OperationPtr& op) {
     finish_piece(*op, 0);
     return;
   }
+  std::exception_ptr refused;  // why the operation is not queued
   {
     std::lock_guard lock(queue_mutex);
-    queue.push_back(op);
+    refused = worker_error;
+    if (!refused) {
+      try {
+        queue.push_back(op);
+      } catch (...) {  // std::bad_alloc
+        refused = std::current_exception();
+        try {
+          refused = std::make_exception_ptr(
+              MemoryError(fmt::format("{}: no memory to queue the operation", op->path), ENOMEM));
+        } catch (...) {  // not even for the message: the std::bad_alloc is reported
+        }
+      }
+    }
+  }
+  if (refused) {
+    // A worker died after the operation was prepared, or it could not be queued: it never
+    // starts, and finishing it here keeps the destructor from waiting for it.
+    op->record_error(refused);
+    finish_piece(*op, op->piece_count);
+    return;
   }
   queue_cv.notify_all();
 }
@@ -578,7 +681,7 @@ void Handle::Impl::wait_finished(Operation& op) {
   op.finished_cv.wait(lock, [&] { return op.finished; });
 }
 
-void Handle::Impl::fail(Operation& op, std::exception_ptr error) {
+void Handle::Impl::fail(Operation& op, std::exception_ptr error, std::size_t held) {
   op.record_error(std::move(error));
   // Pieces nobody has taken yet will not run: count them as finished now.
   std::size_t skipped = 0;
@@ -587,7 +690,31 @@ void Handle::Impl::fail(Operation& op, std::exception_ptr error) {
     skipped = op.piece_count - op.next_piece;
     op.next_piece = op.piece_count;
   }
-  finish_piece(op, skipped + 1);
+  if (skipped + held > 0) finish_piece(op, skipped + held);
+}
+
+void Handle::Impl::worker_died(const std::exception_ptr& error) {
+  // One operation at a time, so that nothing is allocated here (the worker may be out of memory).
+  // Pieces of these operations that other workers have taken finish there as usual; the rest are
+  // skipped. An operation whose pieces are all taken already is left to its workers.
+  for (bool first = true;; first = false) {
+    OperationPtr op;
+    bool untaken = false;
+    {
+      std::lock_guard lock(queue_mutex);
+      if (first && !worker_error) worker_error = error;
+      if (queue.empty()) return;
+      op = std::move(queue.front());
+      queue.pop_front();
+      untaken = op->next_piece < op->piece_count;
+    }
+    if (untaken) fail(*op, error, 0);
+  }
+}
+
+std::exception_ptr Handle::Impl::worker_failure() {
+  std::lock_guard lock(queue_mutex);
+  return worker_error;
 }
 
 void Handle::Impl::finish_piece(Operation& op, std::size_t count) {
@@ -760,35 +887,115 @@ std::exception_ptr run_gds_piece(Operation& op, const Piece& p) {
   return nullptr;
 }
 
+// What the kernel or a device copy may use while a worker runs: its engine (an io_uring ring or
+// aio context with requests in flight), the bounce chunks those requests and copies point into,
+// and the CUDA state of those copies. Owned by its worker thread; kept on the heap so that a
+// worker that stops on an exception it cannot prove harmless can abandon it (see abandon()).
+struct WorkerMemory {
+  WorkerMemory(std::unique_ptr<engine::Engine> e, std::size_t chunk, std::size_t count)
+      : engine(std::move(e)), pool(chunk, count) {}
+  std::unique_ptr<engine::Engine> engine;
+  detail::BouncePool pool;
+  std::unique_ptr<DeviceLane> lane;  // after `pool`: destroyed before it
+};
+
+// Keeps `memory` for the rest of the process, never freeing it: the kernel or a device may still
+// write into it (see worker_main). The list keeps it reachable, so leak checkers stay quiet.
+// Thread-safe.
+void abandon(std::unique_ptr<WorkerMemory> memory) noexcept {
+  static std::mutex mutex;
+  try {
+    std::lock_guard lock(mutex);
+    static auto* kept = new std::vector<std::unique_ptr<WorkerMemory>>();
+    kept->push_back(std::move(memory));  // on a throw, `memory` is left as it was
+  } catch (...) {
+    (void)memory.release();  // no memory to list it: leaked all the same
+  }
+}
+
+// The error a worker reports when `cause` escaped its loop: MemoryError for std::bad_alloc, an
+// nvio::Error naming the exception otherwise. `fallback` when there is no memory to say more.
+std::exception_ptr worker_death_error(unsigned index, const std::exception_ptr& cause,
+                                      const std::exception_ptr& fallback) noexcept {
+  try {
+    std::string what = "an exception of unknown type";
+    bool oom = false;
+    try {
+      std::rethrow_exception(cause);
+    } catch (const std::bad_alloc& e) {
+      what = fmt::format("out of memory ({})", e.what());
+      oom = true;
+    } catch (const std::exception& e) {
+      int status = 0;
+      char* name = abi::__cxa_demangle(typeid(e).name(), nullptr, nullptr, &status);
+      what =
+          fmt::format("{}: {}", status == 0 && name != nullptr ? name : typeid(e).name(), e.what());
+      std::free(name);
+    } catch (...) {
+    }
+    const std::string message = fmt::format(
+        "worker thread {} of this handle stopped on an unexpected exception, {}; the operations "
+        "it held failed and the handle runs no more operations: make a new one",
+        index + 1, what);
+    if (oom) return std::make_exception_ptr(MemoryError(message, ENOMEM));
+    return std::make_exception_ptr(Error(message));
+  } catch (...) {
+    return fallback;
+  }
+}
+
 }  // namespace
 
-void Handle::Impl::worker_main(unsigned /*index*/, std::promise<void> ready) {
-  std::unique_ptr<engine::Engine> eng;
+void Handle::Impl::worker_main(unsigned index, std::promise<void> ready) {
+  const unsigned qd = options.queue_depth;
+  std::unique_ptr<WorkerMemory> memory;
+  std::vector<Slot> slots;
+  std::vector<unsigned> free_slots;
+  std::vector<engine::Request> batch;
+  std::vector<engine::Completion> completions;
+  std::exception_ptr no_memory_error;  // made up front: an exception's message needs memory
+  // Everything the loop needs is made before the handle's constructor returns, so that a failure
+  // here (no engine, no memory) is that constructor's error.
   try {
-    eng = engine::make_engine(engine_kind, options.queue_depth);
+    // Bounce chunks cover one piece each; 64 MiB of them per worker keeps the disk busy without
+    // pinning queue_depth x block_size of memory.
+    const std::size_t chunk = bounce_chunk_size(options.block_size);
+    const std::size_t bounce_count =
+        std::min<std::size_t>(qd, std::max<std::size_t>(2, (std::size_t{64} << 20) / chunk));
+    memory =
+        std::make_unique<WorkerMemory>(engine::make_engine(engine_kind, qd), chunk, bounce_count);
+    slots.resize(qd);
+    free_slots.reserve(qd);  // never more than qd in it: release_slot does not allocate
+    for (unsigned i = qd; i > 0; --i) free_slots.push_back(i - 1);
+    batch.reserve(qd);  // never more than qd requests wait: pushing to it does not allocate
+    completions.resize(qd);
+    no_memory_error = std::make_exception_ptr(MemoryError(
+        fmt::format("worker thread {} of this handle stopped: out of memory (std::bad_alloc); "
+                    "the operations it held failed and the handle runs no more operations: "
+                    "make a new one",
+                    index + 1),
+        ENOMEM));
+  } catch (const std::bad_alloc&) {
+    try {
+      ready.set_exception(std::make_exception_ptr(
+          MemoryError("no memory for a worker thread's queue and bounce buffers", ENOMEM)));
+    } catch (...) {  // not even for the message: the std::bad_alloc is reported
+      ready.set_exception(std::current_exception());
+    }
+    return;
   } catch (...) {
     ready.set_exception(std::current_exception());
     return;
   }
   ready.set_value();
 
-  const unsigned qd = options.queue_depth;
-  // Bounce chunks cover one piece each; 64 MiB of them per worker keeps the disk busy without
-  // pinning queue_depth x block_size of memory.
-  const std::size_t chunk = bounce_chunk_size(options.block_size);
-  const std::size_t bounce_count =
-      std::min<std::size_t>(qd, std::max<std::size_t>(2, (std::size_t{64} << 20) / chunk));
-  detail::BouncePool pool(chunk, bounce_count);
-  std::unique_ptr<DeviceLane> lane;  // after `pool`: destroyed before it
-  detail::UserCopier copier;         // bounce copies to and from the caller's memory
-
-  std::vector<Slot> slots(qd);
-  std::vector<unsigned> free_slots;
-  for (unsigned i = qd; i > 0; --i) free_slots.push_back(i - 1);
-  std::vector<engine::Request> batch;
-  std::vector<engine::Completion> completions(qd);
+  std::unique_ptr<engine::Engine>& eng = memory->engine;
+  detail::BouncePool& pool = memory->pool;
+  std::unique_ptr<DeviceLane>& lane = memory->lane;
+  detail::UserCopier copier;  // bounce copies to and from the caller's memory
   std::size_t inflight = 0;
   std::deque<unsigned> copying;  // slots waiting for a copy's event, oldest first
+  bool in_engine = false;        // inside a call of `eng` (a throw leaves the engine in doubt)
 
   auto request_for = [](const Slot& s, unsigned tag) {
     std::byte* base = s.bounce != nullptr ? s.bounce : s.user;
@@ -820,11 +1027,13 @@ void Handle::Impl::worker_main(unsigned /*index*/, std::promise<void> ready) {
     const std::uint64_t at = s.file_offset + r.fault_at;
     const std::size_t left = s.length - r.fault_at;
     const void* where = s.user + r.fault_at;
+    // Made before the slot is released: if it throws, the slot still holds the operation.
+    std::exception_ptr error = io_error_ptr(
+        read ? IoOp::Read : IoOp::Write, op->path, at, left, r.error,
+        fmt::format("copying {} the caller's buffer at {} ({})", read ? "into" : "out of", where,
+                    read ? "is it writable?" : "is it readable?"));
     release_slot(tag);
-    fail(*op, io_error_ptr(read ? IoOp::Read : IoOp::Write, op->path, at, left, r.error,
-                           fmt::format("copying {} the caller's buffer at {} ({})",
-                                       read ? "into" : "out of", where,
-                                       read ? "is it writable?" : "is it readable?")));
+    fail(*op, std::move(error));
     return false;
   };
   // Starts the copy of slot `tag` between its chunk and the device (ToHost before a write,
@@ -854,8 +1063,13 @@ void Handle::Impl::worker_main(unsigned /*index*/, std::promise<void> ready) {
     std::size_t pos = 0;
     while (pos < batch.size()) {
       const std::size_t n = options.single_submit ? 1 : batch.size() - pos;
+      in_engine = true;
       const int rc = eng->submit(std::span(batch).subspan(pos, n));
+      in_engine = false;
       if (rc > 0) {
+        for (std::size_t i = pos; i < pos + static_cast<std::size_t>(rc); ++i) {
+          slots[static_cast<unsigned>(batch[i].tag)].on_disk = true;
+        }
         pos += static_cast<std::size_t>(rc);
         continue;
       }
@@ -866,9 +1080,10 @@ void Handle::Impl::worker_main(unsigned /*index*/, std::promise<void> ready) {
       OperationPtr op = slots[tag].op;
       const std::uint64_t at = batch[pos].offset;
       const std::size_t len = batch[pos].length;
+      std::exception_ptr error = io_error_ptr(IoOp::Submit, op->path, at, len, err,
+                                              fmt::format("{} engine", to_string(engine_kind)));
       release_slot(tag);
-      fail(*op, io_error_ptr(IoOp::Submit, op->path, at, len, err,
-                             fmt::format("{} engine", to_string(engine_kind))));
+      fail(*op, std::move(error));
       ++pos;
     }
     batch.erase(batch.begin(), batch.begin() + static_cast<std::ptrdiff_t>(pos));
@@ -879,6 +1094,7 @@ void Handle::Impl::worker_main(unsigned /*index*/, std::promise<void> ready) {
     Slot& s = slots[tag];
     // After an engine failure every slot was released; a late completion for one is dropped.
     if (!s.op) return;
+    s.on_disk = false;
     OperationPtr op = s.op;
     const IoOp io_op = op->direction == Direction::Read ? IoOp::Read : IoOp::Write;
     if (c.result < 0) {
@@ -887,23 +1103,24 @@ void Handle::Impl::worker_main(unsigned /*index*/, std::promise<void> ready) {
         batch.push_back(request_for(s, tag));
         return;
       }
-      const std::uint64_t at = s.file_offset + s.done;
-      const std::size_t left = s.length - s.done;
+      // The error is made while the slot still holds the piece (its `direct` flag is read here,
+      // and a throw leaves the piece held).
+      std::exception_ptr error =
+          io_error_ptr(io_op, op->path, s.file_offset + s.done, s.length - s.done, err,
+                       s.direct ? "O_DIRECT" : std::string{});
       release_slot(tag);
-      fail(*op,
-           io_error_ptr(io_op, op->path, at, left, err, s.direct ? "O_DIRECT" : std::string{}));
+      fail(*op, std::move(error));
       return;
     }
     if (c.result == 0) {
       const std::uint64_t at = s.file_offset + s.done;
-      const std::size_t left = s.length - s.done;
+      std::exception_ptr error =
+          io_op == IoOp::Read
+              ? ended_during_read(*op, op->buffered_fd >= 0 ? op->buffered_fd : op->direct_fd, at)
+              : io_error_ptr(io_op, op->path, at, s.length - s.done, EIO,
+                             "write transferred 0 bytes");
       release_slot(tag);
-      if (io_op == IoOp::Read) {
-        fail(*op, ended_during_read(*op, op->buffered_fd >= 0 ? op->buffered_fd : op->direct_fd,
-                                    at));
-      } else {
-        fail(*op, io_error_ptr(io_op, op->path, at, left, EIO, "write transferred 0 bytes"));
-      }
+      fail(*op, std::move(error));
       return;
     }
     s.done += static_cast<std::size_t>(c.result);
@@ -973,114 +1190,169 @@ void Handle::Impl::worker_main(unsigned /*index*/, std::promise<void> ready) {
     return progressed;
   };
 
-  for (;;) {
-    // Fill: take pieces while there is room (without overlap_events, only once the previous
-    // batch has fully completed).
-    if (options.overlap_events || inflight == 0) {
-      OperationPtr last_op;
-      std::size_t taken_from_op = 0;
-      while (!free_slots.empty()) {
-        OperationPtr op = last_op;
-        Piece piece{};
-        const bool idle = inflight == 0 && batch.empty();
-        const std::size_t limit =
-            op ? std::max<std::size_t>(1, ceil_div(op->piece_count, options.intra_op_parallelism))
-               : qd;
-        if (!take_piece(op, piece, pool.available(), idle, limit, taken_from_op)) break;
-        taken_from_op = (op == last_op) ? taken_from_op + 1 : 1;
-        last_op = op;
-        if (op->failed.load(std::memory_order_acquire)) {
-          finish_piece(*op, 1);
-          continue;
-        }
-        if (op->transport == cuda::Transport::Gds) {
-          if (std::exception_ptr e = run_gds_piece(*op, piece)) {
-            fail(*op, e);
-          } else {
+  try {
+    for (;;) {
+      // Fill: take pieces while there is room (without overlap_events, only once the previous
+      // batch has fully completed).
+      if (options.overlap_events || inflight == 0) {
+        OperationPtr last_op;
+        std::size_t taken_from_op = 0;
+        while (!free_slots.empty()) {
+          OperationPtr op = last_op;
+          Piece piece{};
+          const bool idle = inflight == 0 && batch.empty();
+          const std::size_t limit =
+              op ? std::max<std::size_t>(1, ceil_div(op->piece_count, options.intra_op_parallelism))
+                 : qd;
+          if (!take_piece(op, piece, pool.available(), idle, limit, taken_from_op)) break;
+          taken_from_op = (op == last_op) ? taken_from_op + 1 : 1;
+          last_op = op;
+          if (op->failed.load(std::memory_order_acquire)) {
             finish_piece(*op, 1);
-          }
-          continue;
-        }
-        const bool device = op->memory == MemoryKind::Device;
-        if (device && (!lane || !lane->serves(op->device_ops))) {
-          try {
-            lane.reset();
-            pool.on_slab({});
-            lane = std::make_unique<DeviceLane>(op->device_ops, qd, pool);
-          } catch (...) {
-            lane.reset();
-            fail(*op, std::current_exception());
             continue;
           }
-        }
-        const unsigned tag = free_slots.back();
-        free_slots.pop_back();
-        ++inflight;
-        Slot& s = slots[tag];
-        s.op = op;
-        s.file_offset = piece.file_offset;
-        s.length = piece.length;
-        s.direct = piece.direct;
-        s.fd = piece.direct ? op->direct_fd : op->buffered_fd;
-        s.user = op->buf + (piece.file_offset - op->offset);
-        if (op->needs_bounce(piece)) {
-          try {
-            s.bounce = pool.acquire();
-          } catch (...) {
-            release_slot(tag);
-            fail(*op, std::current_exception());
-            continue;
-          }
-          if (device && op->direction == Direction::Write) {
-            try {
-              start_copy(tag, Phase::ToHost);  // submitted to the disk once the copy is done
-            } catch (...) {
-              release_slot(tag);
-              fail(*op, std::current_exception());
+          if (op->transport == cuda::Transport::Gds) {
+            if (std::exception_ptr e = run_gds_piece(*op, piece)) {
+              fail(*op, e);
+            } else {
+              finish_piece(*op, 1);
             }
             continue;
           }
-          if (op->direction == Direction::Write && !copy_host(tag)) continue;
+          const bool device = op->memory == MemoryKind::Device;
+          if (device && (!lane || !lane->serves(op->device_ops))) {
+            try {
+              lane.reset();
+              pool.on_slab({});
+              lane = std::make_unique<DeviceLane>(op->device_ops, qd, pool);
+            } catch (...) {
+              lane.reset();
+              fail(*op, std::current_exception());
+              continue;
+            }
+          }
+          const unsigned tag = free_slots.back();
+          free_slots.pop_back();
+          ++inflight;
+          Slot& s = slots[tag];
+          s.op = op;
+          s.file_offset = piece.file_offset;
+          s.length = piece.length;
+          s.direct = piece.direct;
+          s.fd = piece.direct ? op->direct_fd : op->buffered_fd;
+          s.user = op->buf + (piece.file_offset - op->offset);
+          if (op->needs_bounce(piece)) {
+            try {
+              s.bounce = pool.acquire();
+            } catch (...) {
+              release_slot(tag);
+              fail(*op, std::current_exception());
+              continue;
+            }
+            if (device && op->direction == Direction::Write) {
+              try {
+                start_copy(tag, Phase::ToHost);  // submitted to the disk once the copy is done
+              } catch (...) {
+                release_slot(tag);
+                fail(*op, std::current_exception());
+              }
+              continue;
+            }
+            if (op->direction == Direction::Write && !copy_host(tag)) continue;
+          }
+          batch.push_back(request_for(s, tag));
         }
-        batch.push_back(request_for(s, tag));
+        if (!batch.empty()) submit_batch();
       }
+      std::size_t copies_done = copying.empty() ? 0 : poll_copies(false);
       if (!batch.empty()) submit_batch();
-    }
-    std::size_t copies_done = copying.empty() ? 0 : poll_copies(false);
-    if (!batch.empty()) submit_batch();
-    if (inflight == 0) {
-      std::lock_guard lock(queue_mutex);
-      if (stopping && queue.empty()) return;
-      continue;
-    }
-    // Requests still waiting in `batch` (kernel out of resources) are not in flight yet.
-    const std::size_t on_disk = inflight - copying.size() - batch.size();
-    int got = 0;
-    if (!copying.empty()) {
-      // Copies and disk I/O are both pending: never block in the engine while a copy may finish
-      // (its slot would wait needlessly); block on the oldest copy only when nothing moved.
-      got = on_disk > 0 ? eng->reap(completions, 0) : 0;
-      if (got == 0 && copies_done == 0) poll_copies(true);
-    } else {
-      // Reap: at least one completion (overlap_events), or the whole batch.
-      got = eng->reap(completions, options.overlap_events ? 1 : on_disk);
-    }
-    if (got < 0) {
-      // The engine itself failed: every piece in flight on it is lost.
-      batch.clear();
-      for (unsigned tag = 0; tag < qd; ++tag) {
-        if (!slots[tag].op) continue;
-        OperationPtr op = slots[tag].op;
-        const std::uint64_t at = slots[tag].file_offset;
-        const std::size_t len = slots[tag].length;
-        release_slot(tag);
-        fail(*op, io_error_ptr(IoOp::Wait, op->path, at, len, -got,
-                               fmt::format("{} engine", to_string(engine_kind))));
+      if (inflight == 0) {
+        std::lock_guard lock(queue_mutex);
+        if (stopping && queue.empty()) return;
+        continue;
       }
-      continue;
+      // Requests still waiting in `batch` (kernel out of resources) are not in flight yet.
+      const std::size_t on_disk = inflight - copying.size() - batch.size();
+      int got = 0;
+      if (!copying.empty()) {
+        // Copies and disk I/O are both pending: never block in the engine while a copy may finish
+        // (its slot would wait needlessly); block on the oldest copy only when nothing moved.
+        in_engine = on_disk > 0;
+        got = on_disk > 0 ? eng->reap(completions, 0) : 0;
+        in_engine = false;
+        if (got == 0 && copies_done == 0) poll_copies(true);
+      } else {
+        // Reap: at least one completion (overlap_events), or the whole batch.
+        in_engine = true;
+        got = eng->reap(completions, options.overlap_events ? 1 : on_disk);
+        in_engine = false;
+      }
+      if (got < 0) {
+        // The engine itself failed: every piece in flight on it is lost.
+        batch.clear();
+        for (unsigned tag = 0; tag < qd; ++tag) {
+          if (!slots[tag].op) continue;
+          OperationPtr op = slots[tag].op;
+          const std::uint64_t at = slots[tag].file_offset;
+          const std::size_t len = slots[tag].length;
+          std::exception_ptr error = io_error_ptr(IoOp::Wait, op->path, at, len, -got,
+                                                  fmt::format("{} engine", to_string(engine_kind)));
+          release_slot(tag);
+          fail(*op, std::move(error));
+        }
+        continue;
+      }
+      for (int i = 0; i < got; ++i) complete(completions[static_cast<std::size_t>(i)]);
+      if (!batch.empty()) submit_batch();  // resumed short transfers and retries
     }
-    for (int i = 0; i < got; ++i) complete(completions[static_cast<std::size_t>(i)]);
-    if (!batch.empty()) submit_batch();  // resumed short transfers and retries
+  } catch (...) {
+    // An exception escaped the loop (std::bad_alloc while queueing a request, say). Ending the
+    // thread with it would end the process, so the worker stops here instead: the handle takes
+    // no more operations, the queued ones fail, and every operation this worker holds fails
+    // once nothing of its pieces is in use any more. Nothing below throws or waits for ever.
+    const std::exception_ptr error =
+        worker_death_error(index, std::current_exception(), no_memory_error);
+    worker_died(error);
+    // The kernel may still be transferring pieces handed to the engine (into or out of the
+    // caller's memory or a bounce chunk), and a device copy may still use a chunk: wait for them,
+    // so that neither the caller's buffers nor the chunks are released while in use. An engine
+    // that threw is in an unknown state (it may have taken requests or consumed completions it
+    // did not report) and is not called again: waiting on it could hang, so then the memory is
+    // abandoned, never freed. In that case only, the kernel may still write into the caller's
+    // buffer of a piece after its operation reports the failure: that cannot be waited for
+    // without a working engine, and a waiter must not hang.
+    bool idle = !in_engine;
+    try {
+      for (const unsigned tag : copying) {
+        if (!lane || lane->ops().event_synchronize(lane->event(tag)) != cuda::kSuccess) {
+          idle = false;
+        }
+      }
+      std::size_t on_disk = 0;
+      for (const Slot& s : slots) on_disk += s.on_disk ? 1 : 0;
+      while (idle && on_disk > 0) {
+        const int got = detail::retry_interrupted([&] { return eng->reap(completions, 1); });
+        if (got < 0) {
+          idle = false;
+          break;
+        }
+        for (int i = 0; i < got; ++i) {
+          const std::uint64_t tag = completions[static_cast<std::size_t>(i)].tag;
+          if (tag < slots.size() && slots[tag].on_disk) {
+            slots[tag].on_disk = false;
+            --on_disk;
+          }
+        }
+      }
+    } catch (...) {
+      idle = false;
+    }
+    for (Slot& s : slots) {
+      if (!s.op) continue;
+      const OperationPtr op = std::move(s.op);
+      fail(*op, error);
+    }
+    if (!idle) abandon(std::move(memory));
   }
 }
 

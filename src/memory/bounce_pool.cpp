@@ -5,7 +5,11 @@
 namespace nvio::detail {
 
 BouncePool::BouncePool(std::size_t chunk_size, std::size_t max_count)
-    : chunk_size_((chunk_size + 4095) / 4096 * 4096), max_count_(max_count) {}
+    : chunk_size_((chunk_size + 4095) / 4096 * 4096), max_count_(max_count) {
+  // Every chunk can be free at once: with room for all of them, release() never allocates (it is
+  // noexcept, and a worker releases chunks while it recovers from running out of memory).
+  free_.reserve(max_count_);
+}
 
 std::byte* BouncePool::acquire() {
   if (free_.empty()) {

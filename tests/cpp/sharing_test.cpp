@@ -105,42 +105,6 @@ TEST_P(Sharing, ThreadsSubmittingAndWaitingOnOneHandle) {
 
 // ---- fork ------------------------------------------------------------------------------------
 
-#if defined(__SANITIZE_THREAD__)
-#define NVIO_SKIP_FORK_UNDER_TSAN() \
-  GTEST_SKIP() << "ThreadSanitizer does not support fork() in a multi-threaded process"
-#else
-#define NVIO_SKIP_FORK_UNDER_TSAN() (void)0
-#endif
-
-// Runs `child` in a forked process and returns its exit status; a child that has not exited
-// within `limit` is killed and reported as a hang (-1).
-template <typename F>
-int run_in_child(F child, std::chrono::seconds limit = std::chrono::seconds(60)) {
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    int code = 99;
-    try {
-      code = child();
-    } catch (...) {
-      code = 98;
-    }
-    ::_exit(code);
-  }
-  if (pid < 0) return -2;
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  for (;;) {
-    int status = 0;
-    const pid_t r = ::waitpid(pid, &status, WNOHANG);
-    if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    if (std::chrono::steady_clock::now() > deadline) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      return -1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-}
-
 TEST_P(Sharing, ForkedChildUsesItsParentsHandle) {
   NVIO_SKIP_FORK_UNDER_TSAN();
   const std::size_t len = 4 * MiB + 123;

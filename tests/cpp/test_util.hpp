@@ -7,17 +7,21 @@
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "nvio/nvio.hpp"
@@ -173,5 +177,41 @@ class ScopedEnv {
   std::string name_;
   std::optional<std::string> old_;
 };
+
+#if defined(__SANITIZE_THREAD__)
+#define NVIO_SKIP_FORK_UNDER_TSAN() \
+  GTEST_SKIP() << "ThreadSanitizer does not support fork() in a multi-threaded process"
+#else
+#define NVIO_SKIP_FORK_UNDER_TSAN() (void)0
+#endif
+
+// Runs `child` in a forked process and returns its exit status; a child that has not exited
+// within `limit` is killed and reported as a hang (-1).
+template <typename F>
+int run_in_child(F child, std::chrono::seconds limit = std::chrono::seconds(60)) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    int code = 99;
+    try {
+      code = child();
+    } catch (...) {
+      code = 98;
+    }
+    ::_exit(code);
+  }
+  if (pid < 0) return -2;
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  for (;;) {
+    int status = 0;
+    const pid_t r = ::waitpid(pid, &status, WNOHANG);
+    if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
 
 }  // namespace nvio_test

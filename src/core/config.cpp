@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "core/retry.hpp"
+#include "core/unique_name.hpp"
 #include "nvio/errors.hpp"
 
 namespace nvio {
@@ -282,6 +284,33 @@ std::optional<std::string> read_config_text(const std::string& path) {
   return text;
 }
 
+// An exclusive flock(2) on "<config>.lock", held while it lives: serialises the read-modify-write
+// of save_profile between threads (each opens its own descriptor, and flock locks belong to the
+// open file description) and between processes. The lock file is left in place: removing it
+// would let a waiter lock a file that a newcomer no longer sees. Not copyable; owned by one call.
+class ConfigLock {
+ public:
+  explicit ConfigLock(const std::string& config) {
+    const std::string path = config + ".lock";
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOCTTY, 0644);
+    if (fd_ < 0) {
+      throw_io_error(IoOp::Open, path, 0, 0, errno, "cannot open the configuration lock file");
+    }
+    const int rc =
+        detail::retry_interrupted([&] { return ::flock(fd_, LOCK_EX) == 0 ? 0 : -errno; });
+    if (rc < 0) {
+      ::close(fd_);
+      throw_io_error(IoOp::Open, path, 0, 0, -rc, "cannot lock the configuration lock file");
+    }
+  }
+  ~ConfigLock() { ::close(fd_); }  // closing the descriptor releases the lock
+  ConfigLock(const ConfigLock&) = delete;
+  ConfigLock& operator=(const ConfigLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 }  // namespace
 
 std::string config_path(const EnvLookup& getenv_fn) {
@@ -341,14 +370,6 @@ void save_profile(const std::string& path, const ConfigProfile& profile) {
         "no configuration file to save to: NVIO_CONFIG is 'none', or neither "
         "XDG_CONFIG_HOME nor HOME is set");
   }
-  ConfigFile file = load_config(path).value_or(ConfigFile{});
-  json profiles = json::object();
-  for (const ConfigProfile& p : file.profiles) {
-    if (p.key != profile.key) profiles[p.key] = profile_json(p);
-  }
-  profiles[profile.key] = profile_json(profile);
-  const json j{{"version", 1}, {"default", profile.key}, {"profiles", profiles}};
-
   const std::filesystem::path target(path);
   std::error_code ec;
   if (target.has_parent_path()) {
@@ -358,10 +379,29 @@ void save_profile(const std::string& path, const ConfigProfile& profile) {
                      "cannot create the configuration directory");
     }
   }
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  // Read, modify and replace under the lock: two saves at once (threads of one process or
+  // processes) would otherwise both read the old file and the later rename would drop the other's
+  // profile.
+  const ConfigLock lock(path);
+  ConfigFile file = load_config(path).value_or(ConfigFile{});
+  json profiles = json::object();
+  for (const ConfigProfile& p : file.profiles) {
+    if (p.key != profile.key) profiles[p.key] = profile_json(p);
+  }
+  profiles[profile.key] = profile_json(profile);
+  const json j{{"version", 1}, {"default", profile.key}, {"profiles", profiles}};
   const std::string text = j.dump(2) + "\n";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw_io_error(IoOp::Open, tmp, 0, text.size(), errno);
+
+  // The temporary file's name is this call's own (see unique_suffix), and O_EXCL makes sure no
+  // file under it is reused.
+  std::string tmp;
+  int fd = -EEXIST;
+  for (int attempt = 0; attempt < detail::kUniqueNameAttempts && fd == -EEXIST; ++attempt) {
+    tmp = path + ".tmp." + detail::unique_suffix();
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) fd = -errno;
+  }
+  if (fd < 0) throw_io_error(IoOp::Open, tmp, 0, text.size(), -fd);
   std::size_t done = 0;
   while (done < text.size()) {
     const ssize_t n = detail::retry_interrupted([&]() -> ssize_t {

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <fstream>
 
+#include "core/unique_name.hpp"
 #include "handle/file.hpp"
 #include "nvio/errors.hpp"
 
@@ -24,8 +25,16 @@ std::optional<std::uint64_t> read_number(const char* path) {
 }  // namespace
 
 DirectIoInfo probe_directory(const std::string& dir) {
-  const std::string path = dir + "/.nvio-probe-" + std::to_string(::getpid());
-  const int direct_fd = detail::open_file(path, O_RDWR | O_CREAT | O_EXCL | O_DIRECT, 0600);
+  // The probe file's name is unique to this call (pid, thread, counter): concurrent probes of one
+  // directory, from threads of one process or from processes, never meet on one file. O_EXCL
+  // keeps a file that happens to exist under the name (left by a crash) from being used; another
+  // name is tried then.
+  std::string path;
+  int direct_fd = -EEXIST;
+  for (int attempt = 0; attempt < detail::kUniqueNameAttempts && direct_fd == -EEXIST; ++attempt) {
+    path = dir + "/.nvio-probe-" + detail::unique_suffix();
+    direct_fd = detail::open_file(path, O_RDWR | O_CREAT | O_EXCL | O_DIRECT, 0600);
+  }
   if (direct_fd >= 0) {
     detail::FileDescriptor fd(direct_fd);
     ::unlink(path.c_str());
@@ -34,7 +43,9 @@ DirectIoInfo probe_directory(const std::string& dir) {
   if (direct_fd != -EINVAL) {
     throw_io_error(IoOp::Open, path, 0, 0, -direct_fd, "probing the directory");
   }
-  ::unlink(path.c_str());  // some file systems create the file before refusing O_DIRECT
+  // Some file systems create the file before refusing O_DIRECT. The name is this call's own, so
+  // removing it cannot remove another probe's file.
+  ::unlink(path.c_str());
   const int plain_fd = detail::open_file(path, O_RDWR | O_CREAT | O_EXCL, 0600);
   if (plain_fd < 0) {
     throw_io_error(IoOp::Open, path, 0, 0, -plain_fd, "probing the directory");

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <map>
 
+#include "core/unique_name.hpp"
 #include "handle/file.hpp"
 #include "nvio/config.hpp"
 #include "nvio/errors.hpp"
@@ -211,7 +212,8 @@ TuneResult tune_directory(const TuneRequest& request) {
   }
   add_cache_warnings(pre);
 
-  ScratchFile file(fmt::format("{}/nvio-tune.{}.dat", dir, ::getpid()), request.keep_file);
+  ScratchFile file(fmt::format("{}/nvio-tune.{}.dat", dir, detail::unique_suffix()),
+                   request.keep_file);
   // Create the file with data (not a sparse hole, which reads back without touching the drive)
   // and note how fast that went, to size the trials.
   std::uint64_t trial = request.trial_bytes;

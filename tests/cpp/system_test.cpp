@@ -6,9 +6,12 @@
 #include <sys/utsname.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <fstream>
 #include <set>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "test_util.hpp"
 
@@ -63,6 +66,43 @@ TEST(System, ProbeDirectoryAgreesWithPosix) {
         << std::strerror(errno);
     ::close(fd);
   }
+}
+
+// Probes of one directory from many threads at once each use their own file: all succeed, agree,
+// and leave nothing behind.
+TEST(System, ConcurrentProbesOfOneDirectory) {
+  TempDir d;
+  const auto before = list_dir(d.path());
+  const nvio::DirectIoInfo expected = nvio::probe_directory(d.path());
+  constexpr int kThreads = 8;
+  constexpr int kIterations = 20;
+  std::atomic<int> ready{0};
+  std::atomic<int> failures{0};
+  std::vector<std::string> errors(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      ++ready;
+      while (ready.load() < kThreads) std::this_thread::yield();  // start together
+      for (int i = 0; i < kIterations; ++i) {
+        try {
+          const nvio::DirectIoInfo info = nvio::probe_directory(d.path());
+          if (info.supported != expected.supported || info.mem_align != expected.mem_align ||
+              info.offset_align != expected.offset_align) {
+            ++failures;
+            errors[t] = "a different answer: " + info.source;
+          }
+        } catch (const nvio::Error& e) {
+          ++failures;
+          errors[t] = e.what();
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  for (const std::string& e : errors) EXPECT_EQ(e, "");
+  EXPECT_EQ(list_dir(d.path()), before) << "probe_directory left files behind";
 }
 
 TEST(System, ProbeDirectoryMissingThrows) {

@@ -9,7 +9,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstdint>
 #include <deque>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -445,18 +447,51 @@ PYBIND11_MODULE(_nvio, m) {
                                       std::to_string(t->device_type) +
                                       ", neither CPU nor CUDA memory");
         }
-        const std::int64_t item = (std::int64_t{t->bits} * t->lanes + 7) / 8;
-        std::int64_t count = 1;
-        std::int64_t expected = 1;
-        for (std::int32_t d = t->ndim - 1; d >= 0; --d) {
-          if (t->strides != nullptr && t->shape[d] > 1 && t->strides[d] != expected) {
-            throw nvio::InvalidArgument("the DLPack tensor is not contiguous");
-          }
-          expected *= t->shape[d];
-          count *= t->shape[d];
+        // The size is ceil(elements x bits x lanes / 8): a sub-byte type (int4, fp4, a bitmask:
+        // bits x lanes not a multiple of 8) is packed, as DLPack assumes for a tensor without
+        // the versioned capsule's IS_SUBBYTE_TYPE_PADDED flag, so rounding each element up to a
+        // byte would overstate it (twice, for 4 bits) and a read would run past its end. Strides
+        // count elements, and byte_offset bytes; the only layout whose bytes form one range is the
+        // compact row-major one (dimensions of one element excepted), so any other is refused.
+        const std::uint64_t element_bits = std::uint64_t{t->bits} * t->lanes;
+        if (element_bits == 0) {
+          throw nvio::InvalidArgument("the DLPack tensor's dtype has " + std::to_string(t->bits) +
+                                      " bits and " + std::to_string(t->lanes) +
+                                      " lanes: it holds no bytes");
         }
+        if (t->ndim < 0 || (t->ndim > 0 && t->shape == nullptr)) {
+          throw nvio::InvalidArgument("the DLPack tensor has " + std::to_string(t->ndim) +
+                                      " dimensions but no shape");
+        }
+        constexpr std::uint64_t kMaxBits = std::numeric_limits<std::uint64_t>::max() / 2;
+        std::uint64_t count = 1;
+        for (std::int32_t d = 0; d < t->ndim; ++d) {
+          if (t->shape[d] < 0) {
+            throw nvio::InvalidArgument("the DLPack tensor's dimension " + std::to_string(d) +
+                                        " is negative (" + std::to_string(t->shape[d]) + ")");
+          }
+          const auto extent = static_cast<std::uint64_t>(t->shape[d]);
+          if (extent != 0 && count > kMaxBits / element_bits / extent) {
+            throw nvio::InvalidArgument("the DLPack tensor's shape is too large to address");
+          }
+          count *= extent;
+        }
+        std::uint64_t expected = 1;  // the compact stride of dimension d, in elements
+        for (std::int32_t d = t->ndim - 1; count > 0 && d >= 0; --d) {
+          if (t->strides != nullptr && t->shape[d] > 1 &&
+              t->strides[d] != static_cast<std::int64_t>(expected)) {
+            throw nvio::InvalidArgument(
+                element_bits % 8 != 0
+                    ? "the DLPack tensor of a " + std::to_string(element_bits) +
+                          "-bit packed dtype is not densely packed (its strides are not the "
+                          "compact row-major ones), so its bytes are not one range"
+                    : std::string("the DLPack tensor is not contiguous"));
+          }
+          expected *= static_cast<std::uint64_t>(t->shape[d]);
+        }
+        const std::uint64_t nbytes = (count * element_bits + 7) / 8;
         const auto base = reinterpret_cast<std::uintptr_t>(t->data) + t->byte_offset;
-        return py::make_tuple(base, static_cast<std::size_t>(count * item), t->device_type);
+        return py::make_tuple(base, static_cast<std::size_t>(nbytes), t->device_type);
       },
       py::arg("capsule"));
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import array
+import ctypes
 
 import numpy as np
 import pytest
@@ -105,6 +106,133 @@ def test_dlpack_read(tmp_path, rng_bytes):
     dst = torch.zeros(len(data), dtype=torch.uint8)
     assert nvio.Handle().read(DLPackOnly(dst), path) == len(data)
     assert as_bytes(dst) == data
+
+
+# DLPack's ABI (dlpack.h): the structures behind a "dltensor" capsule.
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
+                ("deleter", ctypes.c_void_p)]
+
+
+_PyCapsule_New = ctypes.pythonapi.PyCapsule_New
+_PyCapsule_New.restype = ctypes.py_object
+_PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+_DLTENSOR_NAME = b"dltensor"  # the capsule keeps a pointer to the name: it must outlive it
+
+
+class RawDLPack:
+    """A DLPack producer over a numpy byte array, for dtypes numpy and torch cannot export (4-bit,
+    1-bit). It owns the DLManagedTensor, its shape and strides, and the storage; its capsules have
+    no destructor and no deleter, so nothing is freed while it lives."""
+
+    def __init__(self, storage, shape, bits, lanes=1, strides=None, byte_offset=0, code=1):
+        self.storage = storage
+        self._shape = (ctypes.c_int64 * max(len(shape), 1))(*shape)
+        self._strides = (ctypes.c_int64 * len(strides))(*strides) if strides else None
+        self._managed = _DLManagedTensor()
+        t = self._managed.dl_tensor
+        t.data = storage.ctypes.data
+        t.device = _DLDevice(1, 0)  # kDLCPU
+        t.ndim = len(shape)
+        t.dtype = _DLDataType(code, bits, lanes)  # code 1: kDLUInt
+        t.shape = ctypes.cast(self._shape, ctypes.POINTER(ctypes.c_int64))
+        if self._strides is not None:
+            t.strides = ctypes.cast(self._strides, ctypes.POINTER(ctypes.c_int64))
+        t.byte_offset = byte_offset
+
+    def __dlpack__(self, stream=None):
+        return _PyCapsule_New(ctypes.addressof(self._managed), _DLTENSOR_NAME, None)
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+
+GUARD = 0xA5
+
+
+@pytest.mark.parametrize(
+    "shape,bits,lanes,nbytes",
+    [
+        ((7, 5), 4, 1, 18),  # 35 4-bit elements: 140 bits, 17.5 bytes -> 18 (not 35)
+        ((13,), 1, 1, 2),  # a 13-bit mask: 2 bytes (not 13)
+        ((3,), 4, 3, 5),  # 3 elements of 3 4-bit lanes: 36 bits -> 5 bytes (not 6)
+        ((2, 3), 8, 1, 6),  # whole bytes are as before
+        ((), 4, 1, 1),  # a 0-d 4-bit scalar: 1 byte
+    ],
+)
+@pytest.mark.parametrize("byte_offset", [0, 3])
+def test_dlpack_packed_sub_byte_sizes(tmp_path, rng_bytes, shape, bits, lanes, nbytes,
+                                      byte_offset):
+    data = rng_bytes(64)
+    path = write_file(tmp_path / "packed.bin", data)
+    storage = np.full(64, GUARD, dtype=np.uint8)
+    fake = RawDLPack(storage, shape, bits, lanes, byte_offset=byte_offset)
+    # A read fills exactly the packed bytes, and none after (or before) them.
+    assert nvio.Handle().read(fake, path) == nbytes
+    assert storage[byte_offset:byte_offset + nbytes].tobytes() == data[:nbytes]
+    assert (storage[:byte_offset] == GUARD).all()
+    assert (storage[byte_offset + nbytes:] == GUARD).all(), "the read ran past the tensor"
+    # A write takes exactly those bytes too.
+    assert nvio.Handle().write(fake, tmp_path / "out.bin") == nbytes
+    assert read_file(tmp_path / "out.bin") == data[:nbytes]
+    a = nvio.aio_handle()
+    storage[:] = GUARD
+    assert a.sync_pread(fake, path) == 1
+    assert (storage[byte_offset + nbytes:] == GUARD).all()
+
+
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        # Transposed 4-bit: its bytes are not one packed range.
+        (dict(shape=(4, 4), bits=4, strides=(1, 4)), "densely packed"),
+        # Every other 4-bit element.
+        (dict(shape=(4,), bits=4, strides=(2,)), "densely packed"),
+        (dict(shape=(4,), bits=0), "0 bits"),
+        (dict(shape=(4,), bits=4, lanes=0), "0 lanes"),
+        (dict(shape=(4, -1), bits=8), "negative"),
+        (dict(shape=(1 << 62, 1 << 62), bits=8), "too large"),
+    ],
+)
+def test_dlpack_layouts_without_one_byte_range_are_refused(tmp_path, kwargs, needle):
+    path = write_file(tmp_path / "f.bin", bytes(64))
+    storage = np.full(64, GUARD, dtype=np.uint8)
+    fake = RawDLPack(storage, **kwargs)
+    with pytest.raises(nvio.InvalidArgument, match=needle):
+        nvio.Handle().read(fake, path)
+    assert (storage == GUARD).all()
+
+
+def test_dlpack_compact_strides_and_unit_dimensions_are_accepted(tmp_path, rng_bytes):
+    data = rng_bytes(64)
+    path = write_file(tmp_path / "f.bin", data)
+    storage = np.full(64, GUARD, dtype=np.uint8)
+    # Explicit compact strides, and a dimension of one element with any stride: 2 x 6 4-bit
+    # elements, 6 bytes.
+    fake = RawDLPack(storage, (2, 1, 6), 4, strides=(6, 99, 1))
+    assert nvio.Handle().read(fake, path) == 6
+    assert storage[:6].tobytes() == data[:6]
+    assert (storage[6:] == GUARD).all()
 
 
 def test_read_only_buffers_refused_for_reads_but_fine_for_writes(tmp_path, rng_bytes):

@@ -60,10 +60,14 @@ namespace {
 
 std::mutex g_starter_mutex;
 ThreadStarter g_starter;  // guarded by g_starter_mutex; empty: std::thread
+// Whether g_starter is set. Without a test's starter the mutex is never taken, so a child forked
+// while another thread held it can still start the workers of its renewed handles.
+std::atomic<bool> g_starter_set{false};
 
 }  // namespace
 
 std::thread start_worker_thread(std::function<void()> body) {
+  if (!g_starter_set.load(std::memory_order_acquire)) return std::thread(std::move(body));
   ThreadStarter starter;
   {
     std::lock_guard lock(g_starter_mutex);
@@ -76,6 +80,7 @@ std::thread start_worker_thread(std::function<void()> body) {
 ThreadStarter set_thread_starter_for_testing(ThreadStarter starter) {
   std::lock_guard lock(g_starter_mutex);
   std::swap(g_starter, starter);
+  g_starter_set.store(static_cast<bool>(g_starter), std::memory_order_release);
   return starter;
 }
 

@@ -5,7 +5,6 @@
 // GIL: every call that can block (file opens, I/O, waits, allocation) goes through `unlocked()`,
 // the one helper that releases the GIL and afterwards turns queued library warnings into Python
 // warnings, so no binding can forget either.
-#include <pthread.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -17,6 +16,7 @@
 #include <string>
 #include <variant>
 
+#include "core/fork.hpp"
 #include "nvio/nvio.hpp"
 
 namespace py = pybind11;
@@ -28,13 +28,11 @@ namespace {
 std::mutex g_warnings_mutex;
 std::deque<std::string> g_warnings;
 
+std::mutex& warnings_mutex() { return g_warnings_mutex; }
+
 // Held across fork() so that a child never inherits it locked by a worker thread of the parent.
-void install_fork_handlers() {
-  static const int installed =
-      ::pthread_atfork([] { g_warnings_mutex.lock(); }, [] { g_warnings_mutex.unlock(); },
-                       [] { g_warnings_mutex.unlock(); });
-  (void)installed;
-}
+// Registered before the core's warning mutex, under which the sink takes it (core/fork.hpp).
+void install_fork_handlers() { nvio::detail::hold_across_fork<warnings_mutex>(); }
 
 // Text from the core as a Python str. Messages and paths may hold bytes that are not UTF-8 (a
 // file name is any bytes): a message keeps them readable as \xNN escapes, and a path decodes as

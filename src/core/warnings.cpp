@@ -1,9 +1,9 @@
 #include "nvio/warnings.hpp"
 
-#include <pthread.h>
-
 #include <mutex>
 #include <set>
+
+#include "core/fork.hpp"
 
 namespace nvio {
 namespace {
@@ -14,13 +14,16 @@ struct WarningState {
   std::set<std::string> fired;
 };
 
+WarningState& state();
+std::mutex& state_mutex() { return state().mutex; }
+
 WarningState& state() {
   // Leaked on purpose: warnings may be raised from static destructors of other objects.
   static auto* s = [] {
     auto* created = new WarningState;
-    // Held across fork(): a child must not inherit the mutex locked by a thread it lacks.
-    ::pthread_atfork([] { state().mutex.lock(); }, [] { state().mutex.unlock(); },
-                     [] { state().mutex.unlock(); });
+    // Sinks are called under this mutex and may take their own (the Python binding's), which
+    // they register before the first use of this one: see core/fork.hpp on order.
+    detail::hold_across_fork<state_mutex>();
     return created;
   }();
   return *s;

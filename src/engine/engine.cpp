@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "core/fork.hpp"
 #include "nvio/errors.hpp"
 #include "nvio/system.hpp"
 
@@ -15,10 +16,16 @@ namespace {
 std::mutex g_factory_mutex;
 EngineFactory g_factory;  // guarded by g_factory_mutex; empty: the back ends
 
+std::mutex& factory_mutex() {
+  static const bool guarded = (detail::hold_across_fork<factory_mutex>(), true);  // a leaf
+  (void)guarded;
+  return g_factory_mutex;
+}
+
 }  // namespace
 
 EngineFactory set_engine_factory_for_testing(EngineFactory factory) {
-  std::lock_guard lock(g_factory_mutex);
+  std::lock_guard lock(factory_mutex());
   std::swap(g_factory, factory);
   return factory;
 }
@@ -26,7 +33,7 @@ EngineFactory set_engine_factory_for_testing(EngineFactory factory) {
 std::unique_ptr<Engine> make_engine(EngineKind kind, unsigned queue_depth) {
   EngineFactory factory;
   {
-    std::lock_guard lock(g_factory_mutex);
+    std::lock_guard lock(factory_mutex());
     factory = g_factory;
   }
   if (factory && kind != EngineKind::Auto) {

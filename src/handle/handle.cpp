@@ -42,6 +42,7 @@
 #include <typeinfo>
 #include <vector>
 
+#include "core/fork.hpp"
 #include "core/retry.hpp"
 #include "cuda/cufile.hpp"
 #include "cuda/device_ops.hpp"
@@ -1399,14 +1400,15 @@ void Handle::Impl::end_collect(const std::vector<OperationPtr>& ops) {
 
 namespace {
 
-// Serialises making a handle's state anew in a forked child. The fork handlers hold it across
-// fork(), so a child never inherits it locked by a thread that does not exist there.
+// Guards the swap of a handle's state in a forked child. A leaf: nothing else is taken under it
+// (the fresh state, whose workers take other mutexes, is made outside it). Held across fork() so
+// that a child never inherits it locked by a thread that does not exist there.
 std::mutex g_fork_mutex;
+std::mutex& fork_mutex() { return g_fork_mutex; }
 
 void install_fork_handlers() {
-  static const int installed = ::pthread_atfork(
-      [] { g_fork_mutex.lock(); }, [] { g_fork_mutex.unlock(); }, [] { g_fork_mutex.unlock(); });
-  (void)installed;  // fails only with ENOMEM; a child then takes the mutex as it finds it
+  static const bool installed = (detail::hold_across_fork<fork_mutex>(), true);
+  (void)installed;
 }
 
 }  // namespace
@@ -1417,18 +1419,28 @@ Handle::Impl& Handle::impl() const {
 }
 
 Handle::Impl& Handle::renew_after_fork() const {
-  std::lock_guard lock(g_fork_mutex);
   const pid_t pid = ::getpid();
-  if (owner_pid_.load(std::memory_order_relaxed) != pid) {
-    // The options were fixed when the handle was made and nothing writes them: safe to read.
-    auto fresh = std::make_unique<Impl>(impl_->options);
-    // The parent's state stays as the fork left it: its worker threads do not exist here, its
-    // mutexes may be held, and destroying it would wait for them forever. It is left to exit.
-    (void)impl_.release();
-    impl_ = std::move(fresh);
-    owner_pid_.store(pid, std::memory_order_release);
+  Options options;
+  {
+    std::lock_guard lock(g_fork_mutex);
+    if (owner_pid_.load(std::memory_order_relaxed) == pid) return *impl_;
+    options = impl_->options;  // fixed when the handle was made
   }
-  return *impl_;
+  auto fresh = std::make_unique<Impl>(options);
+  std::unique_ptr<Impl> spare;  // another thread of this child renewed first: this one goes
+  {
+    std::lock_guard lock(g_fork_mutex);
+    if (owner_pid_.load(std::memory_order_relaxed) != pid) {
+      // The parent's state stays as the fork left it: its worker threads do not exist here, its
+      // mutexes may be held, and destroying it would wait for them forever. It is left to exit.
+      (void)impl_.release();
+      impl_ = std::move(fresh);
+      owner_pid_.store(pid, std::memory_order_release);
+    } else {
+      spare = std::move(fresh);
+    }
+  }
+  return *impl_;  // no longer replaced in this process
 }
 
 Handle::Handle() : Handle(resolve_options().values) {}

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "core/fork.hpp"
 #include "nvio/errors.hpp"
 #include "nvio/memory.hpp"
 #include "nvio/warnings.hpp"
@@ -25,8 +26,15 @@ struct LockedRegions {
   std::map<std::uintptr_t, std::size_t> regions;
 };
 
+LockedRegions& locked_regions();
+std::mutex& locked_regions_mutex() { return locked_regions().mutex; }
+
 LockedRegions& locked_regions() {
-  static auto* r = new LockedRegions;  // leaked: buffers may outlive static destruction
+  static auto* r = [] {
+    auto* created = new LockedRegions;  // leaked: buffers may outlive static destruction
+    detail::hold_across_fork<locked_regions_mutex>();  // a leaf: nothing is taken under it
+    return created;
+  }();
   return *r;
 }
 

@@ -105,9 +105,9 @@ def file_target(value: Any, name: str = "file") -> Union[bytes, int]:
     """A file named by a path (see ``path``) or an open descriptor (an int)."""
     if isinstance(value, bool):
         raise InvalidType(f"nvio: {name} must be a path or a file descriptor, not a bool")
-    if isinstance(value, int) or type(value).__name__.startswith(("int", "uint")):
+    if not isinstance(value, (str, bytes, os.PathLike)):
         try:
-            fd = operator.index(value)
+            fd = operator.index(value)  # an int, or a numpy/torch integer scalar
         except TypeError:
             fd = None
         if fd is not None:

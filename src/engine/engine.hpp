@@ -44,6 +44,12 @@ class Engine {
   // Waits until at least `min_complete` completions are available (0: do not wait), stores up to
   // out.size() of them, and returns how many, or -errno.
   virtual int reap(std::span<Completion> out, std::size_t min_complete) = 0;
+  // Asks the kernel to stop, as far as it can, every request this engine accepted whose
+  // completion has not been reaped (io_uring: an async cancel of all; libaio: io_cancel of each).
+  // Cancelled or not, every accepted request still completes through reap() (-ECANCELED, or its
+  // real result): the caller keeps reaping until it has them all before it reuses or frees the
+  // memory they point into. Returns 0 or -errno; an engine with nothing to cancel returns 0.
+  virtual int cancel() = 0;
   virtual EngineKind kind() const noexcept = 0;
 };
 

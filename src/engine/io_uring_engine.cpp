@@ -91,6 +91,7 @@ class IoUringEngine final : public Engine {
     return static_cast<int>(got);
   }
 
+  int cancel() override { return 0; }
   EngineKind kind() const noexcept override { return EngineKind::IoUring; }
 
  private:

@@ -97,6 +97,7 @@ class LibaioEngine final : public Engine {
     return rc;
   }
 
+  int cancel() override { return 0; }
   EngineKind kind() const noexcept override { return EngineKind::Libaio; }
 
  private:

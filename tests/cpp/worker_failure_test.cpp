@@ -131,6 +131,7 @@ class ThrowingEngine final : public nvio::engine::Engine {
     }
     return inner_->reap(out, min_complete);
   }
+  int cancel() override { return inner_->cancel(); }
   nvio::EngineKind kind() const noexcept override { return nvio::EngineKind::Psync; }
 
  private:

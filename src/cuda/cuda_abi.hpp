@@ -79,6 +79,7 @@ using PFN_cuEventCreate = CUresult (*)(CUevent* phEvent, unsigned int Flags);
 using PFN_cuEventRecord = CUresult (*)(CUevent hEvent, CUstream hStream);
 using PFN_cuEventQuery = CUresult (*)(CUevent hEvent);
 using PFN_cuEventSynchronize = CUresult (*)(CUevent hEvent);
+using PFN_cuStreamSynchronize = CUresult (*)(CUstream hStream);
 using PFN_cuEventDestroy_v2 = CUresult (*)(CUevent hEvent);
 
 // ---- runtime API (cuda_runtime_api.h), for the report only ------------------------------------

@@ -38,6 +38,8 @@ class DeviceOps {
   // kSuccess once the work recorded before the event is done, kNotReady before, else an error.
   virtual int event_query(void* event) noexcept = 0;
   virtual int event_synchronize(void* event) noexcept = 0;
+  // Waits until everything queued on `stream` is done (cuStreamSynchronize).
+  virtual int stream_synchronize(void* stream) noexcept = 0;
   virtual int copy_to_device_async(void* dst, const void* src, std::size_t length,
                                    void* stream) noexcept = 0;
   virtual int copy_to_host_async(void* dst, const void* src, std::size_t length,

@@ -65,6 +65,7 @@ Driver load_driver(Library lib) {
   resolve(l, "cuEventRecord", d.event_record, missing);
   resolve(l, "cuEventQuery", d.event_query, missing);
   resolve(l, "cuEventSynchronize", d.event_synchronize, missing);
+  resolve(l, "cuStreamSynchronize", d.stream_synchronize, missing);
   resolve(l, "cuEventDestroy_v2", d.event_destroy, missing);
   if (!missing.empty()) {
     d.reason = fmt::format("{} lacks {} (driver too old?)", d.lib.path(), missing);
@@ -170,6 +171,9 @@ class DriverOps final : public DeviceOps {
   }
   int event_synchronize(void* event) noexcept override {
     return d_.event_synchronize(static_cast<abi::CUevent>(event));
+  }
+  int stream_synchronize(void* stream) noexcept override {
+    return d_.stream_synchronize(static_cast<abi::CUstream>(stream));
   }
   int copy_to_device_async(void* dst, const void* src, std::size_t length,
                            void* stream) noexcept override {

@@ -47,6 +47,7 @@ struct Driver {
   abi::PFN_cuEventRecord event_record = nullptr;
   abi::PFN_cuEventQuery event_query = nullptr;
   abi::PFN_cuEventSynchronize event_synchronize = nullptr;
+  abi::PFN_cuStreamSynchronize stream_synchronize = nullptr;
   abi::PFN_cuEventDestroy_v2 event_destroy = nullptr;
 
   std::string error_name(int code) const;

@@ -20,6 +20,7 @@ class BouncePool {
   BouncePool(std::size_t chunk_size, std::size_t max_count);
 
   std::size_t chunk_size() const noexcept { return chunk_size_; }
+  std::size_t max_count() const noexcept { return max_count_; }
   bool available() const noexcept { return !free_.empty() || allocated_ < max_count_; }
   // Returns a page-aligned chunk, growing the pool by a slab (doubling, up to the cap) when none
   // is free. Precondition: available(). Throws MemoryError if a slab cannot be allocated.

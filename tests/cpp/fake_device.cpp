@@ -38,6 +38,28 @@ void FakeDevice::fail_copy(int nth, int code, bool at_call) {
   fail_at_call_ = at_call;
 }
 
+void FakeDevice::fail_record(int nth, int code) {
+  std::lock_guard lock(mutex_);
+  record_fail_countdown_ = nth;
+  record_fail_code_ = code;
+}
+
+void FakeDevice::fail_event_sync(int nth, int code) {
+  std::lock_guard lock(mutex_);
+  sync_fail_countdown_ = nth;
+  sync_fail_code_ = code;
+}
+
+void FakeDevice::fail_stream_sync(int code) {
+  std::lock_guard lock(mutex_);
+  stream_sync_code_ = code;
+}
+
+std::size_t FakeDevice::stream_syncs() const {
+  std::lock_guard lock(mutex_);
+  return stream_syncs_;
+}
+
 std::size_t FakeDevice::copies() const {
   std::lock_guard lock(mutex_);
   return copies_;
@@ -147,6 +169,7 @@ int FakeDevice::event_record(void* event, void* stream) noexcept {
     ++misuse_;
     return 201;
   }
+  if (record_fail_countdown_ > 0 && --record_fail_countdown_ == 0) return record_fail_code_;
   e->done = false;
   e->error = 0;
   tasks_.push_back(Task{s, e, nullptr, nullptr, 0, 0});
@@ -167,7 +190,25 @@ int FakeDevice::event_synchronize(void* event) noexcept {
   auto* e = static_cast<EventState*>(event);
   if (events_.count(e) == 0) return 400;
   done_cv_.wait(lock, [&] { return e->done; });
+  if (sync_fail_countdown_ > 0 && --sync_fail_countdown_ == 0) return sync_fail_code_;
   return e->error;
+}
+
+int FakeDevice::stream_synchronize(void* stream) noexcept {
+  std::unique_lock lock(mutex_);
+  auto* s = static_cast<StreamState*>(stream);
+  if (streams_.count(s) == 0) return 400;
+  ++stream_syncs_;
+  if (stream_sync_code_ != 0) return stream_sync_code_;
+  done_cv_.wait(lock, [&] {
+    for (const Task& t : tasks_) {
+      if (t.stream == s) return false;
+    }
+    return true;
+  });
+  const int error = s->pending_error;
+  s->pending_error = 0;
+  return error;
 }
 
 int FakeDevice::copy_async(void* dst, const void* src, std::size_t length, void* stream,
@@ -234,10 +275,10 @@ void FakeDevice::run() {
       t.event->error = t.stream->pending_error;
       t.stream->pending_error = 0;
       t.event->done = true;
-      done_cv_.notify_all();
     } else if (t.error != 0) {
       t.stream->pending_error = t.error;
     }
+    done_cv_.notify_all();  // event and stream synchronisations wait for this
   }
 }
 

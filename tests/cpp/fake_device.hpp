@@ -42,6 +42,14 @@ class FakeDevice final : public nvio::cuda::DeviceOps {
   // Makes the `nth` copy from now (1 = the next) fail with `code`: returned by the copy call
   // when `at_call`, else reported by the event recorded after it.
   void fail_copy(int nth, int code, bool at_call);
+  // Makes the `nth` event record from now fail with `code` (the copy before it still runs), and
+  // the `nth` event synchronisation fail with `code` (after the work it waits for is done, as a
+  // sticky context error reports). Each stream_synchronize fails with `stream_sync_code` when it
+  // is non-zero.
+  void fail_record(int nth, int code);
+  void fail_event_sync(int nth, int code);
+  void fail_stream_sync(int code);
+  std::size_t stream_syncs() const;
 
   // What happened so far.
   std::size_t copies() const;
@@ -61,6 +69,7 @@ class FakeDevice final : public nvio::cuda::DeviceOps {
   int event_record(void* event, void* stream) noexcept override;
   int event_query(void* event) noexcept override;
   int event_synchronize(void* event) noexcept override;
+  int stream_synchronize(void* stream) noexcept override;
   int copy_to_device_async(void* dst, const void* src, std::size_t length,
                            void* stream) noexcept override;
   int copy_to_host_async(void* dst, const void* src, std::size_t length,
@@ -105,6 +114,12 @@ class FakeDevice final : public nvio::cuda::DeviceOps {
   std::map<StreamState*, std::unique_ptr<StreamState>> streams_;
   std::map<EventState*, std::unique_ptr<EventState>> events_;
   int fail_countdown_ = 0;
+  int record_fail_countdown_ = 0;
+  int record_fail_code_ = 0;
+  int sync_fail_countdown_ = 0;
+  int sync_fail_code_ = 0;
+  int stream_sync_code_ = 0;
+  std::size_t stream_syncs_ = 0;
   int fail_code_ = 0;
   bool fail_at_call_ = false;
   std::size_t copies_ = 0;

@@ -1,0 +1,169 @@
+#include "handle/operation.hpp"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+namespace nvio::detail {
+
+std::exception_ptr io_error_ptr(IoOp op, const std::string& path, std::uint64_t offset,
+                                std::uint64_t length, int err, const std::string& detail) {
+  try {
+    throw_io_error(op, path, offset, length, err, detail);
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
+std::exception_ptr ended_during_read(const Operation& op, std::uint64_t at) {
+  const std::int64_t size = file_size(op.any_fd());
+  try {
+    throw ShortFile::ended_during_read(op.path, op.offset, op.length, at,
+                                       size >= 0 ? static_cast<std::uint64_t>(size) : at);
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
+void OperationQueue::push(const OperationPtr& op) {
+  {
+    std::lock_guard lock(live_mutex_);
+    ++live_ops_;
+  }
+  if (op->piece_count == 0) {  // zero-length: only the write's finishing steps remain
+    finish_piece(*op, 0);
+    return;
+  }
+  std::exception_ptr refused;  // why the operation is not queued
+  {
+    std::lock_guard lock(mutex_);
+    refused = worker_error_;
+    if (!refused) {
+      try {
+        queue_.push_back(op);
+      } catch (...) {  // std::bad_alloc
+        refused = std::current_exception();
+        try {
+          refused = std::make_exception_ptr(
+              MemoryError(fmt::format("{}: no memory to queue the operation", op->path), ENOMEM));
+        } catch (...) {  // not even for the message: the std::bad_alloc is reported
+        }
+      }
+    }
+  }
+  if (refused) {
+    // A worker died after the operation was prepared, or it could not be queued: it never
+    // starts, and finishing it here keeps stop() from waiting for it.
+    op->record_error(refused);
+    finish_piece(*op, op->piece_count);
+    return;
+  }
+  cv_.notify_all();
+}
+
+bool OperationQueue::take_piece(OperationPtr& op, Piece& piece, bool bounce_ok, bool wait_for_work,
+                                std::size_t per_op_limit, std::size_t taken_from_op) {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    while (!queue_.empty() && queue_.front()->next_piece >= queue_.front()->piece_count) {
+      queue_.pop_front();
+    }
+    if (!queue_.empty() || stopping_ || !wait_for_work) break;
+    cv_.wait(lock);
+  }
+  if (queue_.empty()) return false;
+  Operation& head = *queue_.front();
+  if (op.get() == &head && taken_from_op >= per_op_limit) return false;
+  const Piece p = head.plan.piece(head.next_piece);
+  if (!bounce_ok && head.needs_bounce(p)) return false;
+  ++head.next_piece;
+  op = queue_.front();
+  piece = p;
+  return true;
+}
+
+void OperationQueue::finish_piece(Operation& op, std::size_t count) {
+  if (count > 0 && op.remaining.fetch_sub(count, std::memory_order_acq_rel) != count) return;
+  // Last piece: the write's finishing steps, then release the descriptors and wake the waiter.
+  if (!op.failed.load(std::memory_order_acquire) && !op.is_read()) {
+    const int fd = op.any_fd();
+    if (op.write_options.truncate == Truncate::AtEnd &&
+        ::ftruncate(fd, static_cast<off_t>(op.end())) != 0) {
+      op.record_error(io_error_ptr(IoOp::Truncate, op.path, op.end(), 0, errno));
+    } else if (op.write_options.durability == Durability::Data && ::fdatasync(fd) != 0) {
+      op.record_error(io_error_ptr(IoOp::Sync, op.path, op.offset, op.length, errno));
+    }
+  }
+  {
+    std::lock_guard lock(op.mutex);
+    op.cufile = cuda::CuFileHandle();  // deregistered before its descriptor closes
+    op.owned_direct = FileDescriptor();
+    op.owned_buffered = FileDescriptor();
+    op.finished = true;
+  }
+  op.finished_cv.notify_all();
+  {
+    std::lock_guard lock(live_mutex_);
+    --live_ops_;
+  }
+  live_cv_.notify_all();
+}
+
+void OperationQueue::fail(Operation& op, std::exception_ptr error, std::size_t held) {
+  op.record_error(std::move(error));
+  // Pieces nobody has taken yet will not run: count them as finished now.
+  std::size_t skipped = 0;
+  {
+    std::lock_guard lock(mutex_);
+    skipped = op.piece_count - op.next_piece;
+    op.next_piece = op.piece_count;
+  }
+  if (skipped + held > 0) finish_piece(op, skipped + held);
+}
+
+void OperationQueue::worker_died(const std::exception_ptr& error) {
+  // One operation at a time, so that nothing is allocated here (the worker may be out of memory).
+  // Pieces of these operations that other workers have taken finish there as usual; the rest are
+  // skipped. An operation whose pieces are all taken already is left to its workers.
+  for (bool first = true;; first = false) {
+    OperationPtr op;
+    bool untaken = false;
+    {
+      std::lock_guard lock(mutex_);
+      if (first && !worker_error_) worker_error_ = error;
+      if (queue_.empty()) return;
+      op = std::move(queue_.front());
+      queue_.pop_front();
+      untaken = op->next_piece < op->piece_count;
+    }
+    if (untaken) fail(*op, error, 0);
+  }
+}
+
+std::exception_ptr OperationQueue::worker_failure() {
+  std::lock_guard lock(mutex_);
+  return worker_error_;
+}
+
+void OperationQueue::wait_finished(Operation& op) {
+  std::unique_lock lock(op.mutex);
+  op.finished_cv.wait(lock, [&] { return op.finished; });
+}
+
+void OperationQueue::stop() {
+  {
+    std::unique_lock lock(live_mutex_);
+    live_cv_.wait(lock, [&] { return live_ops_ == 0; });
+  }
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+}
+
+bool OperationQueue::should_exit() {
+  std::lock_guard lock(mutex_);
+  return stopping_ && queue_.empty();
+}
+
+}  // namespace nvio::detail

@@ -1,0 +1,133 @@
+// One read or write request inside the handle, and the queue its pieces wait in for the workers.
+// Internal to the library.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "cuda/cufile.hpp"
+#include "cuda/device_ops.hpp"
+#include "engine/engine.hpp"
+#include "handle/file.hpp"
+#include "handle/plan.hpp"
+#include "nvio/errors.hpp"
+#include "nvio/handle.hpp"
+
+namespace nvio::detail {
+
+// The exception_ptr of throw_io_error(...): made where an error is recorded for later.
+std::exception_ptr io_error_ptr(IoOp op, const std::string& path, std::uint64_t offset,
+                                std::uint64_t length, int err, const std::string& detail = {});
+
+// One read or write request. The submitting thread fills in everything above `next_piece` before
+// the operation is queued; afterwards those fields are read-only. `next_piece` is guarded by the
+// queue's mutex; the outcome fields by `mutex`.
+struct Operation {
+  engine::Direction direction = engine::Direction::Read;
+  std::string path;  // for messages: the file name, or "fd N (name)"
+  FileDescriptor owned_direct;
+  FileDescriptor owned_buffered;
+  int direct_fd = -1;  // -1: no direct I/O for this operation
+  int buffered_fd = -1;
+  std::byte* buf = nullptr;
+  std::uint64_t offset = 0;
+  std::size_t length = 0;
+  WriteOptions write_options;
+  MemoryKind memory = MemoryKind::Host;  // resolved: never Auto
+  int device = -1;                       // device memory: its CUDA device ordinal
+  cuda::Transport transport = cuda::Transport::Bounce;
+  std::shared_ptr<cuda::DeviceOps> device_ops;  // device memory: the operations to use
+  cuda::CuFileHandle cufile;                    // GDS: direct_fd registered with cuFile
+  // Direct I/O: the kernel's alignment of file offsets and lengths, and of buffer addresses.
+  std::uint32_t dio_offset_align = 1;
+  std::uint32_t mem_align = 1;
+  Plan plan;
+  std::size_t piece_count = 0;
+
+  std::size_t next_piece = 0;
+
+  std::atomic<std::size_t> remaining{0};  // pieces not yet finished (or skipped)
+  std::atomic<bool> failed{false};
+  std::mutex mutex;
+  std::condition_variable finished_cv;
+  bool finished = false;
+  std::exception_ptr error;
+
+  std::uint64_t end() const { return offset + length; }
+  bool is_read() const { return direction == engine::Direction::Read; }
+  // The caller's memory of the piece that starts at file offset `at`.
+  std::byte* user(std::uint64_t at) const { return buf + (at - offset); }
+  // Whether piece `p` moves through a bounce chunk: device memory on the bounce transport, and
+  // direct pieces whose memory is not aligned for O_DIRECT.
+  bool needs_bounce(const Piece& p) const {
+    if (memory == MemoryKind::Device) return transport == cuda::Transport::Bounce;
+    return p.direct && reinterpret_cast<std::uintptr_t>(user(p.file_offset)) % mem_align != 0;
+  }
+  // The descriptor to use for a read's size check after it found end of file.
+  int any_fd() const { return buffered_fd >= 0 ? buffered_fd : direct_fd; }
+  // Keeps the first error. Thread-safe.
+  void record_error(std::exception_ptr e) {
+    std::lock_guard lock(mutex);
+    if (!error) error = std::move(e);
+    failed.store(true, std::memory_order_release);
+  }
+};
+
+using OperationPtr = std::shared_ptr<Operation>;
+
+// The error of a read of `op` that got end of file at byte `at` of the file: the file ended
+// inside the request while it was being read.
+std::exception_ptr ended_during_read(const Operation& op, std::uint64_t at);
+
+// The handle's queue of operations, shared by the submitting threads and the workers: pieces are
+// taken from the operation at its head, and an operation finishes when all its pieces have.
+// Thread-safe: one mutex guards the queue, `stopping`, the dead worker's error and every
+// operation's `next_piece`; another counts the operations alive.
+class OperationQueue {
+ public:
+  // Queues `op` (or finishes it at once when it has no pieces or cannot be queued).
+  void push(const OperationPtr& op);
+  // Takes the next piece of the operation at the head of the queue into `op` and `piece`.
+  // Returns false when there is none (after waiting for one when `wait_for_work`, until stop()),
+  // when the next one needs a bounce chunk and `bounce_ok` is false, or when `op` is the head
+  // and `taken_from_op` reached `per_op_limit` (a share is left to the other workers).
+  bool take_piece(OperationPtr& op, Piece& piece, bool bounce_ok, bool wait_for_work,
+                  std::size_t per_op_limit, std::size_t taken_from_op);
+  // `count` pieces of `op` are finished; the last one runs a write's finishing steps (truncate,
+  // fdatasync), closes the descriptors and wakes the waiters.
+  void finish_piece(Operation& op, std::size_t count);
+  // Fails `op` with `error`: its pieces nobody has taken yet are skipped, and `held` pieces the
+  // caller has taken are counted as finished.
+  void fail(Operation& op, std::exception_ptr error, std::size_t held);
+  // After a worker died: records `error` as the handle's, so that no operation is started from
+  // now on, and fails every queued operation with it. Allocates nothing.
+  void worker_died(const std::exception_ptr& error);
+  // The error of a dead worker, or null while all are alive.
+  std::exception_ptr worker_failure();
+  // Blocks until `op` has finished.
+  static void wait_finished(Operation& op);
+  // Waits until no operation is alive, then wakes the workers to stop.
+  void stop();
+  // True once stop() was called and nothing is queued: a worker with nothing in flight exits.
+  bool should_exit();
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<OperationPtr> queue_;
+  bool stopping_ = false;
+  std::exception_ptr worker_error_;  // set once, when a worker stops on an escaped exception
+
+  std::mutex live_mutex_;
+  std::condition_variable live_cv_;
+  std::size_t live_ops_ = 0;  // queued or running: stop() waits for them
+};
+
+}  // namespace nvio::detail

@@ -182,6 +182,7 @@ int FakeDevice::event_query(void* event) noexcept {
   auto* e = static_cast<EventState*>(event);
   if (events_.count(e) == 0) return 400;
   if (!e->done) return nvio::cuda::kNotReady;
+  if (sync_fail_countdown_ > 0 && --sync_fail_countdown_ == 0) return sync_fail_code_;
   return e->error;
 }
 

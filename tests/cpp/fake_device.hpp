@@ -43,9 +43,9 @@ class FakeDevice final : public nvio::cuda::DeviceOps {
   // when `at_call`, else reported by the event recorded after it.
   void fail_copy(int nth, int code, bool at_call);
   // Makes the `nth` event record from now fail with `code` (the copy before it still runs), and
-  // the `nth` event synchronisation fail with `code` (after the work it waits for is done, as a
-  // sticky context error reports). Each stream_synchronize fails with `stream_sync_code` when it
-  // is non-zero.
+  // the `nth` check of an event that finds it done (event_query or event_synchronize) fail with
+  // `code` (as a sticky context error reports). Each stream_synchronize fails with
+  // `stream_sync_code` when it is non-zero.
   void fail_record(int nth, int code);
   void fail_event_sync(int nth, int code);
   void fail_stream_sync(int code);

@@ -8,10 +8,12 @@
 #include <vector>
 
 #include "cuda/cufile.hpp"
+#include "cuda/device_lane.hpp"
 #include "cuda/device_ops.hpp"
 #include "cuda/driver.hpp"
 #include "cuda/library.hpp"
 #include "fake_device.hpp"
+#include "memory/bounce_pool.hpp"
 #include "test_util.hpp"
 
 namespace nvio_test {
@@ -354,6 +356,58 @@ TEST_P(DevicePath, CopyErrorsBecomeGpuErrors) {
   }
 }
 
+// Defect: when cuEventRecord failed after the copy was queued, the slot's chunk went back to the
+// pool while the copy could still be running. Now the stream is synchronised first, and a chunk
+// that cannot be proven idle is never reused.
+TEST_P(DevicePath, FailedEventRecordWaitsForTheCopyBeforeReusingItsChunk) {
+  ScopedFakeDevice fake;
+  const std::size_t len = 512 * KiB + 3;
+  {
+    nvio::Handle h(options(64 * KiB, 1));
+    unsigned char* dev = fake->alloc(len);
+    nvio::pattern::fill(dev, len, 0, 5);
+    fake->fail_record(2, FakeDevice::kIllegalAddress);
+    try {
+      h.write(dev, len, file("r"), 0, device_write());
+      FAIL() << "no error";
+    } catch (const nvio::GpuError& e) {
+      EXPECT_EQ(e.api(), "cuEventRecord");
+      EXPECT_EQ(e.path(), file("r"));
+    }
+    EXPECT_GE(fake->stream_syncs(), 1u) << "the chunk was released while its copy could run";
+    // The stream cannot be synchronised either: the operation fails, the chunk is set aside.
+    write_pattern_file(file("src"), len, 5);
+    fake->fail_record(1, FakeDevice::kIllegalAddress);
+    fake->fail_stream_sync(FakeDevice::kIllegalAddress);
+    EXPECT_THROW(h.read(dev, len, file("src"), 0, device_read()), nvio::GpuError);
+    fake->fail_stream_sync(0);
+    // The handle goes on working with its other chunks.
+    std::memset(dev, 0, len);
+    h.read(dev, len, file("src"), 0, device_read());
+    EXPECT_TRUE(buffer_has_pattern(dev, len, 0, 5));
+  }
+  EXPECT_EQ(fake->misuse(), 0u);
+}
+
+// A failure reported when an event is checked fails the operation with a GpuError.
+TEST_P(DevicePath, FailedEventCheckFailsTheOperation) {
+  ScopedFakeDevice fake;
+  const std::size_t len = 256 * KiB + 9;
+  nvio::Handle h(options(64 * KiB, 1));
+  unsigned char* dev = fake->alloc(len);
+  write_pattern_file(file("src"), len, 6);
+  fake->fail_event_sync(2, FakeDevice::kLaunchFailure);
+  try {
+    h.read(dev, len, file("src"), 0, device_read());
+    FAIL() << "no error";
+  } catch (const nvio::GpuError& e) {
+    EXPECT_EQ(e.code(), FakeDevice::kLaunchFailure);
+    EXPECT_EQ(e.path(), file("src"));
+  }
+  h.read(dev, len, file("src"), 0, device_read());
+  EXPECT_TRUE(buffer_has_pattern(dev, len, 0, 6));
+}
+
 TEST_P(DevicePath, ShortFileOnDeviceReadIsTyped) {
   ScopedFakeDevice fake;
   nvio::Handle h(options());
@@ -363,6 +417,21 @@ TEST_P(DevicePath, ShortFileOnDeviceReadIsTyped) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, DevicePath, NVIO_ALL_ENGINES, EngineParamName());
+
+// Defect: a DeviceLane left its slab hook in the bounce pool when destroyed, so a slab allocated
+// later was registered through a destroyed lane.
+TEST(DeviceLaneTest, DestroyedLaneLeavesNoHookInThePool) {
+  ScopedFakeDevice fake;
+  nvio::detail::BouncePool pool(4096, 16);
+  (void)pool.acquire();
+  {
+    cuda::DeviceLane lane(cuda::device_ops(), 4, pool);
+    EXPECT_EQ(fake->live_objects(), 1u) << "the existing slab is registered";
+  }
+  EXPECT_EQ(fake->live_objects(), 0u);
+  for (int i = 0; i < 7; ++i) (void)pool.acquire();  // new slabs
+  EXPECT_EQ(fake->live_objects(), 0u) << "a destroyed lane's hook registered a new slab";
+}
 
 // ---- real GPU ----------------------------------------------------------------------------------
 

@@ -1,0 +1,352 @@
+// The worker's state machine under engines that misbehave in one way each, for the defects it was
+// built to fix: an engine failure must not release what the kernel may still use, a completion
+// must never land on a slot's next piece, and a short direct transfer must not resume through the
+// page cache. Also the pure planning functions (handle/plan.hpp).
+#include <fcntl.h>
+
+#include <atomic>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <vector>
+
+#include "engine/engine.hpp"
+#include "engine_override.hpp"
+#include "handle/plan.hpp"
+#include "test_util.hpp"
+
+namespace nvio_test {
+namespace {
+
+using namespace std::chrono_literals;
+using nvio::engine::Completion;
+using nvio::engine::Direction;
+using nvio::engine::Engine;
+using nvio::engine::Request;
+
+// What the test engines share with the test (they run on worker threads).
+struct EngineLog {
+  std::atomic<int> reap_failures{0};  // reaps still to fail with -EIO
+  std::atomic<int> held{0};           // requests accepted and not yet given back
+  std::atomic<int> cancels{0};
+  std::atomic<int> duplicates{0};  // completions delivered twice
+  std::mutex mutex;
+  struct Sent {
+    Direction direction;
+    bool direct;  // the descriptor has O_DIRECT
+    std::uint64_t offset;
+    std::size_t length;
+  };
+  std::vector<Sent> sent;  // guarded by mutex
+};
+
+// Accepts requests and performs them only when they are reaped, through the real engine: as the
+// kernel may use a buffer long after submit() returned. Reaps fail with -EIO while
+// log.reap_failures says so (the requests stay held). Optionally delivers every completion a
+// second time, one reap later (a stale tag, which the Engine contract forbids and the worker must
+// ignore).
+class HoldingEngine final : public Engine {
+ public:
+  HoldingEngine(std::unique_ptr<Engine> inner, std::shared_ptr<EngineLog> log, bool duplicate)
+      : inner_(std::move(inner)), log_(std::move(log)), duplicate_(duplicate) {}
+  int submit(std::span<const Request> requests) override {
+    for (const Request& r : requests) held_.push_back(r);
+    log_->held += static_cast<int>(requests.size());
+    return static_cast<int>(requests.size());
+  }
+  int reap(std::span<Completion> out, std::size_t /*min_complete*/) override {
+    if (log_->reap_failures > 0) {
+      --log_->reap_failures;
+      return -EIO;
+    }
+    std::size_t n = 0;
+    while (n < out.size() && !late_.empty()) {
+      out[n++] = late_.front();
+      late_.pop_front();
+      ++log_->duplicates;
+    }
+    while (n < out.size() && !held_.empty()) {
+      const Request r = held_.front();
+      held_.pop_front();
+      out[n] = perform(r);
+      if (duplicate_) late_.push_back(out[n]);
+      ++n;
+      --log_->held;
+    }
+    return static_cast<int>(n);
+  }
+  int cancel() override {
+    ++log_->cancels;
+    return 0;
+  }
+  nvio::EngineKind kind() const noexcept override { return inner_->kind(); }
+
+ private:
+  Completion perform(const Request& r) {
+    const int rc = inner_->submit(std::span(&r, 1));
+    if (rc != 1) return Completion{r.tag, rc < 0 ? rc : -EAGAIN};
+    Completion c{};
+    while (inner_->reap(std::span(&c, 1), 1) != 1) {
+    }
+    return c;
+  }
+  std::unique_ptr<Engine> inner_;
+  std::shared_ptr<EngineLog> log_;
+  bool duplicate_;
+  std::deque<Request> held_;
+  std::deque<Completion> late_;
+};
+
+// Logs every request, and reports the first transfer of each direct request as only 100 bytes
+// (after the real engine did all of it): a short transfer that leaves the rest unaligned.
+class ShortDirectEngine final : public Engine {
+ public:
+  ShortDirectEngine(std::unique_ptr<Engine> inner, std::shared_ptr<EngineLog> log)
+      : inner_(std::move(inner)), log_(std::move(log)) {}
+  int submit(std::span<const Request> requests) override {
+    for (const Request& r : requests) {
+      const bool direct = (::fcntl(r.fd, F_GETFL) & O_DIRECT) != 0;
+      {
+        std::lock_guard lock(log_->mutex);
+        log_->sent.push_back({r.direction, direct, r.offset, r.length});
+      }
+      Completion c{r.tag, 0};
+      const int rc = inner_->submit(std::span(&r, 1));
+      if (rc != 1) {
+        c.result = rc < 0 ? rc : -EAGAIN;
+      } else {
+        while (inner_->reap(std::span(&c, 1), 1) != 1) {
+        }
+      }
+      if (direct && c.result > 100 && shortened_.insert(r.offset).second) c.result = 100;
+      done_.push_back(c);
+    }
+    return static_cast<int>(requests.size());
+  }
+  int reap(std::span<Completion> out, std::size_t /*min_complete*/) override {
+    std::size_t n = 0;
+    while (n < out.size() && !done_.empty()) {
+      out[n++] = done_.front();
+      done_.pop_front();
+    }
+    return static_cast<int>(n);
+  }
+  int cancel() override { return 0; }
+  nvio::EngineKind kind() const noexcept override { return inner_->kind(); }
+
+ private:
+  std::unique_ptr<Engine> inner_;
+  std::shared_ptr<EngineLog> log_;
+  std::set<std::uint64_t> shortened_;
+  std::deque<Completion> done_;
+};
+
+class WorkerState : public EngineTest {
+ protected:
+  void SetUp() override {
+    EngineTest::SetUp();
+    if (kind() == nvio::EngineKind::Auto) GTEST_SKIP() << "the concrete engines cover it";
+  }
+  nvio::Options options(unsigned workers = 1) const {
+    nvio::Options o = base_options();
+    o.block_size = 64 * KiB;
+    o.queue_depth = 4;
+    o.intra_op_parallelism = workers;
+    return o;
+  }
+};
+
+// Defect: after a failed reap, every slot was released (and its operation reported) while the
+// engine still held the requests, which then wrote into released memory.
+TEST_P(WorkerState, ReapFailureReportsOnlyAfterTheEngineGaveEverythingBack) {
+  auto log = std::make_shared<EngineLog>();
+  ScopedEngineFactory factory([&](nvio::EngineKind k, unsigned qd) -> std::unique_ptr<Engine> {
+    return std::make_unique<HoldingEngine>(nvio::engine::make_backend_engine(k, qd), log, false);
+  });
+  const std::size_t len = MiB + 123;
+  write_pattern_file(file("src"), len, 7);
+  nvio::Handle h(options());
+  GuardedBuffer buf(len, BufKind::Plus3);
+  buf.fill_sentinel();
+  log->reap_failures = 1;
+  try {
+    run_within(30s, "a read whose reap fails", [&] { h.read(buf.data(), len, file("src"), 0); });
+    FAIL() << "a failed reap was reported as success";
+  } catch (const nvio::IoError& e) {
+    EXPECT_EQ(e.error_code(), EIO);
+    EXPECT_EQ(e.path(), file("src"));
+  }
+  EXPECT_EQ(log->held.load(), 0) << "the read was reported while the engine still held requests";
+  EXPECT_GE(log->cancels.load(), 1) << "the worker did not ask the engine to cancel";
+  EXPECT_TRUE(buf.guards_intact());
+  // The handle goes on working.
+  buf.fill_sentinel();
+  h.read(buf.data(), len, file("src"), 0);
+  EXPECT_TRUE(buffer_has_pattern(buf.data(), len, 0, 7));
+}
+
+// An engine whose reaps never succeed again: the operation fails with a typed error, nothing
+// hangs, and the handle refuses later operations (its worker stopped) instead of hanging.
+TEST_P(WorkerState, EngineThatKeepsFailingStopsTheWorkerWithoutHanging) {
+  auto log = std::make_shared<EngineLog>();
+  ScopedEngineFactory factory([&](nvio::EngineKind k, unsigned qd) -> std::unique_ptr<Engine> {
+    return std::make_unique<HoldingEngine>(nvio::engine::make_backend_engine(k, qd), log, false);
+  });
+  const std::size_t len = 256 * KiB;
+  write_pattern_file(file("src"), len, 8);
+  nvio::Handle h(options());
+  std::vector<unsigned char> buf(len);
+  log->reap_failures = 1 << 30;
+  run_within(30s, "a read on a broken engine",
+             [&] { EXPECT_THROW(h.read(buf.data(), len, file("src"), 0), nvio::IoError); });
+  run_within(30s, "a read after the worker stopped", [&] {
+    try {
+      h.read(buf.data(), len, file("src"), 0);
+      ADD_FAILURE() << "a handle whose worker stopped ran an operation";
+    } catch (const nvio::Error& e) {
+      EXPECT_TRUE(contains(e.what(), "worker thread 1"));
+    }
+  });
+}
+
+// Defect: tags were reused without a generation, so a completion that arrived for a slot after it
+// had moved on was applied to its next piece, which then counted as done without its data.
+TEST_P(WorkerState, StaleCompletionsNeverLandOnTheNextPiece) {
+  auto log = std::make_shared<EngineLog>();
+  ScopedEngineFactory factory([&](nvio::EngineKind k, unsigned qd) -> std::unique_ptr<Engine> {
+    return std::make_unique<HoldingEngine>(nvio::engine::make_backend_engine(k, qd), log, true);
+  });
+  const std::size_t len = 4 * MiB + 123;
+  write_pattern_file(file("src"), len, 9);
+  nvio::Handle h(options());
+  for (int round = 0; round < 4; ++round) {
+    GuardedBuffer buf(len, round % 2 == 0 ? BufKind::Aligned : BufKind::Plus1);
+    buf.fill_sentinel();
+    run_within(30s, "a read with duplicated completions",
+               [&] { h.read(buf.data(), len, file("src"), 0); });
+    EXPECT_TRUE(buffer_has_pattern(buf.data(), len, 0, 9)) << "round " << round;
+    EXPECT_TRUE(buf.guards_intact());
+  }
+  EXPECT_GT(log->duplicates.load(), 0) << "no duplicate was delivered: the test proved nothing";
+}
+
+// Defect: the rest of a short direct transfer went through the buffered descriptor, writing a
+// partial page through the page cache beside direct-written bytes.
+TEST_P(WorkerState, ShortDirectTransfersResumeWithDirectIo) {
+  if (!direct_supported()) GTEST_SKIP() << "O_DIRECT is not supported in " << dir();
+  auto log = std::make_shared<EngineLog>();
+  ScopedEngineFactory factory([&](nvio::EngineKind k, unsigned qd) -> std::unique_ptr<Engine> {
+    return std::make_unique<ShortDirectEngine>(nvio::engine::make_backend_engine(k, qd), log);
+  });
+  const std::uint64_t off = 4096 + 17;
+  const std::size_t len = MiB + 123;
+  nvio::Handle h(options(2));
+  GuardedBuffer src(len, BufKind::Aligned);
+  src.fill_pattern(off, 11);
+  h.write(src.data(), len, file("w"), off);
+  const auto bytes = read_file(file("w"));
+  ASSERT_EQ(bytes.size(), off + len);
+  EXPECT_TRUE(file_range_has_pattern(bytes, off, len, 11));
+  GuardedBuffer dst(len, BufKind::Plus4095);
+  dst.fill_sentinel();
+  h.read(dst.data(), len, file("w"), off);
+  EXPECT_TRUE(buffer_has_pattern(dst.data(), len, off, 11));
+
+  // The direct middle is [8192, end rounded down to the split); every request there was direct.
+  std::lock_guard lock(log->mutex);
+  std::size_t direct = 0;
+  for (const EngineLog::Sent& s : log->sent) {
+    const bool in_middle = s.offset >= 8192 && (s.offset + s.length) <= ((off + len) / 8192) * 8192;
+    if (!in_middle) continue;
+    EXPECT_TRUE(s.direct) << (s.direction == Direction::Read ? "read" : "write") << " at "
+                          << s.offset << " of " << s.length
+                          << " bytes went through the page cache inside the direct middle";
+    direct += s.direct ? 1 : 0;
+  }
+  EXPECT_GT(direct, 2u) << "no direct request was shortened: the test proved nothing";
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, WorkerState, NVIO_ALL_ENGINES, EngineParamName());
+
+// ---- planning (pure) ---------------------------------------------------------------------------
+
+using nvio::detail::Piece;
+using nvio::detail::Plan;
+
+// Every byte of [offset, end) is in exactly one piece, in order; direct pieces are aligned.
+void expect_tiles(const Plan& p, std::uint64_t align) {
+  std::uint64_t at = p.offset;
+  for (std::size_t i = 0; i < p.piece_count(); ++i) {
+    const Piece piece = p.piece(i);
+    EXPECT_EQ(piece.file_offset, at) << "piece " << i;
+    EXPECT_GT(piece.length, 0u) << "piece " << i;
+    if (piece.direct) {
+      EXPECT_EQ(piece.file_offset % align, 0u) << "piece " << i;
+      EXPECT_EQ(piece.length % align, 0u) << "piece " << i;
+    }
+    at += piece.length;
+  }
+  EXPECT_EQ(at, p.end);
+}
+
+TEST(Plan, SplitTilesTheRequestWithAlignedDirectMiddle) {
+  for (std::uint64_t off : {0ull, 1ull, 4095ull, 4096ull, 8191ull, 1000000ull}) {
+    for (std::size_t len :
+         {std::size_t{1}, std::size_t{4095}, std::size_t{4096}, MiB + 123, std::size_t{3} * MiB}) {
+      SCOPED_TRACE("offset " + std::to_string(off) + " length " + std::to_string(len));
+      const Plan p = nvio::detail::plan_split(off, len, 64 * KiB, 4096);
+      expect_tiles(p, 4096);
+      EXPECT_LE(p.piece_size, 64 * KiB);
+      EXPECT_LT(p.head_end - p.offset, 4096u);
+      EXPECT_LT(p.end - p.tail_begin, 4096u);
+    }
+  }
+}
+
+TEST(Plan, EdgesOnlyWhenTheRequestIsShorterThanTheAlignment) {
+  const Plan p = nvio::detail::plan_split(10, 100, 64 * KiB, 4096);
+  EXPECT_EQ(p.piece_count(), 1u);
+  EXPECT_FALSE(p.piece(0).direct);
+  EXPECT_EQ(p.piece(0).length, 100u);
+}
+
+TEST(Plan, SplitAlignmentIsTheLargestOfDirectIoPageAndBlock) {
+  EXPECT_EQ(nvio::detail::split_alignment(512, 4096, 0), 4096u);
+  EXPECT_EQ(nvio::detail::split_alignment(512, 4096, 65536), 65536u);
+  EXPECT_EQ(nvio::detail::split_alignment(8192, 4096, 4096), 8192u);
+  // A block size above the split: pieces are at least one split unit.
+  const Plan p = nvio::detail::plan_split(0, MiB, 4096, 65536);
+  EXPECT_EQ(p.piece_size, 65536u);
+  expect_tiles(p, 65536);
+}
+
+TEST(Plan, WholeHasNoEdges) {
+  const Plan p = nvio::detail::plan_whole(3, MiB + 5, 64 * KiB, false);
+  EXPECT_FALSE(p.has_head());
+  EXPECT_FALSE(p.has_tail());
+  expect_tiles(p, 1);
+  EXPECT_EQ(p.piece_count(), 17u);
+  EXPECT_EQ(nvio::detail::plan_whole(0, 0, 4096, false).piece_count(), 0u);
+}
+
+TEST(Plan, DirectResumePointKeepsAlignment) {
+  using nvio::detail::direct_resume_point;
+  // Aligned progress is kept.
+  EXPECT_EQ(direct_resume_point(4096, 8192, 0x10000, 512, 512), 4096u);
+  EXPECT_EQ(direct_resume_point(512, 8192, 0x10000, 512, 512), 512u);
+  // Unaligned progress rounds down to the alignment of both offset and address.
+  EXPECT_EQ(direct_resume_point(100, 8192, 0x10000, 512, 512), 0u);
+  EXPECT_EQ(direct_resume_point(5000, 8192, 0x10000, 4096, 512), 4096u);
+  EXPECT_EQ(direct_resume_point(1024, 8192, 0x10000, 512, 4096), 0u);
+}
+
+TEST(Plan, BounceChunksAreWholePages) {
+  EXPECT_EQ(nvio::detail::bounce_chunk_size(1), 4096u);
+  EXPECT_EQ(nvio::detail::bounce_chunk_size(4096), 4096u);
+  EXPECT_EQ(nvio::detail::bounce_chunk_size(64 * KiB + 1), 64 * KiB + 4096);
+}
+
+}  // namespace
+}  // namespace nvio_test

@@ -36,6 +36,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "nvio/gpu.hpp"
@@ -60,8 +61,25 @@ struct WriteOptions {
   MemoryKind memory = MemoryKind::Auto;
 };
 
-// Identifies one asynchronous operation of one handle. 0 is never a valid ticket.
+// Identifies one asynchronous operation (or batch) of one handle. 0 is never a valid ticket.
 using Ticket = std::uint64_t;
+
+// One extent of a batch: `length` bytes of `buf` at `offset` of the file named by `path`, or,
+// when `path` is empty, of the open descriptor `fd` (which nvio does not close).
+struct ReadExtent {
+  void* buf = nullptr;
+  std::size_t length = 0;
+  std::uint64_t offset = 0;
+  std::string path;
+  int fd = -1;
+};
+struct WriteExtent {
+  const void* buf = nullptr;
+  std::size_t length = 0;
+  std::uint64_t offset = 0;
+  std::string path;
+  int fd = -1;
+};
 
 class Handle {
  public:
@@ -98,6 +116,20 @@ class Handle {
                      const ReadOptions& read_options = {});
   Ticket submit_write(const void* buf, std::size_t length, int fd, std::uint64_t offset = 0,
                       const WriteOptions& write_options = {});
+
+  // Batches: many extents, of one file or of several, as one operation with one ticket. Every
+  // extent is prepared (checked, its file opened once per batch, a read's size checked) before
+  // any of them starts, so an argument error starts nothing. The extents of one file share its
+  // descriptors; a write batch with Durability::Data syncs each file once, after its last extent.
+  // Truncate::AtEnd is refused. A wait raises the first failure in extent order, after every
+  // extent has finished. Extents should not overlap (a write batch's overlapping extents land in
+  // no defined order).
+  void read_batch(std::span<const ReadExtent> extents, const ReadOptions& read_options = {});
+  void write_batch(std::span<const WriteExtent> extents, const WriteOptions& write_options = {});
+  Ticket submit_read_batch(std::span<const ReadExtent> extents,
+                           const ReadOptions& read_options = {});
+  Ticket submit_write_batch(std::span<const WriteExtent> extents,
+                            const WriteOptions& write_options = {});
 
   // Waits for one ticket; throws its error. A ticket can be waited on once (InvalidArgument after).
   void wait(Ticket ticket);

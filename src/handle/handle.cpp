@@ -81,22 +81,60 @@ using detail::Operation;
 using detail::OperationPtr;
 using engine::Direction;
 
+// What one ticket stands for: one operation, or the operations of a batch in extent order.
+// Immutable once made; each operation's outcome is guarded by its own mutex.
+struct Job {
+  std::vector<OperationPtr> ops;
+
+  void wait() const {
+    for (const OperationPtr& op : ops) detail::OperationQueue::wait_finished(*op);
+  }
+  bool done() const {
+    for (const OperationPtr& op : ops) {
+      std::lock_guard lock(op->mutex);
+      if (!op->finished) return false;
+    }
+    return true;
+  }
+  // After wait(): the first failure in extent order, or null.
+  std::exception_ptr error() const {
+    for (const OperationPtr& op : ops) {
+      if (op->error) return op->error;
+    }
+    return nullptr;
+  }
+};
+using JobPtr = std::shared_ptr<Job>;
+
+JobPtr single(OperationPtr op) {
+  auto job = std::make_shared<Job>();
+  job->ops.push_back(std::move(op));
+  return job;
+}
+
 }  // namespace
 
 struct Handle::Impl {
   explicit Impl(const Options& opts);
   ~Impl();
 
+  // Makes the operation for one request: checks the arguments, opens the file (or uses the
+  // descriptors `same_file` opened, for an extent of a batch), plans its pieces.
   OperationPtr prepare(Direction dir, std::byte* buf, std::size_t length, const std::string* path,
-                       int fd, std::uint64_t offset, const WriteOptions& wopts);
+                       int fd, std::uint64_t offset, const WriteOptions& wopts,
+                       const Operation* same_file = nullptr);
   // Device memory: finds its device and the transport (bounce or GDS) once the file is open.
   void prepare_device(Operation& op);
-  void run_blocking(const OperationPtr& op);
-  Ticket register_async(const OperationPtr& op);
+  // The operations of a batch of extents, prepared together: the extents of one file share its
+  // descriptors, and a write batch's durability is one fdatasync per file after the last extent.
+  template <class Extent>
+  JobPtr prepare_batch(Direction dir, std::span<const Extent> extents, const WriteOptions& wopts);
+  void run_blocking(const JobPtr& job);
+  Ticket register_async(const JobPtr& job);
   // The operation behind `ticket`; with `collect` a wait takes it: it moves from the table to
   // `collecting` until the wait calls end_collect.
-  OperationPtr find_ticket(Ticket ticket, bool collect);
-  void end_collect(const std::vector<OperationPtr>& ops);
+  JobPtr find_ticket(Ticket ticket, bool collect);
+  void end_collect(const std::vector<JobPtr>& jobs);
 
   Options options;
   EngineKind engine_kind;
@@ -105,10 +143,10 @@ struct Handle::Impl {
   detail::OperationQueue queue;
 
   mutable std::mutex tickets_mutex;
-  std::map<Ticket, OperationPtr> tickets;
+  std::map<Ticket, JobPtr> tickets;
   // Operations a wait has taken from `tickets` and is waiting for: a concurrent wait() must still
   // wait for them (see the rule in handle.hpp). Guarded by tickets_mutex.
-  std::map<const Operation*, OperationPtr> collecting;
+  std::map<const Job*, JobPtr> collecting;
   Ticket next_ticket = 1;
 
   std::vector<std::thread> workers;
@@ -253,21 +291,34 @@ void check_target(const Operation& op, int fd) {
       throw_io_error(IoOp::Stat, op.path, op.offset, op.length, static_cast<int>(-size),
                      "the size of the block device (BLKGETSIZE64)");
     }
+    op.file->size = size;
     if (op.end() > static_cast<std::uint64_t>(size)) {
       throw ShortFile(IoOp::Read, op.path, op.offset, op.length, static_cast<std::uint64_t>(size));
     }
   }
 }
 
+// Uses the descriptors `first` opened for the same file of a batch.
+void share_file(Operation& op, const Operation& first) {
+  op.file = first.file;
+  op.direct_fd = first.file->direct_fd;
+  op.buffered_fd = first.file->buffered_fd;
+  if (op.is_read() && op.end() > static_cast<std::uint64_t>(first.file->size)) {
+    throw ShortFile(IoOp::Read, op.path, op.offset, op.length,
+                    static_cast<std::uint64_t>(first.file->size));
+  }
+}
+
 // Opens `path` for `op` as the options ask: an O_DIRECT descriptor where allowed and supported,
 // and a buffered one for the unaligned edges (or for everything without direct I/O).
 void open_path(Operation& op, const std::string& path, DirectIo direct) {
+  op.file = std::make_shared<detail::OpenFile>();
   const int flags = open_flags(op.direction);
   bool direct_refused = false;
   if (direct != DirectIo::Off) {
     const int fd = detail::open_file(path, flags | O_DIRECT);
     if (fd >= 0) {
-      op.owned_direct = detail::FileDescriptor(fd);
+      op.file->direct = detail::FileDescriptor(fd);
     } else if (fd == -EINVAL) {
       direct_refused = true;
     } else {
@@ -276,7 +327,7 @@ void open_path(Operation& op, const std::string& path, DirectIo direct) {
   }
   const int fd = detail::open_file(path, flags);
   if (fd < 0) throw_io_error(IoOp::Open, path, op.offset, op.length, -fd);
-  op.owned_buffered = detail::FileDescriptor(fd);
+  op.file->buffered = detail::FileDescriptor(fd);
   op.buffered_fd = fd;
   check_target(op, fd);
   if (direct_refused) {
@@ -286,12 +337,13 @@ void open_path(Operation& op, const std::string& path, DirectIo direct) {
     }
     warn(fmt::format("O_DIRECT is not supported for '{}'; using buffered I/O", path), "no-direct");
   }
-  if (op.owned_direct) op.direct_fd = op.owned_direct.get();
+  if (op.file->direct) op.direct_fd = op.file->direct.get();
 }
 
 // For a caller's descriptor: use it as it is, and open a second descriptor to the same file
 // through /proc/self/fd for whichever of direct / buffered access the caller's one lacks.
 void adopt_fd(Operation& op, int fd, DirectIo direct) {
+  op.file = std::make_shared<detail::OpenFile>();
   const int fl = ::fcntl(fd, F_GETFL);
   if (fl < 0) {
     throw_io_error(IoOp::Stat, op.path, op.offset, op.length, errno,
@@ -312,7 +364,7 @@ void adopt_fd(Operation& op, int fd, DirectIo direct) {
     op.direct_fd = fd;
     const int other = detail::open_file(proc, access);
     if (other >= 0) {
-      op.owned_buffered = detail::FileDescriptor(other);
+      op.file->buffered = detail::FileDescriptor(other);
       op.buffered_fd = other;
     }
     return;
@@ -321,7 +373,7 @@ void adopt_fd(Operation& op, int fd, DirectIo direct) {
   if (direct == DirectIo::Off) return;
   const int other = detail::open_file(proc, access | O_DIRECT);
   if (other >= 0) {
-    op.owned_direct = detail::FileDescriptor(other);
+    op.file->direct = detail::FileDescriptor(other);
     op.direct_fd = other;
   } else if (direct == DirectIo::On) {
     throw_io_error(IoOp::Open, op.path, op.offset, op.length, -other,
@@ -384,7 +436,7 @@ void plan(Operation& op, std::size_t block_size, DirectIo direct) {
 
 OperationPtr Handle::Impl::prepare(Direction dir, std::byte* buf, std::size_t length,
                                    const std::string* path, int fd, std::uint64_t offset,
-                                   const WriteOptions& wopts) {
+                                   const WriteOptions& wopts, const Operation* same_file) {
   // A handle whose worker died runs nothing more (see worker_main).
   if (std::exception_ptr dead = queue.worker_failure()) std::rethrow_exception(dead);
   auto op = std::make_shared<Operation>();
@@ -424,11 +476,21 @@ OperationPtr Handle::Impl::prepare(Direction dir, std::byte* buf, std::size_t le
       throw InvalidArgument(
           fmt::format("file path '{}' holds a NUL byte at position {}", path->substr(0, nul), nul));
     }
-    open_path(*op, *path, options.direct);
+    if (same_file != nullptr) {
+      share_file(*op, *same_file);
+    } else {
+      open_path(*op, *path, options.direct);
+    }
   } else {
     if (fd < 0) throw InvalidArgument(fmt::format("file descriptor {} is negative", fd));
-    adopt_fd(*op, fd, options.direct);
+    if (same_file != nullptr) {
+      share_file(*op, *same_file);
+    } else {
+      adopt_fd(*op, fd, options.direct);
+    }
   }
+  op->file->direct_fd = op->direct_fd;  // before planning, for the batch's other extents
+  op->file->buffered_fd = op->buffered_fd;
   plan(*op, options.block_size, options.direct);
   if (op->memory == MemoryKind::Device) prepare_device(*op);
   op->remaining.store(op->piece_count);
@@ -465,40 +527,88 @@ void Handle::Impl::prepare_device(Operation& op) {
   }
 }
 
-void Handle::Impl::run_blocking(const OperationPtr& op) {
-  queue.push(op);
-  detail::OperationQueue::wait_finished(*op);
-  if (op->error) std::rethrow_exception(op->error);
+template <class Extent>
+JobPtr Handle::Impl::prepare_batch(Direction dir, std::span<const Extent> extents,
+                                   const WriteOptions& wopts) {
+  if (wopts.truncate == Truncate::AtEnd) {
+    throw InvalidArgument(
+        "truncate=at_end does not apply to a batch (its extents end in different places): "
+        "truncate with a single write, or with ftruncate after the batch");
+  }
+  auto job = std::make_shared<Job>();
+  job->ops.reserve(extents.size());
+  std::shared_ptr<detail::BatchFinish> finish;
+  WriteOptions per_extent = wopts;
+  if (dir == Direction::Write) {
+    finish = std::make_shared<detail::BatchFinish>();
+    finish->durability = wopts.durability;
+    finish->left.store(extents.size());
+    per_extent.durability = Durability::None;  // once per file, by the batch's last extent
+  }
+  std::map<std::string, const Operation*> by_path;
+  std::map<int, const Operation*> by_fd;
+  for (const Extent& e : extents) {
+    const bool by_name = !e.path.empty();
+    const Operation* same = nullptr;
+    if (by_name) {
+      if (auto it = by_path.find(e.path); it != by_path.end()) same = it->second;
+    } else if (auto it = by_fd.find(e.fd); it != by_fd.end()) {
+      same = it->second;
+    }
+    auto* bytes = static_cast<std::byte*>(const_cast<void*>(static_cast<const void*>(e.buf)));
+    OperationPtr op = prepare(dir, bytes, e.length, by_name ? &e.path : nullptr, e.fd, e.offset,
+                              per_extent, same);
+    if (same == nullptr) {
+      if (by_name) {
+        by_path.emplace(e.path, op.get());
+      } else {
+        by_fd.emplace(e.fd, op.get());
+      }
+      if (finish) {
+        finish->files.push_back(op->file);
+        finish->fds.push_back(op->any_fd());
+      }
+    }
+    op->batch = finish;
+    job->ops.push_back(std::move(op));
+  }
+  return job;
 }
 
-Ticket Handle::Impl::register_async(const OperationPtr& op) {
+void Handle::Impl::run_blocking(const JobPtr& job) {
+  for (const OperationPtr& op : job->ops) queue.push(op);
+  job->wait();
+  if (std::exception_ptr e = job->error()) std::rethrow_exception(e);
+}
+
+Ticket Handle::Impl::register_async(const JobPtr& job) {
   Ticket t;
   {
     std::lock_guard lock(tickets_mutex);
     t = next_ticket++;
-    tickets.emplace(t, op);
+    tickets.emplace(t, job);
   }
-  queue.push(op);
+  for (const OperationPtr& op : job->ops) queue.push(op);
   return t;
 }
 
-OperationPtr Handle::Impl::find_ticket(Ticket ticket, bool collect) {
+JobPtr Handle::Impl::find_ticket(Ticket ticket, bool collect) {
   std::lock_guard lock(tickets_mutex);
   auto it = tickets.find(ticket);
   if (it == tickets.end()) {
     throw InvalidArgument(fmt::format("ticket {} is unknown or was already waited for", ticket));
   }
-  OperationPtr op = it->second;
+  JobPtr job = it->second;
   if (collect) {
     tickets.erase(it);
-    collecting.emplace(op.get(), op);
+    collecting.emplace(job.get(), job);
   }
-  return op;
+  return job;
 }
 
-void Handle::Impl::end_collect(const std::vector<OperationPtr>& ops) {
+void Handle::Impl::end_collect(const std::vector<JobPtr>& jobs) {
   std::lock_guard lock(tickets_mutex);
-  for (const OperationPtr& op : ops) collecting.erase(op.get());
+  for (const JobPtr& job : jobs) collecting.erase(job.get());
 }
 
 namespace {
@@ -571,8 +681,8 @@ WriteOptions as_write_options(const ReadOptions& r) {
 void Handle::read(void* buf, std::size_t length, const std::string& path, std::uint64_t offset,
                   const ReadOptions& read_options) {
   Impl& s = impl();
-  s.run_blocking(s.prepare(Direction::Read, static_cast<std::byte*>(buf), length, &path, -1, offset,
-                           as_write_options(read_options)));
+  s.run_blocking(single(s.prepare(Direction::Read, static_cast<std::byte*>(buf), length, &path, -1,
+                                  offset, as_write_options(read_options))));
 }
 
 void Handle::write(const void* buf, std::size_t length, const std::string& path,
@@ -580,28 +690,30 @@ void Handle::write(const void* buf, std::size_t length, const std::string& path,
   // The engines take a non-const pointer for both directions; writes never modify the buffer.
   auto* bytes = static_cast<std::byte*>(const_cast<void*>(buf));
   Impl& s = impl();
-  s.run_blocking(s.prepare(Direction::Write, bytes, length, &path, -1, offset, write_options));
+  s.run_blocking(
+      single(s.prepare(Direction::Write, bytes, length, &path, -1, offset, write_options)));
 }
 
 void Handle::read(void* buf, std::size_t length, int fd, std::uint64_t offset,
                   const ReadOptions& read_options) {
   Impl& s = impl();
-  s.run_blocking(s.prepare(Direction::Read, static_cast<std::byte*>(buf), length, nullptr, fd,
-                           offset, as_write_options(read_options)));
+  s.run_blocking(single(s.prepare(Direction::Read, static_cast<std::byte*>(buf), length, nullptr,
+                                  fd, offset, as_write_options(read_options))));
 }
 
 void Handle::write(const void* buf, std::size_t length, int fd, std::uint64_t offset,
                    const WriteOptions& write_options) {
   auto* bytes = static_cast<std::byte*>(const_cast<void*>(buf));
   Impl& s = impl();
-  s.run_blocking(s.prepare(Direction::Write, bytes, length, nullptr, fd, offset, write_options));
+  s.run_blocking(
+      single(s.prepare(Direction::Write, bytes, length, nullptr, fd, offset, write_options)));
 }
 
 Ticket Handle::submit_read(void* buf, std::size_t length, const std::string& path,
                            std::uint64_t offset, const ReadOptions& read_options) {
   Impl& s = impl();
-  return s.register_async(s.prepare(Direction::Read, static_cast<std::byte*>(buf), length, &path,
-                                    -1, offset, as_write_options(read_options)));
+  return s.register_async(single(s.prepare(Direction::Read, static_cast<std::byte*>(buf), length,
+                                           &path, -1, offset, as_write_options(read_options))));
 }
 
 Ticket Handle::submit_write(const void* buf, std::size_t length, const std::string& path,
@@ -609,14 +721,14 @@ Ticket Handle::submit_write(const void* buf, std::size_t length, const std::stri
   auto* bytes = static_cast<std::byte*>(const_cast<void*>(buf));
   Impl& s = impl();
   return s.register_async(
-      s.prepare(Direction::Write, bytes, length, &path, -1, offset, write_options));
+      single(s.prepare(Direction::Write, bytes, length, &path, -1, offset, write_options)));
 }
 
 Ticket Handle::submit_read(void* buf, std::size_t length, int fd, std::uint64_t offset,
                            const ReadOptions& read_options) {
   Impl& s = impl();
-  return s.register_async(s.prepare(Direction::Read, static_cast<std::byte*>(buf), length, nullptr,
-                                    fd, offset, as_write_options(read_options)));
+  return s.register_async(single(s.prepare(Direction::Read, static_cast<std::byte*>(buf), length,
+                                           nullptr, fd, offset, as_write_options(read_options))));
 }
 
 Ticket Handle::submit_write(const void* buf, std::size_t length, int fd, std::uint64_t offset,
@@ -624,44 +736,63 @@ Ticket Handle::submit_write(const void* buf, std::size_t length, int fd, std::ui
   auto* bytes = static_cast<std::byte*>(const_cast<void*>(buf));
   Impl& s = impl();
   return s.register_async(
-      s.prepare(Direction::Write, bytes, length, nullptr, fd, offset, write_options));
+      single(s.prepare(Direction::Write, bytes, length, nullptr, fd, offset, write_options)));
+}
+
+void Handle::read_batch(std::span<const ReadExtent> extents, const ReadOptions& read_options) {
+  Impl& s = impl();
+  s.run_blocking(s.prepare_batch(Direction::Read, extents, as_write_options(read_options)));
+}
+
+void Handle::write_batch(std::span<const WriteExtent> extents, const WriteOptions& write_options) {
+  Impl& s = impl();
+  s.run_blocking(s.prepare_batch(Direction::Write, extents, write_options));
+}
+
+Ticket Handle::submit_read_batch(std::span<const ReadExtent> extents,
+                                 const ReadOptions& read_options) {
+  Impl& s = impl();
+  return s.register_async(
+      s.prepare_batch(Direction::Read, extents, as_write_options(read_options)));
+}
+
+Ticket Handle::submit_write_batch(std::span<const WriteExtent> extents,
+                                  const WriteOptions& write_options) {
+  Impl& s = impl();
+  return s.register_async(s.prepare_batch(Direction::Write, extents, write_options));
 }
 
 void Handle::wait(Ticket ticket) {
   Impl& s = impl();
-  OperationPtr op = s.find_ticket(ticket, /*collect=*/true);
-  detail::OperationQueue::wait_finished(*op);
-  s.end_collect({op});
-  if (op->error) std::rethrow_exception(op->error);
+  JobPtr job = s.find_ticket(ticket, /*collect=*/true);
+  job->wait();
+  s.end_collect({job});
+  if (std::exception_ptr e = job->error()) std::rethrow_exception(e);
 }
 
-bool Handle::done(Ticket ticket) const {
-  OperationPtr op = impl().find_ticket(ticket, /*collect=*/false);
-  std::lock_guard lock(op->mutex);
-  return op->finished;
-}
+bool Handle::done(Ticket ticket) const { return impl().find_ticket(ticket, false)->done(); }
 
 std::size_t Handle::wait() {
   Impl& s = impl();
-  std::vector<OperationPtr> mine;    // collected by this wait: counted here
-  std::vector<OperationPtr> others;  // being collected by another thread's wait right now
+  std::vector<JobPtr> mine;    // collected by this wait: counted here
+  std::vector<JobPtr> others;  // being collected by another thread's wait right now
   {
     std::lock_guard lock(s.tickets_mutex);
-    for (const auto& [op, ptr] : s.collecting) others.push_back(ptr);
-    for (auto& [ticket, op] : s.tickets) {
-      s.collecting.emplace(op.get(), op);
-      mine.push_back(std::move(op));
+    for (const auto& [job, ptr] : s.collecting) others.push_back(ptr);
+    for (auto& [ticket, job] : s.tickets) {
+      s.collecting.emplace(job.get(), job);
+      mine.push_back(std::move(job));
     }
     s.tickets.clear();
   }
-  for (const OperationPtr& op : mine) detail::OperationQueue::wait_finished(*op);
-  for (const OperationPtr& op : others) detail::OperationQueue::wait_finished(*op);
+  for (const JobPtr& job : mine) job->wait();
+  for (const JobPtr& job : others) job->wait();
   s.end_collect(mine);
   // Every operation has been waited for; the first failure is the one reported, this wait's own
   // operations first.
   for (const auto* list : {&mine, &others}) {
-    for (const OperationPtr& op : *list) {
-      if (op->error) std::rethrow_exception(op->error);
+    for (const JobPtr& job : *list) {
+      if (std::exception_ptr e = job->error()) std::rethrow_exception(e);
     }
   }
   return mine.size();

@@ -93,11 +93,25 @@ void OperationQueue::finish_piece(Operation& op, std::size_t count) {
       op.record_error(io_error_ptr(IoOp::Sync, op.path, op.offset, op.length, errno));
     }
   }
+  if (op.batch) {
+    BatchFinish& b = *op.batch;
+    if (op.failed.load(std::memory_order_acquire)) b.failed.store(true, std::memory_order_release);
+    if (b.left.fetch_sub(1, std::memory_order_acq_rel) == 1 &&
+        !b.failed.load(std::memory_order_acquire) && b.durability == Durability::Data) {
+      for (const int fd : b.fds) {
+        if (::fdatasync(fd) != 0) {
+          op.record_error(io_error_ptr(IoOp::Sync, op.path, op.offset, op.length, errno,
+                                       "syncing the files of the batch"));
+          break;
+        }
+      }
+    }
+  }
   {
     std::lock_guard lock(op.mutex);
     op.cufile = cuda::CuFileHandle();  // deregistered before its descriptor closes
-    op.owned_direct = FileDescriptor();
-    op.owned_buffered = FileDescriptor();
+    op.file.reset();
+    op.batch.reset();
     op.finished = true;
   }
   op.finished_cv.notify_all();

@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "cuda/cufile.hpp"
 #include "cuda/device_ops.hpp"
@@ -26,15 +27,36 @@ namespace nvio::detail {
 std::exception_ptr io_error_ptr(IoOp op, const std::string& path, std::uint64_t offset,
                                 std::uint64_t length, int err, const std::string& detail = {});
 
+// The descriptors an operation opened itself. Shared by the operations of one batch on the same
+// file, and closed when the last of them finishes.
+struct OpenFile {
+  FileDescriptor direct;
+  FileDescriptor buffered;
+  int direct_fd = -1;      // as opened or adopted, before planning: -1 without direct I/O
+  int buffered_fd = -1;    // -1 when none could be had
+  std::int64_t size = -1;  // reads: the file's size when it was opened
+};
+
+// The finishing steps of a batch of writes, run once by whichever of its operations finishes
+// last: one fdatasync per file instead of one per extent. Thread-safe (atomics; `files` is read
+// by the last operation only).
+struct BatchFinish {
+  std::atomic<std::size_t> left{0};  // operations not finished yet
+  std::atomic<bool> failed{false};   // some operation failed: nothing is synced
+  Durability durability = Durability::None;
+  std::vector<std::shared_ptr<OpenFile>> files;  // distinct files, kept open until the end
+  std::vector<int> fds;                          // their descriptors to sync
+};
+
 // One read or write request. The submitting thread fills in everything above `next_piece` before
 // the operation is queued; afterwards those fields are read-only. `next_piece` is guarded by the
 // queue's mutex; the outcome fields by `mutex`.
 struct Operation {
   engine::Direction direction = engine::Direction::Read;
-  std::string path;  // for messages: the file name, or "fd N (name)"
-  FileDescriptor owned_direct;
-  FileDescriptor owned_buffered;
-  int direct_fd = -1;  // -1: no direct I/O for this operation
+  std::string path;                    // for messages: the file name, or "fd N (name)"
+  std::shared_ptr<OpenFile> file;      // descriptors opened for it (none for a caller's fd)
+  std::shared_ptr<BatchFinish> batch;  // set for the operations of a batch of writes
+  int direct_fd = -1;                  // -1: no direct I/O for this operation
   int buffered_fd = -1;
   std::byte* buf = nullptr;
   std::uint64_t offset = 0;

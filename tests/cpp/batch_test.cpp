@@ -1,0 +1,228 @@
+// Batched operations: many extents, of one file or of several, as one ticket; on every engine.
+#include <dirent.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "engine/engine.hpp"
+#include "engine_override.hpp"
+#include "test_util.hpp"
+
+namespace nvio_test {
+namespace {
+
+using namespace std::chrono_literals;
+
+int open_fd_count() {
+  DIR* d = ::opendir("/proc/self/fd");
+  int n = 0;
+  while (const dirent* e = ::readdir(d)) {
+    if (e->d_name[0] != '.') ++n;
+  }
+  ::closedir(d);
+  return n;
+}
+
+// Extent sizes that exercise every plan shape: tiny, sub-page, page-crossing, multi-piece.
+const std::size_t kSizes[] = {1, 4095, 4096, 64 * KiB + 3, MiB + 123, 7, 300 * KiB};
+
+struct Layout {
+  std::string path;
+  std::uint64_t offset;
+  std::size_t length;
+  std::uint64_t seed;
+};
+
+class Batch : public EngineTest {
+ protected:
+  nvio::Options options() const {
+    nvio::Options o = base_options();
+    o.block_size = 128 * KiB;
+    o.queue_depth = 8;
+    o.intra_op_parallelism = 2;
+    return o;
+  }
+  // Extents over two files, back to back with odd gaps, in an interleaved order.
+  std::vector<Layout> layout(std::size_t count) const {
+    std::vector<Layout> out;
+    std::uint64_t next[2] = {17, 0};
+    for (std::size_t i = 0; i < count; ++i) {
+      const int f = static_cast<int>(i % 2);
+      const std::size_t len = kSizes[i % std::size(kSizes)];
+      out.push_back({file(f == 0 ? "a" : "b"), next[f], len, 1000 + i});
+      next[f] += len + (i % 3 == 0 ? 4096 : i % 3);
+    }
+    return out;
+  }
+};
+
+TEST_P(Batch, WritesAndReadsManyExtentsOfSeveralFilesAsOneOperation) {
+  nvio::Handle h(options());
+  const std::vector<Layout> lay = layout(40);
+  std::vector<std::unique_ptr<GuardedBuffer>> bufs;
+  std::vector<nvio::WriteExtent> writes;
+  for (std::size_t i = 0; i < lay.size(); ++i) {
+    bufs.push_back(std::make_unique<GuardedBuffer>(lay[i].length, kAllBufKinds[i % 5]));
+    // Each extent's bytes encode their own file offset and a seed of their own.
+    bufs.back()->fill_pattern(lay[i].offset, lay[i].seed);
+    writes.push_back({bufs.back()->data(), lay[i].length, lay[i].offset, lay[i].path, -1});
+  }
+  nvio::WriteOptions w;
+  w.durability = nvio::Durability::Data;
+  // Once first: the workers open what they keep (the bounce copier's probe pipe) on first use.
+  h.write_batch(writes, w);
+  const int fds_before = open_fd_count();
+  const nvio::Ticket t = h.submit_write_batch(writes, w);
+  EXPECT_EQ(h.pending(), 1u);
+  run_within(60s, "a write batch", [&] { h.wait(t); });
+  EXPECT_EQ(open_fd_count(), fds_before) << "descriptors leaked";
+  const auto a = read_file(file("a"));
+  const auto b = read_file(file("b"));
+  for (const Layout& l : lay) {
+    const auto& bytes = l.path == file("a") ? a : b;
+    EXPECT_TRUE(file_range_has_pattern(bytes, l.offset, l.length, l.seed))
+        << l.path << " at " << l.offset << " length " << l.length;
+  }
+
+  std::vector<nvio::ReadExtent> reads;
+  for (std::size_t i = 0; i < lay.size(); ++i) {
+    bufs[i] = std::make_unique<GuardedBuffer>(lay[i].length, kAllBufKinds[(i + 2) % 5]);
+    bufs[i]->fill_sentinel();
+    reads.push_back({bufs[i]->data(), lay[i].length, lay[i].offset, lay[i].path, -1});
+  }
+  run_within(60s, "a read batch", [&] { h.read_batch(reads); });
+  for (std::size_t i = 0; i < lay.size(); ++i) {
+    EXPECT_TRUE(buffer_has_pattern(bufs[i]->data(), lay[i].length, lay[i].offset, lay[i].seed))
+        << "extent " << i;
+    EXPECT_TRUE(bufs[i]->guards_intact()) << "extent " << i;
+  }
+  EXPECT_EQ(open_fd_count(), fds_before);
+}
+
+TEST_P(Batch, ExtentsByDescriptor) {
+  nvio::Handle h(options());
+  write_pattern_file(file("src"), 3 * MiB, 21);
+  const int fd = ::open(file("src").c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  std::vector<std::vector<unsigned char>> bufs;
+  std::vector<nvio::ReadExtent> reads;
+  for (std::uint64_t off = 5; off + 100 * KiB < 3 * MiB; off += 211 * KiB) {
+    bufs.emplace_back(100 * KiB);
+    reads.push_back({bufs.back().data(), bufs.back().size(), off, {}, fd});
+  }
+  h.read_batch(reads);
+  for (std::size_t i = 0; i < reads.size(); ++i) {
+    EXPECT_TRUE(buffer_has_pattern(bufs[i].data(), bufs[i].size(), reads[i].offset, 21));
+  }
+  EXPECT_EQ(::fcntl(fd, F_GETFD), 0) << "nvio closed the caller's descriptor";
+  ::close(fd);
+}
+
+TEST_P(Batch, AnArgumentErrorStartsNothing) {
+  nvio::Handle h(options());
+  write_pattern_file(file("src"), MiB, 22);
+  std::vector<unsigned char> x(MiB), y(MiB);
+  // The second extent reads past the end: ShortFile before anything runs.
+  std::vector<nvio::ReadExtent> reads = {{x.data(), 4096, 0, file("src"), -1},
+                                         {y.data(), 4096, MiB - 100, file("src"), -1}};
+  std::memset(x.data(), kSentinel, x.size());
+  try {
+    h.read_batch(reads);
+    FAIL() << "no error";
+  } catch (const nvio::ShortFile& e) {
+    EXPECT_EQ(e.path(), file("src"));
+    EXPECT_EQ(e.offset(), MiB - 100);
+  }
+  EXPECT_EQ(x[0], kSentinel) << "an extent ran although the batch was refused";
+  EXPECT_EQ(h.pending(), 0u);
+  // A null buffer, a missing file, truncate=at_end.
+  reads[1] = {nullptr, 10, 0, file("src"), -1};
+  EXPECT_THROW(h.read_batch(reads), nvio::InvalidArgument);
+  reads[1] = {y.data(), 10, 0, file("missing"), -1};
+  EXPECT_THROW(h.read_batch(reads), nvio::FileNotFound);
+  nvio::WriteOptions w;
+  w.truncate = nvio::Truncate::AtEnd;
+  const std::vector<nvio::WriteExtent> writes = {{x.data(), 10, 0, file("w"), -1}};
+  EXPECT_THROW(h.write_batch(writes, w), nvio::InvalidArgument);
+  // An empty batch is done at once.
+  EXPECT_NO_THROW(h.wait(h.submit_read_batch({})));
+}
+
+// An engine that fails every request touching file offsets [kBadBegin, kBadEnd) with EIO.
+constexpr std::uint64_t kBadBegin = 2 * MiB;
+constexpr std::uint64_t kBadEnd = 2 * MiB + 1;
+class FailingRangeEngine final : public nvio::engine::Engine {
+ public:
+  explicit FailingRangeEngine(std::unique_ptr<nvio::engine::Engine> inner)
+      : inner_(std::move(inner)) {}
+  int submit(std::span<const nvio::engine::Request> requests) override {
+    for (const auto& r : requests) {
+      if (r.offset < kBadEnd && r.offset + r.length > kBadBegin) {
+        failed_.push_back({r.tag, -EIO});
+        continue;
+      }
+      const int rc = inner_->submit(std::span(&r, 1));
+      if (rc != 1) failed_.push_back({r.tag, rc < 0 ? rc : -EAGAIN});
+      if (rc == 1) ++inner_count_;
+    }
+    return static_cast<int>(requests.size());
+  }
+  int reap(std::span<nvio::engine::Completion> out, std::size_t min_complete) override {
+    std::size_t n = 0;
+    while (n < out.size() && !failed_.empty()) {
+      out[n++] = failed_.back();
+      failed_.pop_back();
+    }
+    if (inner_count_ > 0 && n < out.size()) {
+      const int got = inner_->reap(out.subspan(n), n >= min_complete ? 0 : min_complete - n);
+      if (got < 0) return got;
+      inner_count_ -= static_cast<std::size_t>(got);
+      n += static_cast<std::size_t>(got);
+    }
+    return static_cast<int>(n);
+  }
+  int cancel() override { return inner_->cancel(); }
+  nvio::EngineKind kind() const noexcept override { return inner_->kind(); }
+
+ private:
+  std::unique_ptr<nvio::engine::Engine> inner_;
+  std::vector<nvio::engine::Completion> failed_;
+  std::size_t inner_count_ = 0;
+};
+
+TEST_P(Batch, AFailingExtentFailsTheBatchNamingIt) {
+  ScopedEngineFactory factory([](nvio::EngineKind k, unsigned qd) {
+    return std::unique_ptr<nvio::engine::Engine>(
+        new FailingRangeEngine(nvio::engine::make_backend_engine(k, qd)));
+  });
+  nvio::Handle h(options());
+  write_pattern_file(file("src"), 4 * MiB, 23);
+  std::vector<std::vector<unsigned char>> bufs;
+  std::vector<nvio::ReadExtent> reads;
+  for (std::uint64_t off = 0; off < 4 * MiB; off += MiB) {
+    bufs.emplace_back(MiB);
+    reads.push_back({bufs.back().data(), MiB, off, file("src"), -1});
+  }
+  const nvio::Ticket t = h.submit_read_batch(reads);
+  try {
+    run_within(60s, "a failing batch", [&] { h.wait(t); });
+    FAIL() << "a batch with a failed extent was reported as success";
+  } catch (const nvio::IoError& e) {
+    EXPECT_EQ(e.error_code(), EIO);
+    EXPECT_EQ(e.path(), file("src"));
+    EXPECT_LE(e.offset(), kBadBegin);
+    EXPECT_GT(e.offset() + e.length(), kBadBegin);
+  }
+  // The extents before the bad one were read in full.
+  EXPECT_TRUE(buffer_has_pattern(bufs[0].data(), MiB, 0, 23));
+  EXPECT_TRUE(buffer_has_pattern(bufs[1].data(), MiB, MiB, 23));
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, Batch, NVIO_ALL_ENGINES, EngineParamName());
+
+}  // namespace
+}  // namespace nvio_test

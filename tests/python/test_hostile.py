@@ -286,7 +286,7 @@ def test_shared_aio_handle_wait_never_returns_before_the_callers_read(tmp_path):
     counts = []
     t = threading.Thread(target=lambda: counts.append(h.wait()))
     t.start()
-    while h._pending:  # the other thread's wait has collected both reads
+    while h._pending.not_taken():  # the other thread's wait has taken both reads
         time.sleep(0.0005)
     counts.append(h.wait())
     assert bytes(mine) == data, "wait() returned while this thread's read was in flight"
@@ -312,7 +312,7 @@ def test_shared_aio_handle_wait_raises_a_failure_collected_by_another_thread(tmp
 
     t = threading.Thread(target=other)
     t.start()
-    while h._pending:
+    while h._pending.not_taken():
         time.sleep(0.0005)
     with pytest.raises(nvio.IOFailure) as info:
         h.wait()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import glob
 import os
 import sys
+import time
 
 import pytest
 
@@ -116,3 +117,16 @@ def rng_bytes(request):
 def engine(request):
     require_engine(request.param)
     return request.param
+
+
+def wait_child(pid: int, timeout: float = 60) -> int:
+    """The exit code of forked child `pid`; kills it and fails the test if it hangs."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail(f"the forked child hung for {timeout} s")

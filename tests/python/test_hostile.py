@@ -21,7 +21,7 @@ import torch
 
 import nvio
 import nvio.deepspeed
-from conftest import random_bytes, write_file
+from conftest import random_bytes, wait_child, write_file
 
 
 def run_child(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -30,19 +30,6 @@ def run_child(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
                           text=True, timeout=timeout, env=env)
-
-
-def wait_child(pid: int, timeout: float = 60) -> int:
-    """The exit code of forked child `pid`; kills it and fails the test if it hangs."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.01)
-    os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    pytest.fail(f"the forked child hung for {timeout} s")
 
 
 # --------------------------------------------------------------------------------------------

@@ -17,7 +17,6 @@ import re
 
 import pytest
 
-import nvio
 from nvio import _nvio
 
 STUB = pathlib.Path(_nvio.__file__).with_name("_nvio.pyi")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import glob
 import os
 import sys
+import threading
 import time
 
 import pytest
@@ -130,3 +131,12 @@ def wait_child(pid: int, timeout: float = 60) -> int:
     os.kill(pid, 9)
     os.waitpid(pid, 0)
     pytest.fail(f"the forked child hung for {timeout} s")
+
+
+def start_waiting(future) -> threading.Thread:
+    """A thread that is inside ``future.wait()`` (holding the future's lock) once this returns."""
+    thread = threading.Thread(target=future.wait)
+    thread.start()
+    while not future._lock.locked():
+        time.sleep(0.0005)
+    return thread

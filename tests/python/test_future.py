@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import nvio
-from conftest import random_bytes, wait_child, write_file
+from conftest import random_bytes, start_waiting, wait_child, write_file
 from nvio._future import Count, Future, PendingFutures
 
 
@@ -134,11 +134,10 @@ def test_several_threads_waiting_for_one_future_all_see_its_error():
     fut = Future(core, 7, 1, Owner())
     seen = []
 
-    def wait():
-        try:
+    def wait():  # a thread that does not see the error adds nothing to `seen`
+        with pytest.raises(nvio.InvalidArgument) as info:
             fut.wait()
-        except nvio.Error as e:
-            seen.append(e)
+        seen.append(info.value)
 
     threads = [threading.Thread(target=wait) for _ in range(4)]
     for t in threads:
@@ -302,10 +301,7 @@ def test_forked_child_refuses_a_parent_future_a_parent_thread_is_waiting_for(tmp
     h = _slow_handle()
     buf = bytearray(len(data))
     fut = h.read_async(buf, path)
-    waiter = threading.Thread(target=fut.wait)
-    waiter.start()
-    while not fut._lock.locked():
-        time.sleep(0.0005)
+    waiter = start_waiting(fut)
     pid = os.fork()
     if pid == 0:
         code = 1

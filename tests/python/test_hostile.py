@@ -21,7 +21,7 @@ import torch
 
 import nvio
 import nvio.deepspeed
-from conftest import random_bytes, wait_child, write_file
+from conftest import random_bytes, start_waiting, wait_child, write_file
 
 
 def run_child(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -315,10 +315,7 @@ def test_shared_handle_wait_all_waits_for_futures_another_thread_is_waiting_for(
     h = nvio.Handle(block_size=4096, queue_depth=1, intra_op_parallelism=1)
     buf = bytearray(len(data))
     fut = h.read_async(buf, path)
-    t = threading.Thread(target=fut.wait)
-    t.start()
-    while not fut._lock.locked():
-        time.sleep(0.0005)
+    t = start_waiting(fut)
     assert h.wait_all() == 1
     assert bytes(buf) == data, "wait_all() returned while a read was in flight"
     t.join()

@@ -21,7 +21,8 @@ from typing import Any, Optional, Sequence, Union
 from . import _nvio
 from ._args import InvalidType
 from ._aio import ValidationError, aio_handle, aio_read, aio_write
-from ._handle import Future, Handle
+from ._future import Future
+from ._handle import Handle
 from ._tune import TuneResult, tune
 from ._nvio import (
     EngineUnavailable,

@@ -9,10 +9,12 @@ return 1 (the count of completed operations, as DeepSpeed documents) where DeepS
 
 from __future__ import annotations
 
+import functools
 import threading
-from typing import Any, List, Optional, Tuple
+from typing import Any, Tuple
 
 from . import _args, _buffers, _fork, _nvio
+from ._future import Count, Future, PendingFutures
 
 # DeepSpeed's own alignment constant, kept for callers that pad sizes with get_alignment().
 _DEEPSPEED_ALIGNMENT = 512
@@ -72,17 +74,18 @@ def _buffer_bytes(ref: _buffers.BufferRef) -> bytes:
     return ctypes.string_at(ref.address, ref.nbytes)
 
 
-class _Pending:
-    """One operation of an aio_handle: queued until a wait collects it; ``finished`` is set once
-    it has completed (and been validated), ``error`` holds its failure."""
-
-    __slots__ = ("ticket", "ref", "target", "offset", "validate", "is_read", "finished", "error")
-
-    def __init__(self, ticket, ref, target, offset, validate, is_read):
-        self.ticket, self.ref, self.target = ticket, ref, target
-        self.offset, self.validate, self.is_read = offset, validate, is_read
-        self.finished = threading.Event()
-        self.error: Optional[BaseException] = None
+def _validate(ref: _buffers.BufferRef, target: Any, offset: int, is_read: bool) -> None:
+    """``validate=True``: run by the operation's future once the operation has succeeded."""
+    expected = _file_bytes(target, offset, ref.nbytes)
+    actual = _buffer_bytes(ref)
+    if expected != actual:
+        where = next((i for i, (a, b) in enumerate(zip(expected, actual)) if a != b),
+                     min(len(expected), len(actual)))
+        kind = "read" if is_read else "write"
+        raise ValidationError(
+            f"nvio: validate after {kind} of {ref.nbytes} bytes at offset {offset} of "
+            f"{target!r}: buffer and file differ first at byte {where}"
+        )
 
 
 class aio_handle:  # noqa: N801 - DeepSpeed's name
@@ -118,16 +121,13 @@ class aio_handle:  # noqa: N801 - DeepSpeed's name
             intra_op_parallelism=self._intra_op_parallelism,
             gpu_direct=self._GPU_DIRECT,
         )
-        self._lock = threading.Lock()
-        self._pending: List[_Pending] = []  # queued, not yet taken by a wait
-        self._collecting: "dict[int, _Pending]" = {}  # taken by a wait that has not finished
+        self._lock = threading.Lock()  # guards the tables of locked and pinned tensors
+        self._pending = PendingFutures()  # queued operations, until wait() has seen them finish
         self._locked: "dict[int, Any]" = {}
         _fork.track(self)
 
     def _after_fork_in_child(self) -> None:
         self._lock = threading.Lock()
-        self._pending = []
-        self._collecting = {}
 
     # -- settings ------------------------------------------------------------------------------
     def get_block_size(self) -> int:
@@ -163,39 +163,14 @@ class aio_handle:  # noqa: N801 - DeepSpeed's name
         else:
             ticket = self._core.submit_write(ref.address, ref.nbytes, target, file_offset,
                                              False, False, ref.device)
-        op = _Pending(ticket, ref, target, file_offset, validate, is_read)
+        check = functools.partial(_validate, ref, target, file_offset, is_read) if validate \
+            else None
+        future = Future(self._core, ticket, ref.nbytes, ref.owner, check)
         if is_async:
-            with self._lock:
-                self._pending.append(op)
+            self._pending.add(future)
             return 0
-        self._finish(op)
-        if op.error is not None:
-            raise op.error
+        future.wait()
         return 1
-
-    def _finish(self, op: _Pending) -> None:
-        """Waits for ``op`` (which this thread collected), validates it, records the outcome."""
-        try:
-            self._core.wait_ticket(op.ticket)
-            if op.validate:
-                self._validate(op)
-        except BaseException as e:
-            op.error = e
-        finally:
-            op.finished.set()
-
-    @staticmethod
-    def _validate(op: _Pending) -> None:
-        expected = _file_bytes(op.target, op.offset, op.ref.nbytes)
-        actual = _buffer_bytes(op.ref)
-        if expected != actual:
-            where = next((i for i, (a, b) in enumerate(zip(expected, actual)) if a != b),
-                         min(len(expected), len(actual)))
-            kind = "read" if op.is_read else "write"
-            raise ValidationError(
-                f"nvio: validate after {kind} of {op.ref.nbytes} bytes at offset {op.offset} of "
-                f"{op.target!r}: buffer and file differ first at byte {where}"
-            )
 
     def read(self, buffer: Any, filename: Any, validate: bool, file_offset: int = 0) -> int:
         """Blocking read of ``buffer.nbytes`` from ``filename`` at ``file_offset``; returns 1."""
@@ -241,24 +216,7 @@ class aio_handle:  # noqa: N801 - DeepSpeed's name
         """Waits for every operation queued before this call, by any thread, including those
         another thread's wait() is collecting; returns how many this wait collected (0 when none).
         All are waited for; the first failure among them is then raised."""
-        with self._lock:
-            mine, self._pending = self._pending, []
-            others = list(self._collecting.values())
-            for op in mine:
-                self._collecting[id(op)] = op
-        try:
-            for op in mine:
-                self._finish(op)
-        finally:
-            with self._lock:
-                for op in mine:
-                    self._collecting.pop(id(op), None)
-        for op in others:
-            op.finished.wait()  # releases the GIL while it blocks
-        for op in mine + others:
-            if op.error is not None:
-                raise op.error
-        return len(mine)
+        return self._pending.wait_all(Count.COLLECTED)
 
     # -- locked memory -------------------------------------------------------------------------
     def new_cpu_locked_tensor(self, num_elem: int, example_tensor: Any = None, **kwargs: Any):
@@ -292,10 +250,7 @@ class aio_handle:  # noqa: N801 - DeepSpeed's name
         # Never leave I/O running into buffers that are about to be freed.
         pending = getattr(self, "_pending", None)
         if pending:
-            try:
-                self.wait()
-            except BaseException:
-                pass
+            pending.drain()
 
 
 def aio_read(buffer: Any, filename: Any, block_size: int, queue_depth: int, single_submit: bool,

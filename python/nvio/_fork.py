@@ -3,8 +3,8 @@
 The core makes fresh worker threads in a forked child on the first call (include/nvio/handle.hpp,
 "fork()"). What the Python objects hold is reset here, in the child, right after the fork: their
 locks (another thread of the parent may have held one at the fork, and it would stay locked
-forever in the child) and their lists of pending operations (those belong to the parent: the
-child never submitted them, so its wait() must not count them).
+forever in the child) and their pending futures (nvio/_future.py: those belong to the parent:
+the child never submitted them, so its wait() must not count them).
 """
 
 from __future__ import annotations

@@ -1,65 +1,14 @@
-"""The Pythonic API: ``nvio.Handle`` and its futures."""
+"""The Pythonic API: ``nvio.Handle`` (its futures: _future.py)."""
 
 from __future__ import annotations
 
 import os
-import threading
 from typing import Any, Optional, Union
 
-from . import _args, _buffers, _fork, _nvio
+from . import _args, _buffers, _nvio
+from ._future import Count, Future, PendingFutures
 
 PathOrFd = Union[str, bytes, "os.PathLike[str]", int]
-
-
-class Future:
-    """One asynchronous read or write. Keeps its buffer alive until it has been waited for."""
-
-    __slots__ = ("_handle", "_ticket", "_nbytes", "_owner", "_outcome", "_lock", "_pid")
-
-    def __init__(self, handle: "Handle", ticket: int, nbytes: int, owner: Any) -> None:
-        self._handle = handle
-        self._ticket = ticket
-        self._nbytes = nbytes
-        self._owner = owner
-        self._outcome: Optional[BaseException] = None
-        self._lock = threading.Lock()
-        self._pid = os.getpid()
-
-    def _check_process(self) -> None:
-        # Checked before taking the lock, which a thread of the parent may have held at the fork.
-        if os.getpid() != self._pid:
-            raise _nvio.Error(
-                f"nvio: this operation was submitted by process {self._pid} before a fork; only "
-                "that process can wait for it (the child has its own copy of the buffer, which the "
-                "operation does not fill)"
-            )
-
-    def wait(self) -> int:
-        """Blocks until the operation finishes; returns the bytes moved or raises its error.
-
-        Several threads may wait for one future: each returns (or raises) once it has finished.
-        """
-        self._check_process()
-        with self._lock:
-            if self._ticket is not None:
-                ticket, self._ticket = self._ticket, None
-                try:
-                    self._handle._collect(ticket)
-                except BaseException as e:  # kept so that result() can raise it again
-                    self._outcome = e
-                finally:
-                    self._owner = None
-            if self._outcome is not None:
-                raise self._outcome
-            return self._nbytes
-
-    result = wait
-
-    def done(self) -> bool:
-        """True once the operation has finished (successfully or not)."""
-        self._check_process()
-        with self._lock:
-            return self._ticket is None or self._handle._core.done(self._ticket)
 
 
 class Handle:
@@ -104,14 +53,7 @@ class Handle:
 
     def _init(self, options: "dict[str, Any]", config_dir: bytes) -> None:
         self._core = _nvio.Handle(**_args.options(options, "nvio.Handle"), config_dir=config_dir)
-        self._futures_lock = threading.Lock()
-        # Futures not yet finished and collected: wait_all() waits for each of them.
-        self._futures: "dict[int, Future]" = {}
-        _fork.track(self)
-
-    def _after_fork_in_child(self) -> None:
-        self._futures_lock = threading.Lock()
-        self._futures = {}  # the parent's operations; their futures refuse to wait in the child
+        self._pending = PendingFutures()  # what wait_all() waits for
 
     @classmethod
     def from_config(cls, directory: Union[str, "os.PathLike[str]", None] = None, **options: Any) -> "Handle":
@@ -165,7 +107,7 @@ class Handle:
         ref = _buffers.resolve(buf, writable=True)
         ticket = self._core.submit_read(ref.address, ref.nbytes, _args.file_target(file),
                                         _args.offset(offset), ref.device)
-        return self._track(Future(self, ticket, ref.nbytes, ref.owner))
+        return self._pending.add(Future(self._core, ticket, ref.nbytes, ref.owner))
 
     def write_async(
         self, buf: Any, file: PathOrFd, offset: int = 0, *, truncate: bool = False, sync: bool = False
@@ -175,7 +117,7 @@ class Handle:
             ref.address, ref.nbytes, _args.file_target(file), _args.offset(offset),
             _args.boolean(truncate, "truncate"), _args.boolean(sync, "sync"), ref.device
         )
-        return self._track(Future(self, ticket, ref.nbytes, ref.owner))
+        return self._pending.add(Future(self._core, ticket, ref.nbytes, ref.owner))
 
     def wait_all(self) -> int:
         """Waits for every asynchronous operation submitted before this call, by any thread,
@@ -183,41 +125,15 @@ class Handle:
 
         All are waited for even when some fail; the first failure is then raised.
         """
-        with self._futures_lock:
-            futures = list(self._futures.values())
-        first: Optional[BaseException] = None
-        for f in futures:
-            try:
-                f.wait()
-            except BaseException as e:
-                first = first or e
-        if first is not None:
-            raise first
-        return len(futures)
-
-    def _track(self, future: Future) -> Future:
-        with self._futures_lock:
-            self._futures[future._ticket] = future
-        return future
-
-    def _collect(self, ticket: int) -> None:
-        # The future leaves the table only once finished, so that a concurrent wait_all() still
-        # sees it (and waits on its lock) while this thread waits for it.
-        try:
-            self._core.wait_ticket(ticket)
-        finally:
-            with self._futures_lock:
-                self._futures.pop(ticket, None)
+        return self._pending.wait_all(Count.WAITED)
 
     def __del__(self) -> None:
-        # Finalizers run before a reference cycle is torn down (PEP 442), so this waits for I/O
-        # still in flight before the buffers its futures keep alive can be freed.
-        core = getattr(self, "_core", None)
-        if core is not None and getattr(self, "_futures", None) and core.pending():
-            try:
-                core.wait_all()
-            except BaseException:
-                pass
+        # The pending futures (and so the buffers they keep alive) go with this handle unless the
+        # caller holds them: wait for their I/O first. Finalizers run before a reference cycle is
+        # torn down (PEP 442), so this holds for a handle in a cycle too.
+        pending = getattr(self, "_pending", None)
+        if pending:
+            pending.drain()
 
     def __enter__(self) -> "Handle":
         return self
@@ -226,7 +142,4 @@ class Handle:
         if exc_type is None:
             self.wait_all()
         else:  # do not hide the original exception; still never leave I/O running on freed memory
-            try:
-                self.wait_all()
-            except BaseException:
-                pass
+            self._pending.drain()

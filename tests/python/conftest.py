@@ -14,6 +14,8 @@ from __future__ import annotations
 import glob
 import os
 import sys
+import threading
+import time
 
 import pytest
 
@@ -116,3 +118,25 @@ def rng_bytes(request):
 def engine(request):
     require_engine(request.param)
     return request.param
+
+
+def wait_child(pid: int, timeout: float = 60) -> int:
+    """The exit code of forked child `pid`; kills it and fails the test if it hangs."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail(f"the forked child hung for {timeout} s")
+
+
+def start_waiting(future) -> threading.Thread:
+    """A thread that is inside ``future.wait()`` (holding the future's lock) once this returns."""
+    thread = threading.Thread(target=future.wait)
+    thread.start()
+    while not future._lock.locked():
+        time.sleep(0.0005)
+    return thread

@@ -21,7 +21,7 @@ import torch
 
 import nvio
 import nvio.deepspeed
-from conftest import random_bytes, write_file
+from conftest import random_bytes, start_waiting, wait_child, write_file
 
 
 def run_child(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -30,19 +30,6 @@ def run_child(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
                           text=True, timeout=timeout, env=env)
-
-
-def wait_child(pid: int, timeout: float = 60) -> int:
-    """The exit code of forked child `pid`; kills it and fails the test if it hangs."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.01)
-    os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    pytest.fail(f"the forked child hung for {timeout} s")
 
 
 # --------------------------------------------------------------------------------------------
@@ -286,7 +273,7 @@ def test_shared_aio_handle_wait_never_returns_before_the_callers_read(tmp_path):
     counts = []
     t = threading.Thread(target=lambda: counts.append(h.wait()))
     t.start()
-    while h._pending:  # the other thread's wait has collected both reads
+    while h._pending.not_taken():  # the other thread's wait has taken both reads
         time.sleep(0.0005)
     counts.append(h.wait())
     assert bytes(mine) == data, "wait() returned while this thread's read was in flight"
@@ -312,7 +299,7 @@ def test_shared_aio_handle_wait_raises_a_failure_collected_by_another_thread(tmp
 
     t = threading.Thread(target=other)
     t.start()
-    while h._pending:
+    while h._pending.not_taken():
         time.sleep(0.0005)
     with pytest.raises(nvio.IOFailure) as info:
         h.wait()
@@ -328,10 +315,7 @@ def test_shared_handle_wait_all_waits_for_futures_another_thread_is_waiting_for(
     h = nvio.Handle(block_size=4096, queue_depth=1, intra_op_parallelism=1)
     buf = bytearray(len(data))
     fut = h.read_async(buf, path)
-    t = threading.Thread(target=fut.wait)
-    t.start()
-    while not fut._lock.locked():
-        time.sleep(0.0005)
+    t = start_waiting(fut)
     assert h.wait_all() == 1
     assert bytes(buf) == data, "wait_all() returned while a read was in flight"
     t.join()

@@ -1,0 +1,167 @@
+"""One asynchronous read or write (``nvio.Future``) and the futures of one handle still pending.
+
+Both handles use them: ``nvio.Handle`` returns its futures; the DeepSpeed-compatible
+``aio_handle`` keeps them to itself and counts them in ``wait()``. A future is bound to the core
+handle's ticket and owns what must outlive the operation: the buffer (kept alive until the
+operation has been waited for) and an optional check run after it (``aio_handle``'s
+``validate=True``). A ticket is waited for once in the core; the future records the outcome, so
+any number of waits (by any threads) each return the result or raise the error.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import threading
+from typing import Any, Callable, Dict, List, Optional
+
+from . import _fork, _nvio
+
+
+class Count(enum.Enum):
+    """What ``PendingFutures.wait_all`` returns."""
+
+    WAITED = "waited"  # every future it waited for (nvio.Handle.wait_all)
+    COLLECTED = "collected"  # those no earlier wait had taken (aio_handle.wait: DeepSpeed's count)
+
+
+class Future:
+    """One asynchronous read or write. Keeps its buffer alive until it has been waited for.
+
+    Thread-safe: several threads may wait for one future; the first one to get its lock waits
+    for the ticket, the others then find the recorded outcome. Only the process that submitted
+    the operation may wait for it (a forked child's copy of the buffer is never filled).
+    """
+
+    __slots__ = ("_core", "_ticket", "_nbytes", "_keep_alive", "_then", "_pending", "_taken",
+                 "_finished", "_error", "_lock", "_pid")
+
+    def __init__(self, core: "_nvio.Handle", ticket: int, nbytes: int, keep_alive: Any,
+                 then: Optional[Callable[[], None]] = None) -> None:
+        """``core`` submitted the operation as ``ticket``; ``then`` runs after it succeeded, and
+        what it raises becomes the future's error."""
+        self._core = core
+        self._ticket = ticket
+        self._nbytes = nbytes
+        self._keep_alive = keep_alive
+        self._then = then
+        self._pending: Optional[PendingFutures] = None  # the set that holds it until it finishes
+        self._taken = False  # a wait_all has taken it (guarded by the pending set's lock)
+        self._finished = False  # set once, under _lock
+        self._error: Optional[BaseException] = None
+        self._lock = threading.Lock()  # held by the thread waiting for the ticket
+        self._pid = os.getpid()
+
+    def _check_process(self) -> None:
+        # Checked before taking the lock, which a thread of the parent may have held at the fork.
+        if os.getpid() != self._pid:
+            raise _nvio.Error(
+                f"nvio: this operation was submitted by process {self._pid} before a fork; only "
+                "that process can wait for it (the child has its own copy of the buffer, which the "
+                "operation does not fill)"
+            )
+
+    def wait(self) -> int:
+        """Blocks (without the GIL) until the operation has finished; returns the bytes moved or
+        raises its error. Every later call returns or raises the same again."""
+        self._check_process()
+        with self._lock:
+            if not self._finished:
+                try:
+                    self._core.wait_ticket(self._ticket)
+                    if self._then is not None:
+                        self._then()
+                except BaseException as e:  # kept so that every wait raises it
+                    self._error = e
+                finally:
+                    self._finished = True
+                    self._keep_alive = self._then = None
+                    if self._pending is not None:
+                        self._pending._remove(self)
+        if self._error is not None:
+            raise self._error
+        return self._nbytes
+
+    result = wait
+
+    def done(self) -> bool:
+        """True once the operation has finished (successfully or not); never blocks. While
+        another thread is waiting for it, it is done once that wait has returned."""
+        self._check_process()
+        if self._finished:
+            return True
+        if not self._lock.acquire(blocking=False):
+            return False  # the ticket is being collected: the core no longer answers for it
+        try:
+            return self._finished or self._core.done(self._ticket)
+        finally:
+            self._lock.release()
+
+    def __repr__(self) -> str:
+        state = "pending" if not self._finished else "failed" if self._error else "done"
+        return f"<nvio.Future {state}, {self._nbytes} bytes>"
+
+
+class PendingFutures:
+    """The futures of one handle that have not finished, in submission order. Thread-safe.
+
+    Reset in a forked child (the parent's operations are not the child's: its waits do not count
+    them, and the futures themselves refuse to be waited for there).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._futures: Dict[Future, None] = {}  # insertion-ordered; removed when finished
+        _fork.track(self)
+
+    def _after_fork_in_child(self) -> None:
+        self._lock = threading.Lock()
+        self._futures = {}
+
+    def add(self, future: Future) -> Future:
+        with self._lock:
+            future._pending = self
+            self._futures[future] = None
+        return future
+
+    def _remove(self, future: Future) -> None:
+        with self._lock:
+            self._futures.pop(future, None)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._futures)
+
+    def not_taken(self) -> int:
+        """How many no wait_all has taken yet."""
+        with self._lock:
+            return sum(1 for f in self._futures if not f._taken)
+
+    def wait_all(self, count: Count) -> int:
+        """Waits for every future added before this call, in submission order, including those
+        other threads are waiting for; then raises the first failure among them, or returns
+        their number (``Count.WAITED``) or the number this call took first (``Count.COLLECTED``:
+        each future is counted by exactly one wait_all)."""
+        with self._lock:
+            futures: List[Future] = list(self._futures)
+            taken = [f for f in futures if not f._taken]
+            for f in taken:
+                f._taken = True
+        first: Optional[BaseException] = None
+        for f in futures:
+            try:
+                f.wait()
+            except BaseException as e:
+                if first is None:
+                    first = e
+        if first is not None:
+            raise first
+        return len(futures) if count is Count.WAITED else len(taken)
+
+    def drain(self) -> None:
+        """Waits for every future; their errors stay with them (for their own wait() to raise).
+        For finalizers: I/O must never run on into buffers about to be freed."""
+        try:
+            self.wait_all(Count.WAITED)
+        except BaseException:
+            pass

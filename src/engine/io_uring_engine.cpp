@@ -56,8 +56,11 @@ constexpr int kCancelAllFlags = IORING_ASYNC_CANCEL_ALL | IORING_ASYNC_CANCEL_AN
 class IoUringEngine final : public Engine {
  public:
   // One SQE more than queue_depth: a cancel always finds room behind a full queue of requests.
-  explicit IoUringEngine(unsigned queue_depth)
-      : ring_(queue_depth + 1), tags_(queue_depth), state_(queue_depth, SlotState::Free) {
+  IoUringEngine(unsigned queue_depth, IoUringCalls calls)
+      : ring_(queue_depth + 1),
+        calls_(calls),
+        tags_(queue_depth),
+        state_(queue_depth, SlotState::Free) {
     free_.reserve(queue_depth);
     for (unsigned i = queue_depth; i-- > 0;) free_.push_back(i);
   }
@@ -90,16 +93,25 @@ class IoUringEngine final : public Engine {
   }
 
   int reap(std::span<Completion> out, std::size_t min_complete) override {
+    int sent = 0;
     if (!unsent_.empty()) {
-      const int rc = send();
-      if (rc < 0 && rc != -EAGAIN && rc != -EBUSY) return rc;
+      sent = send();
+      if (sent < 0 && sent != -EAGAIN && sent != -EBUSY) return sent;
     }
-    const std::size_t want = std::min(min_complete, out.size());
     std::size_t n = drain(out);
+    // -EBUSY: the kernel had too many completions waiting; draining them may have made room.
+    if (sent < 0 && n > 0 && !unsent_.empty()) send();
+    // Wait only for completions the kernel owes: the requests still in the ring, refused by
+    // io_uring_submit, complete only once it takes them (defect 4: waiting for them hung).
+    const std::size_t want = std::min({min_complete, out.size(), n + in_kernel_});
+    if (n == 0 && want == 0 && min_complete > 0 && !out.empty() && outstanding() > 0) {
+      return -EAGAIN;  // all of them are still in the ring: nothing can be waited for now
+    }
     while (n < want) {
       // A wait moves no data: interruptions (and EAGAIN, which the ring reports while it cannot
       // wait yet) are repeated within the bound for such calls. The engine's own cancel CQEs
-      // count for the kernel but are not reported, hence the loop.
+      // count for the kernel but are not reported, hence the loop; it never waits for more than
+      // in_kernel_, which each completion stored lowers by one.
       io_uring_cqe* cqe = nullptr;
       detail::RetryCounter interrupted(detail::kInterruptedCallRetries);
       int rc;
@@ -113,7 +125,7 @@ class IoUringEngine final : public Engine {
   }
 
   int cancel() override {
-    if (free_.size() == tags_.size()) return 0;  // nothing accepted is outstanding
+    if (outstanding() == 0) return 0;
     if (cancel_all_) {
       io_uring_sqe* sqe = io_uring_get_sqe(ring_.get());
       if (sqe == nullptr) return -EAGAIN;
@@ -146,17 +158,23 @@ class IoUringEngine final : public Engine {
     InKernel,  // taken by the kernel; its CQE is still to come
   };
 
+  // Requests accepted and not reaped yet, in the ring or in the kernel.
+  std::size_t outstanding() const noexcept { return tags_.size() - free_.size(); }
+
   // Hands the prepared SQEs to the kernel. Returns what io_uring_submit returned.
   int send() {
     io_uring* ring = ring_.get();
     const unsigned before = io_uring_sq_ready(ring);
-    const int rc = detail::retry_interrupted([&] { return io_uring_submit(ring); });
+    const int rc = detail::retry_interrupted([&] { return calls_.submit(ring); });
     // The kernel takes SQEs in order: those it took are the first of `unsent_`.
     const unsigned taken = before - io_uring_sq_ready(ring);
     for (unsigned i = 0; i < taken; ++i) {
       const std::uint64_t data = unsent_.front();
       unsent_.pop_front();
-      if (data != kCancelData) state_[data] = SlotState::InKernel;
+      if (data != kCancelData) {
+        state_[data] = SlotState::InKernel;
+        ++in_kernel_;
+      }
     }
     return rc;
   }
@@ -179,6 +197,7 @@ class IoUringEngine final : public Engine {
       }
       out[n++] = Completion{tags_[data], res};
       state_[data] = SlotState::Free;
+      --in_kernel_;
       free_.push_back(static_cast<unsigned>(data));
     }
     if (recancel_) {
@@ -189,9 +208,11 @@ class IoUringEngine final : public Engine {
   }
 
   Ring ring_;
+  IoUringCalls calls_;
   std::vector<std::uint64_t> tags_;  // the caller's tag of each slot
   std::vector<SlotState> state_;
   std::vector<unsigned> free_;        // free slots
+  std::size_t in_kernel_ = 0;         // requests the kernel took whose CQE is not reaped yet
   std::deque<std::uint64_t> unsent_;  // user_data of the SQEs not taken by the kernel, in order
   bool cancel_all_ = true;            // false: the kernel cancels one request per SQE only
   bool recancel_ = false;             // a cancel-all was refused: cancel each request instead
@@ -199,8 +220,10 @@ class IoUringEngine final : public Engine {
 
 }  // namespace
 
-std::unique_ptr<Engine> make_io_uring_engine(unsigned queue_depth) {
-  return std::make_unique<IoUringEngine>(queue_depth);
+IoUringCalls real_io_uring_calls() noexcept { return IoUringCalls{::io_uring_submit}; }
+
+std::unique_ptr<Engine> make_io_uring_engine(unsigned queue_depth, IoUringCalls calls) {
+  return std::make_unique<IoUringEngine>(queue_depth, calls);
 }
 
 }  // namespace nvio::engine

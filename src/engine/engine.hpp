@@ -38,10 +38,11 @@ class Engine {
   virtual ~Engine() = default;
   // Submits `requests` (never more than queue_depth in flight in total). Returns how many were
   // accepted, in order. A negative value is -errno for the FIRST request, which the kernel refused
-  // (e.g. EBADF, EINVAL); the ones after it were not taken. -EAGAIN (or 0) means the kernel is out
-  // of resources for now: offer the requests again after reaping. A transfer that fails, with
-  // EINTR or EAGAIN too, reports it as its completion: engines never repeat a transfer themselves
-  // (the handle applies the retry policy, core/retry.hpp).
+  // (e.g. EBADF, EINVAL); the ones after it were not taken. -EAGAIN, -EBUSY or 0 means the kernel
+  // is out of resources for now: offer the requests again after reaping (with nothing in flight
+  // to reap, retry within the transfer retry bound, core/retry.hpp, then fail the request). A
+  // transfer that fails, with EINTR or EAGAIN too, reports it as its completion: engines never
+  // repeat a transfer themselves (the handle applies the retry policy, core/retry.hpp).
   virtual int submit(std::span<const Request> requests) = 0;
   // Waits until at least `min_complete` completions are available (0: do not wait), stores up to
   // out.size() of them, and returns how many, or -errno. Every accepted request is reported

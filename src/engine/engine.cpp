@@ -1,8 +1,8 @@
 #include "engine/engine.hpp"
 
-#include <mutex>
-
 #include <fmt/format.h>
+
+#include <mutex>
 
 #include "core/fork.hpp"
 #include "nvio/errors.hpp"

@@ -13,6 +13,8 @@
 
 #include "nvio/options.hpp"
 
+struct io_uring;  // liburing's ring
+
 namespace nvio::engine {
 
 enum class Direction { Read, Write };
@@ -36,13 +38,27 @@ class Engine {
   virtual ~Engine() = default;
   // Submits `requests` (never more than queue_depth in flight in total). Returns how many were
   // accepted, in order. A negative value is -errno for the FIRST request, which the kernel refused
-  // (e.g. EBADF, EINVAL); the ones after it were not taken. -EAGAIN (or 0) means the kernel is out
-  // of resources for now: offer the requests again after reaping. A transfer that fails, with
-  // EINTR or EAGAIN too, reports it as its completion: engines never repeat a transfer themselves
-  // (the handle applies the retry policy, core/retry.hpp).
+  // (e.g. EBADF, EINVAL); the ones after it were not taken. -EAGAIN, -EBUSY or 0 means the kernel
+  // is out of resources for now: offer the requests again after reaping (with nothing in flight
+  // to reap, retry within the transfer retry bound, core/retry.hpp, then fail the request). A
+  // transfer that fails, with EINTR or EAGAIN too, reports it as its completion: engines never
+  // repeat a transfer themselves (the handle applies the retry policy, core/retry.hpp).
   virtual int submit(std::span<const Request> requests) = 0;
   // Waits until at least `min_complete` completions are available (0: do not wait), stores up to
-  // out.size() of them, and returns how many, or -errno.
+  // out.size() of them, and returns how many, or -errno. Every accepted request is reported
+  // exactly once, with its tag unchanged (all 64 bits).
+  //
+  // It never waits for a completion that cannot come: the wait is clamped to what the kernel
+  // holds. Requests accepted but not yet handed to the kernel (io_uring keeps SQEs that
+  // io_uring_submit refused with EAGAIN or EBUSY and hands them over on later calls) cannot
+  // complete until it takes them, so the call may return fewer than `min_complete`, and returns
+  // -EAGAIN when it has none to report and the kernel holds none: nothing was lost, call again
+  // (after a pause). With nothing outstanding it returns 0 at once.
+  //
+  // A failed reap consumed no completion: calling again is safe, and -EAGAIN is transient. After
+  // any other error that repeats (a bounded number of tries), the outstanding requests must be
+  // taken as lost: the memory they point into must never be reused or freed, as the kernel may
+  // still transfer into or out of it.
   virtual int reap(std::span<Completion> out, std::size_t min_complete) = 0;
   // Asks the kernel to stop, as far as it can, every request this engine accepted whose
   // completion has not been reaped (io_uring: an async cancel of all; libaio: io_cancel of each).
@@ -75,8 +91,18 @@ struct PsyncCalls {
 };
 PsyncCalls real_psync_calls() noexcept;
 
+// The call of the io_uring engine that hands prepared SQEs to the kernel, replaceable in tests
+// (e.g. a kernel that refuses with -EAGAIN or -EBUSY). Returns what io_uring_submit does: how
+// many SQEs the kernel took, or -errno. A replacement that takes SQEs must do so through
+// io_uring_submit: the engine learns what the kernel took from the ring itself.
+struct IoUringCalls {
+  int (*submit)(io_uring* ring);
+};
+IoUringCalls real_io_uring_calls() noexcept;
+
 // Back ends, defined in their own files.
-std::unique_ptr<Engine> make_io_uring_engine(unsigned queue_depth);
+std::unique_ptr<Engine> make_io_uring_engine(unsigned queue_depth,
+                                             IoUringCalls calls = real_io_uring_calls());
 std::unique_ptr<Engine> make_libaio_engine(unsigned queue_depth);
 std::unique_ptr<Engine> make_psync_engine(unsigned queue_depth,
                                           PsyncCalls calls = real_psync_calls());

@@ -1,10 +1,12 @@
 // io_uring back end (liburing): one ring per worker.
+#include <fmt/format.h>
 #include <liburing.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
-
-#include <fmt/format.h>
+#include <deque>
+#include <vector>
 
 #include "core/retry.hpp"
 #include "engine/engine.hpp"
@@ -18,8 +20,11 @@ class Ring {
  public:
   explicit Ring(unsigned entries) {
     io_uring_params params{};
-    // The ring is only ever used by the worker thread that made it.
-    params.flags = IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_COOP_TASKRUN;
+    // The ring is only ever used by the worker thread that made it. TASKRUN_FLAG lets a reap that
+    // does not wait see completions whose deferred work still has to run (liburing then enters the
+    // kernel to run it).
+    params.flags =
+        IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_COOP_TASKRUN | IORING_SETUP_TASKRUN_FLAG;
     int rc = io_uring_queue_init_params(entries, &ring_, &params);
     if (rc == -EINVAL) {  // older kernels lack the flags: they are optimisations only
       params = io_uring_params{};
@@ -40,75 +45,185 @@ class Ring {
   io_uring ring_{};
 };
 
+// The user_data of the engine's own cancel requests. Requests carry their slot index (below
+// queue_depth), never the caller's tag, so no tag can be mistaken for it.
+constexpr std::uint64_t kCancelData = ~std::uint64_t{0};
+
+// Cancels every request of the ring in one SQE (Linux 5.19); older kernels answer -EINVAL, and the
+// engine then cancels each request by its user_data.
+constexpr int kCancelAllFlags = IORING_ASYNC_CANCEL_ALL | IORING_ASYNC_CANCEL_ANY;
+
 class IoUringEngine final : public Engine {
  public:
-  explicit IoUringEngine(unsigned queue_depth) : ring_(queue_depth) {}
+  // One SQE more than queue_depth: a cancel always finds room behind a full queue of requests.
+  IoUringEngine(unsigned queue_depth, IoUringCalls calls)
+      : ring_(queue_depth + 1),
+        calls_(calls),
+        tags_(queue_depth),
+        state_(queue_depth, SlotState::Free) {
+    free_.reserve(queue_depth);
+    for (unsigned i = queue_depth; i-- > 0;) free_.push_back(i);
+  }
 
   int submit(std::span<const Request> requests) override {
     std::size_t queued = 0;
     for (const Request& r : requests) {
+      if (free_.empty()) break;
       io_uring_sqe* sqe = io_uring_get_sqe(ring_.get());
       if (sqe == nullptr) break;
+      const unsigned slot = free_.back();
+      free_.pop_back();
       if (r.direction == Direction::Read) {
         io_uring_prep_read(sqe, r.fd, r.buf, static_cast<unsigned>(r.length), r.offset);
       } else {
         io_uring_prep_write(sqe, r.fd, r.buf, static_cast<unsigned>(r.length), r.offset);
       }
-      io_uring_sqe_set_data64(sqe, r.tag);
+      io_uring_sqe_set_data64(sqe, slot);
+      tags_[slot] = r.tag;
+      state_[slot] = SlotState::Queued;
+      unsent_.push_back(slot);
       ++queued;
     }
     if (queued == 0) return 0;
     // Prepared SQEs stay in the ring until the kernel takes them and cannot be withdrawn, so they
     // count as accepted even when this submit fails: reap() submits them again before waiting and
     // reports a lasting failure there. Per-request errors arrive as completions.
-    submit_pending();
+    send();
     return static_cast<int>(queued);
   }
 
   int reap(std::span<Completion> out, std::size_t min_complete) override {
-    if (unsubmitted_) {
-      const int rc = submit_pending();
-      if (rc < 0 && rc != -EAGAIN && rc != -EBUSY) return rc;
+    int sent = 0;
+    if (!unsent_.empty()) {
+      sent = send();
+      if (sent < 0 && sent != -EAGAIN && sent != -EBUSY) return sent;
     }
-    if (min_complete > 0) {
+    std::size_t n = drain(out);
+    // -EBUSY: the kernel had too many completions waiting; draining them may have made room.
+    if (sent < 0 && n > 0 && !unsent_.empty()) send();
+    // Wait only for completions the kernel owes: the requests still in the ring, refused by
+    // io_uring_submit, complete only once it takes them (defect 4: waiting for them hung).
+    const std::size_t want = std::min({min_complete, out.size(), n + in_kernel_});
+    if (n == 0 && want == 0 && min_complete > 0 && !out.empty() && outstanding() > 0) {
+      return -EAGAIN;  // all of them are still in the ring: nothing can be waited for now
+    }
+    while (n < want) {
       // A wait moves no data: interruptions (and EAGAIN, which the ring reports while it cannot
-      // wait yet) are repeated within the bound for such calls.
+      // wait yet) are repeated within the bound for such calls. The engine's own cancel CQEs
+      // count for the kernel but are not reported, hence the loop; it never waits for more than
+      // in_kernel_, which each completion stored lowers by one.
       io_uring_cqe* cqe = nullptr;
       detail::RetryCounter interrupted(detail::kInterruptedCallRetries);
       int rc;
       do {
-        rc = io_uring_wait_cqe_nr(ring_.get(), &cqe, static_cast<unsigned>(min_complete));
+        rc = io_uring_wait_cqe_nr(ring_.get(), &cqe, static_cast<unsigned>(want - n));
       } while (rc < 0 && interrupted.retry(-rc));
-      if (rc < 0) return rc;
+      if (rc < 0) return n > 0 ? static_cast<int>(n) : rc;
+      n += drain(out.subspan(n));
     }
-    io_uring_cqe* cqes[256];
-    const unsigned want = static_cast<unsigned>(std::min<std::size_t>(out.size(), 256));
-    const unsigned got = io_uring_peek_batch_cqe(ring_.get(), cqes, want);
-    for (unsigned i = 0; i < got; ++i) {
-      out[i] = Completion{io_uring_cqe_get_data64(cqes[i]), cqes[i]->res};
-    }
-    io_uring_cq_advance(ring_.get(), got);
-    return static_cast<int>(got);
+    return static_cast<int>(n);
   }
 
-  int cancel() override { return 0; }
+  int cancel() override {
+    if (outstanding() == 0) return 0;
+    if (cancel_all_) {
+      io_uring_sqe* sqe = io_uring_get_sqe(ring_.get());
+      if (sqe == nullptr) return -EAGAIN;
+      io_uring_prep_cancel64(sqe, 0, kCancelAllFlags);
+      io_uring_sqe_set_data64(sqe, kCancelData);
+      unsent_.push_back(kCancelData);
+    } else {
+      // Behind the requests still waiting in the ring, so those are cancelled too once the
+      // kernel takes them. A slot reused before its cancel runs may cancel the newer request:
+      // harmless, as a cancelled request still completes.
+      for (unsigned slot = 0; slot < state_.size(); ++slot) {
+        if (state_[slot] == SlotState::Free) continue;
+        io_uring_sqe* sqe = io_uring_get_sqe(ring_.get());
+        if (sqe == nullptr) break;
+        io_uring_prep_cancel64(sqe, slot, 0);
+        io_uring_sqe_set_data64(sqe, kCancelData);
+        unsent_.push_back(kCancelData);
+      }
+    }
+    const int rc = send();
+    return rc < 0 && rc != -EAGAIN && rc != -EBUSY ? rc : 0;
+  }
+
   EngineKind kind() const noexcept override { return EngineKind::IoUring; }
 
  private:
-  int submit_pending() {
-    const int rc = detail::retry_interrupted([&] { return io_uring_submit(ring_.get()); });
-    unsubmitted_ = rc < 0 || io_uring_sq_ready(ring_.get()) > 0;
+  enum class SlotState : unsigned char {
+    Free,
+    Queued,    // an SQE in the ring that the kernel has not taken yet
+    InKernel,  // taken by the kernel; its CQE is still to come
+  };
+
+  // Requests accepted and not reaped yet, in the ring or in the kernel.
+  std::size_t outstanding() const noexcept { return tags_.size() - free_.size(); }
+
+  // Hands the prepared SQEs to the kernel. Returns what io_uring_submit returned.
+  int send() {
+    io_uring* ring = ring_.get();
+    const unsigned before = io_uring_sq_ready(ring);
+    const int rc = detail::retry_interrupted([&] { return calls_.submit(ring); });
+    // The kernel takes SQEs in order: those it took are the first of `unsent_`.
+    const unsigned taken = before - io_uring_sq_ready(ring);
+    for (unsigned i = 0; i < taken; ++i) {
+      const std::uint64_t data = unsent_.front();
+      unsent_.pop_front();
+      if (data != kCancelData) {
+        state_[data] = SlotState::InKernel;
+        ++in_kernel_;
+      }
+    }
     return rc;
   }
 
+  // Moves the CQEs available now into `out` (the engine's own cancel CQEs are consumed but not
+  // reported). Returns how many it stored.
+  std::size_t drain(std::span<Completion> out) {
+    std::size_t n = 0;
+    io_uring_cqe* cqe = nullptr;
+    while (n < out.size() && io_uring_peek_cqe(ring_.get(), &cqe) == 0) {
+      const std::uint64_t data = io_uring_cqe_get_data64(cqe);
+      const std::int32_t res = cqe->res;
+      io_uring_cqe_seen(ring_.get(), cqe);
+      if (data == kCancelData) {
+        if (res == -EINVAL && cancel_all_) {  // the kernel predates IORING_ASYNC_CANCEL_ALL/ANY
+          cancel_all_ = false;
+          recancel_ = true;
+        }
+        continue;
+      }
+      out[n++] = Completion{tags_[data], res};
+      state_[data] = SlotState::Free;
+      --in_kernel_;
+      free_.push_back(static_cast<unsigned>(data));
+    }
+    if (recancel_) {
+      recancel_ = false;
+      cancel();
+    }
+    return n;
+  }
+
   Ring ring_;
-  bool unsubmitted_ = false;  // SQEs prepared but not yet taken by the kernel
+  IoUringCalls calls_;
+  std::vector<std::uint64_t> tags_;  // the caller's tag of each slot
+  std::vector<SlotState> state_;
+  std::vector<unsigned> free_;        // free slots
+  std::size_t in_kernel_ = 0;         // requests the kernel took whose CQE is not reaped yet
+  std::deque<std::uint64_t> unsent_;  // user_data of the SQEs not taken by the kernel, in order
+  bool cancel_all_ = true;            // false: the kernel cancels one request per SQE only
+  bool recancel_ = false;             // a cancel-all was refused: cancel each request instead
 };
 
 }  // namespace
 
-std::unique_ptr<Engine> make_io_uring_engine(unsigned queue_depth) {
-  return std::make_unique<IoUringEngine>(queue_depth);
+IoUringCalls real_io_uring_calls() noexcept { return IoUringCalls{::io_uring_submit}; }
+
+std::unique_ptr<Engine> make_io_uring_engine(unsigned queue_depth, IoUringCalls calls) {
+  return std::make_unique<IoUringEngine>(queue_depth, calls);
 }
 
 }  // namespace nvio::engine

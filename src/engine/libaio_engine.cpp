@@ -1,11 +1,12 @@
 // libaio back end: io_submit / io_getevents on one aio context per worker.
+#include <fmt/format.h>
 #include <libaio.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <deque>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "core/retry.hpp"
 #include "engine/engine.hpp"
@@ -22,8 +23,9 @@ class AioContext {
     if (rc < 0) {
       std::string hint;
       if (rc == -EAGAIN) {
-        hint = " (the system-wide limit fs.aio-max-nr is exhausted; raise it with sysctl or use a "
-               "smaller queue_depth)";
+        hint =
+            " (the system-wide limit fs.aio-max-nr is exhausted; raise it with sysctl or use a "
+            "smaller queue_depth)";
       }
       throw EngineUnavailable(
           fmt::format("io_setup({}) failed: {}{}", max_events, std::strerror(-rc), hint));
@@ -80,32 +82,69 @@ class LibaioEngine final : public Engine {
   }
 
   int reap(std::span<Completion> out, std::size_t min_complete) override {
-    const long want = static_cast<long>(std::min(out.size(), events_.size()));
-    const int rc = detail::retry_interrupted([&] {
-      return io_getevents(ctx_.get(), static_cast<long>(min_complete), want, events_.data(),
-                          nullptr);
-    });
-    if (rc < 0) return rc;
-    for (int i = 0; i < rc; ++i) {
-      iocb* cb = events_[i].obj;
-      // res is unsigned long in the ABI; negative errno values arrive as their two's complement.
-      const auto res = static_cast<std::int64_t>(static_cast<long>(events_[i].res));
-      out[i] = Completion{static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(cb->data)),
-                          res};
-      free_.push_back(cb);
+    std::size_t n = 0;
+    while (n < out.size() && !cancelled_.empty()) {
+      out[n++] = complete(cancelled_.front());
+      cancelled_.pop_front();
     }
-    return rc;
+    const std::size_t room = std::min(out.size() - n, events_.size());
+    if (room == 0) return static_cast<int>(n);
+    // Never wait for more than the kernel holds: it would wait for ever.
+    const std::size_t in_kernel = iocbs_.size() - free_.size() - cancelled_.size();
+    const std::size_t wait_for =
+        std::min({min_complete > n ? min_complete - n : 0, in_kernel, room});
+    const int rc = detail::retry_interrupted([&] {
+      return io_getevents(ctx_.get(), static_cast<long>(wait_for), static_cast<long>(room),
+                          events_.data(), nullptr);
+    });
+    if (rc < 0) return n > 0 ? static_cast<int>(n) : rc;
+    for (int i = 0; i < rc; ++i) out[n++] = complete(events_[static_cast<std::size_t>(i)]);
+    return static_cast<int>(n);
   }
 
-  int cancel() override { return 0; }
+  int cancel() override {
+    // The kernel cancels aio only where a driver supports it (USB gadget, FunctionFS); for files
+    // and block devices io_cancel answers -EINVAL (or -EAGAIN), and the request completes as
+    // usual. Since Linux 3.11 a cancelled request answers -EINPROGRESS and its event arrives
+    // through the ring like any other; older kernels answered 0 and wrote the event into the
+    // `result` argument instead of the ring, so such an event is kept for reap() to report.
+    std::vector<bool> idle(iocbs_.size(), false);  // free, or its event already held here
+    for (const iocb* cb : free_) idle[index(cb)] = true;
+    for (const io_event& e : cancelled_) idle[index(e.obj)] = true;
+    int error = 0;
+    for (iocb& cb : iocbs_) {
+      if (idle[index(&cb)]) continue;
+      io_event event{};
+      const int rc = io_cancel(ctx_.get(), &cb, &event);
+      if (rc == 0) {
+        cancelled_.push_back(event);
+      } else if (rc != -EINPROGRESS && rc != -EINVAL && rc != -EAGAIN && error == 0) {
+        error = rc;
+      }
+    }
+    return error;
+  }
+
   EngineKind kind() const noexcept override { return EngineKind::Libaio; }
 
  private:
+  // Turns an event into the caller's completion and frees its iocb.
+  Completion complete(const io_event& event) {
+    iocb* cb = event.obj;
+    free_.push_back(cb);
+    // res is unsigned long in the ABI; negative errno values arrive as their two's complement.
+    return Completion{static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(cb->data)),
+                      static_cast<std::int64_t>(static_cast<long>(event.res))};
+  }
+
+  std::size_t index(const iocb* cb) const { return static_cast<std::size_t>(cb - iocbs_.data()); }
+
   AioContext ctx_;
   std::vector<iocb> iocbs_;
   std::vector<iocb*> free_;
   std::vector<io_event> events_;
   std::vector<iocb*> batch_;
+  std::deque<io_event> cancelled_;  // events io_cancel returned itself (kernels before 3.11)
 };
 
 }  // namespace

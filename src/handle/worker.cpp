@@ -689,7 +689,18 @@ void Worker::die(std::exception_ptr cause) noexcept {
     const OperationPtr op = std::move(s.op);
     queue_.fail(*op, error, 1);
   }
-  if (!idle) abandon(std::move(memory_));
+  if (!idle) {
+    // An engine that only kept reporting failures (it did not throw) is closed, which releases its
+    // descriptor: the kernel cancels what it still holds, and the memory those requests point
+    // into stays abandoned. One that threw is in an unknown state and is abandoned with it.
+    if (!in_engine_) {
+      try {
+        memory_->engine.reset();
+      } catch (...) {
+      }
+    }
+    abandon(std::move(memory_));
+  }
 }
 
 }  // namespace

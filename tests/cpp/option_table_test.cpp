@@ -61,10 +61,19 @@ json to_json(const OptionValue& v) {
   return std::visit([](const auto& x) { return json(x); }, v);
 }
 
-void write_profile(const std::string& path, const json& options) {
+// Options resolved with one variable set.
+nvio::EffectiveOptions resolve_with(const std::string& var, const std::string& value) {
+  Env env;
+  env.vars[var] = value;
+  return nvio::resolve_options({}, env.lookup());
+}
+
+// Options resolved with a configuration file whose default profile sets `options`.
+nvio::EffectiveOptions resolve_with_profile(const std::string& path, const json& options) {
   const json doc = {
       {"version", 1}, {"default", "k"}, {"profiles", {{"k", {{"options", options}}}}}};
   std::ofstream(path) << doc.dump();
+  return resolve_with("NVIO_CONFIG", path);
 }
 
 // Runs `f`, which must throw InvalidArgument about option `name` whose message holds `needle`.
@@ -109,16 +118,11 @@ TEST(OptionTable, EveryOptionArrivesByEveryRoute) {
     SCOPED_TRACE(spec.name);
     const Sample& s = samples().at(spec.name);
     // NVIO_* variable.
-    Env env;
-    env.vars[spec.environment] = s.text;
-    nvio::EffectiveOptions eff = nvio::resolve_options({}, env.lookup());
+    nvio::EffectiveOptions eff = resolve_with(spec.environment, s.text);
     EXPECT_EQ(eff.values.get(spec.name), s.value);
     EXPECT_EQ(eff.sources.at(spec.name), OptionSource::Environment);
     // Configuration file (JSON, typed).
-    write_profile(path, {{spec.name, to_json(s.value)}});
-    Env with_file;
-    with_file.vars["NVIO_CONFIG"] = path;
-    eff = nvio::resolve_options({}, with_file.lookup());
+    eff = resolve_with_profile(path, {{spec.name, to_json(s.value)}});
     EXPECT_EQ(eff.values.get(spec.name), s.value);
     EXPECT_EQ(eff.sources.at(spec.name), OptionSource::Config);
     // Explicit, as text and typed; every other option stays at its default.
@@ -157,15 +161,13 @@ TEST(OptionTable, BadValueByEveryRouteNamesTheOption) {
   for (const nvio::OptionSpec& spec : nvio::option_specs()) {
     SCOPED_TRACE(spec.name);
     const Sample& s = samples().at(spec.name);
-    Env env;
-    env.vars[spec.environment] = s.bad_text;
     EXPECT_TRUE(
-        rejects([&] { nvio::resolve_options({}, env.lookup()); }, spec.name, spec.environment));
-    write_profile(path, {{spec.name, to_json(s.bad_value)}});
-    Env with_file;
-    with_file.vars["NVIO_CONFIG"] = path;
-    EXPECT_TRUE(rejects([&] { nvio::resolve_options({}, with_file.lookup()); }, spec.name,
-                        "profiles.k.options." + std::string(spec.name)));
+        rejects([&] { resolve_with(spec.environment, s.bad_text); }, spec.name, spec.environment));
+    EXPECT_TRUE(rejects(
+        [&] {
+          resolve_with_profile(path, {{spec.name, to_json(s.bad_value)}});
+        },
+        spec.name, "profiles.k.options." + std::string(spec.name)));
     nvio::OptionOverrides o;
     EXPECT_TRUE(rejects([&] { o.set_text(spec.name, s.bad_text, "--flag"); }, spec.name, "--flag"));
     EXPECT_TRUE(rejects([&] { o.set_value(spec.name, s.bad_value); }, spec.name, spec.name));

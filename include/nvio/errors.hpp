@@ -8,7 +8,8 @@
 //   ├── MemoryError           allocation or locking of buffers failed where it was required
 //   ├── GpuError              a CUDA driver or cuFile call failed, or no usable GPU for device
 //   │                         memory; carries the API, its error code and name, path and range
-//   └── IoError               a system call on a file failed; carries op, path, offset, length, errno
+//   └── IoError               a system call on a file failed; carries op, path, offset, length,
+//   errno
 //       ├── FileNotFound      ENOENT
 //       ├── PermissionDenied  EACCES, EPERM
 //       ├── ReadOnlyFileSystem EROFS (a write to a read-only mount: not a permission the caller
@@ -24,6 +25,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace nvio {
 
@@ -32,9 +34,18 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
+// `option` names the handle option the error is about ("queue_depth", as in the option table of
+// options.hpp) when a value of one did not parse or is out of range, whichever route it came by
+// (explicit value, NVIO_* variable, configuration file, binding, command line); it is empty when
+// the error is not about an option. Callers find the option here, never by reading the message.
 class InvalidArgument : public Error {
  public:
-  using Error::Error;
+  explicit InvalidArgument(const std::string& what, std::string option = {})
+      : Error(what), option_(std::move(option)) {}
+  const std::string& option() const noexcept { return option_; }
+
+ private:
+  std::string option_;
 };
 
 class EngineUnavailable : public Error {

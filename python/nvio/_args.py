@@ -25,17 +25,10 @@ class InvalidType(_nvio.Error, TypeError):
 _FD_MAX = 2**31 - 1  # descriptors are C ints
 _OFFSET_MAX = 2**63 - 1  # off_t
 
-# The type of each handle option (the options themselves are described in the core's table).
-_OPTION_KINDS = {
-    "engine": str,
-    "block_size": int,
-    "queue_depth": int,
-    "single_submit": bool,
-    "overlap_events": bool,
-    "intra_op_parallelism": int,
-    "direct": str,
-    "gpu_direct": str,
-}
+# The Python type of each handle option, from the core's option table (its one list of options).
+_KIND_OF_TYPE = {"boolean": bool, "integer": int, "choice": str}
+_OPTION_KINDS = {spec["name"]: _KIND_OF_TYPE[spec["type"]] for spec in _nvio.option_specs()}
+OPTION_NAMES = tuple(_OPTION_KINDS)
 
 
 def _type_name(value: Any) -> str:

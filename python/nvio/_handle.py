@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Any, Optional, Union
 
@@ -26,30 +27,9 @@ class Handle:
     handles").
     """
 
-    def __init__(
-        self,
-        engine: Optional[str] = None,
-        block_size: Optional[int] = None,
-        queue_depth: Optional[int] = None,
-        intra_op_parallelism: Optional[int] = None,
-        direct: Optional[str] = None,
-        single_submit: Optional[bool] = None,
-        overlap_events: Optional[bool] = None,
-        gpu_direct: Optional[str] = None,
-    ) -> None:
-        self._init(
-            dict(
-                engine=engine,
-                block_size=block_size,
-                queue_depth=queue_depth,
-                single_submit=single_submit,
-                overlap_events=overlap_events,
-                intra_op_parallelism=intra_op_parallelism,
-                direct=direct,
-                gpu_direct=gpu_direct,
-            ),
-            "",
-        )
+    def __init__(self, **options: Any) -> None:
+        # The keyword arguments are the core's option table (see __signature__ below).
+        self._init(options, "")
 
     def _init(self, options: "dict[str, Any]", config_dir: bytes) -> None:
         self._core = _nvio.Handle(**_args.options(options, "nvio.Handle"), config_dir=config_dir)
@@ -143,3 +123,15 @@ class Handle:
             self.wait_all()
         else:  # do not hide the original exception; still never leave I/O running on freed memory
             self._pending.drain()
+
+
+def _options_signature() -> inspect.Signature:
+    """``Handle(engine=None, block_size=None, ...)``: one keyword argument per row of the option
+    table, each None (not given) by default, for help() and editors."""
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    params += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None)
+               for name in _args.OPTION_NAMES]
+    return inspect.Signature(params, return_annotation=None)
+
+
+Handle.__init__.__signature__ = _options_signature()  # type: ignore[attr-defined]

@@ -5,7 +5,9 @@ __version__: str
 MIN_BLOCK_SIZE: int
 
 class Error(Exception): ...
-class InvalidArgument(Error, ValueError): ...
+class InvalidArgument(Error, ValueError):
+    option: Optional[str]  # the handle option at fault, None when none is
+
 class EngineUnavailable(Error, RuntimeError): ...
 class LockedMemoryError(Error, MemoryError): ...
 
@@ -35,18 +37,8 @@ class GpuError(Error, RuntimeError):
 _Target = Union[str, int]
 
 class Handle:
-    def __init__(
-        self,
-        engine: Optional[str] = ...,
-        block_size: Optional[int] = ...,
-        queue_depth: Optional[int] = ...,
-        single_submit: Optional[bool] = ...,
-        overlap_events: Optional[bool] = ...,
-        intra_op_parallelism: Optional[int] = ...,
-        direct: Optional[str] = ...,
-        gpu_direct: Optional[str] = ...,
-        config_dir: str = ...,
-    ) -> None: ...
+    # Keyword arguments: the option table (option_specs()), each None when not given.
+    def __init__(self, *, config_dir: Union[str, bytes] = ..., **options: Any) -> None: ...
     def read(
         self, address: int, nbytes: int, target: _Target, offset: int = ..., device: bool = ...
     ) -> None: ...
@@ -83,11 +75,9 @@ class LockedMemory:
 def buffer_address(obj: Any, writable: bool) -> Tuple[int, int]: ...
 def is_locked(address: int, nbytes: int, /) -> bool: ...
 def resolve_options(
-    engine: Optional[str] = ..., block_size: Optional[int] = ..., queue_depth: Optional[int] = ...,
-    single_submit: Optional[bool] = ..., overlap_events: Optional[bool] = ...,
-    intra_op_parallelism: Optional[int] = ..., direct: Optional[str] = ...,
-    gpu_direct: Optional[str] = ..., config_dir: str = ...,
+    *, config_dir: Union[str, bytes] = ..., **options: Any
 ) -> Tuple[Dict[str, Any], Dict[str, str], Dict[str, Any]]: ...
+def option_specs() -> List[Dict[str, Any]]: ...
 def tune(
     directory: str, size: int, budget: float, modes: List[str],
     engines: Optional[List[str]] = ..., trial_bytes: int = ..., grid: bool = ..., save: bool = ...,

@@ -152,7 +152,10 @@ void translate(std::exception_ptr p) {
   } catch (const nvio::IoError& e) {
     raise_os_error(g_errors.io, e);
   } catch (const nvio::InvalidArgument& e) {
-    set_error(g_errors.invalid_argument, e.what());
+    py::object exc =
+        py::reinterpret_borrow<py::object>(g_errors.invalid_argument)(message_text(e.what()));
+    exc.attr("option") = e.option().empty() ? py::object(py::none()) : py::str(e.option());
+    PyErr_SetObject(g_errors.invalid_argument, exc.ptr());
   } catch (const nvio::EngineUnavailable& e) {
     set_error(g_errors.engine_unavailable, e.what());
   } catch (const nvio::MemoryError& e) {
@@ -171,40 +174,43 @@ void translate(std::exception_ptr p) {
   }
 }
 
-// A Python int option: None means "not given" (environment or default applies); negative values
-// and values too large are rejected here, naming the option, before they could wrap around.
-template <typename T>
-std::optional<T> checked(const std::optional<long long>& v, const char* name, long long max) {
-  if (!v) return std::nullopt;
-  if (*v < 1 || *v > max) {
-    throw nvio::InvalidArgument(std::string(name) + " must be between 1 and " +
-                                std::to_string(max) + ", got " + std::to_string(*v));
+// The handle options among a call's keyword arguments, by the option table: None means "not
+// given" (environment, configuration or default applies). Types were checked by nvio/_args.py; the
+// core parses and range-checks each value, naming the option. `config_dir` is taken out first.
+nvio::OptionOverrides overrides(const py::kwargs& kwargs, std::string& config_dir) {
+  nvio::OptionOverrides o;
+  for (const auto& [key, value] : kwargs) {
+    const std::string name = py::cast<std::string>(key);
+    if (name == "config_dir") {
+      config_dir = py::cast<std::string>(value);
+      continue;
+    }
+    const nvio::OptionSpec& spec = nvio::option_spec(name);
+    if (value.is_none()) continue;
+    if (py::isinstance<py::bool_>(value)) {
+      o.set_value(name, value.cast<bool>());
+    } else if (py::isinstance<py::int_>(value)) {
+      std::int64_t v = 0;
+      try {
+        v = value.cast<std::int64_t>();
+      } catch (const py::cast_error&) {
+        // Past 64 bits: the core's text parser refuses it, naming the option.
+        o.set_text(name, py::str(value).cast<std::string>());
+        continue;
+      }
+      o.set_value(name, v);
+    } else if (py::isinstance<py::str>(value)) {
+      o.set_value(name, value.cast<std::string>());
+    } else {
+      nvio::reject_option_type(spec, py::repr(value).cast<std::string>(), name);
+    }
   }
-  return static_cast<T>(*v);
+  return o;
 }
 
-nvio::OptionOverrides overrides(
-    const std::optional<std::string>& engine, const std::optional<long long>& block_size,
-    const std::optional<long long>& queue_depth, const std::optional<bool>& single_submit,
-    const std::optional<bool>& overlap_events, const std::optional<long long>& intra_op_parallelism,
-    const std::optional<std::string>& direct, const std::optional<std::string>& gpu_direct) {
-  nvio::OptionOverrides o;
-  if (engine) o.engine = nvio::parse_engine(*engine);
-  if (block_size && (*block_size < static_cast<long long>(nvio::kMinBlockSize) ||
-                     *block_size > static_cast<long long>(nvio::kMaxBlockSize))) {
-    throw nvio::InvalidArgument(
-        "block_size must be between " + std::to_string(nvio::kMinBlockSize) + " and " +
-        std::to_string(nvio::kMaxBlockSize) + " bytes, got " + std::to_string(*block_size));
-  }
-  if (block_size) o.block_size = static_cast<std::size_t>(*block_size);
-  o.queue_depth = checked<unsigned>(queue_depth, "queue_depth", nvio::kMaxQueueDepth);
-  o.single_submit = single_submit;
-  o.overlap_events = overlap_events;
-  o.intra_op_parallelism =
-      checked<unsigned>(intra_op_parallelism, "intra_op_parallelism", nvio::kMaxParallelism);
-  if (direct) o.direct = nvio::parse_direct(*direct);
-  if (gpu_direct) o.gpu_direct = nvio::parse_gpu_direct(*gpu_direct);
-  return o;
+// An option value as Python holds it (bool, int or str).
+py::object to_python(const nvio::OptionValue& value) {
+  return std::visit([](const auto& v) { return py::cast(v); }, value);
 }
 
 void* as_ptr(std::uintptr_t address) { return reinterpret_cast<void*>(address); }
@@ -240,14 +246,8 @@ using Target = std::variant<std::string, int>;
 
 py::dict options_dict(const nvio::Options& o) {
   py::dict d;
-  d["engine"] = nvio::to_string(o.engine);
-  d["block_size"] = o.block_size;
-  d["queue_depth"] = o.queue_depth;
-  d["single_submit"] = o.single_submit;
-  d["overlap_events"] = o.overlap_events;
-  d["intra_op_parallelism"] = o.intra_op_parallelism;
-  d["direct"] = nvio::to_string(o.direct);
-  d["gpu_direct"] = nvio::to_string(o.gpu_direct);
+  for (const nvio::OptionSpec& spec : nvio::option_specs())
+    d[spec.name] = to_python(o.get(spec.name));
   return d;
 }
 
@@ -276,7 +276,10 @@ PYBIND11_MODULE(_nvio, m) {
 
   g_errors.error = make_error(m, "Error", {PyExc_Exception}, "Root of every nvio error.");
   g_errors.invalid_argument = make_error(m, "InvalidArgument", {g_errors.error, PyExc_ValueError},
-                                         "A bad option or argument.");
+                                         "A bad option or argument; its `option` attribute names "
+                                         "the handle option at fault (None when none is).");
+  // Raised from Python code too (nvio/_args.py): every instance has the attribute.
+  py::reinterpret_borrow<py::object>(g_errors.invalid_argument).attr("option") = py::none();
   g_errors.engine_unavailable =
       make_error(m, "EngineUnavailable", {g_errors.error, PyExc_RuntimeError},
                  "The requested engine cannot be used on this machine.");
@@ -307,25 +310,13 @@ PYBIND11_MODULE(_nvio, m) {
   });
 
   py::class_<nvio::Handle>(m, "Handle")
-      .def(py::init([](std::optional<std::string> engine, std::optional<long long> block_size,
-                       std::optional<long long> queue_depth, std::optional<bool> single_submit,
-                       std::optional<bool> overlap_events,
-                       std::optional<long long> intra_op_parallelism,
-                       std::optional<std::string> direct, std::optional<std::string> gpu_direct,
-                       const std::string& config_dir) {
-             const nvio::OptionOverrides o =
-                 overrides(engine, block_size, queue_depth, single_submit, overlap_events,
-                           intra_op_parallelism, direct, gpu_direct);
-             return unlocked([&] {
-               return std::make_unique<nvio::Handle>(
-                   nvio::resolve_options(o, {}, config_dir).values);
-             });
-           }),
-           py::arg("engine") = py::none(), py::arg("block_size") = py::none(),
-           py::arg("queue_depth") = py::none(), py::arg("single_submit") = py::none(),
-           py::arg("overlap_events") = py::none(), py::arg("intra_op_parallelism") = py::none(),
-           py::arg("direct") = py::none(), py::arg("gpu_direct") = py::none(),
-           py::arg("config_dir") = std::string())
+      .def(py::init([](const py::kwargs& kwargs) {
+        std::string config_dir;
+        const nvio::OptionOverrides o = overrides(kwargs, config_dir);
+        return unlocked([&] {
+          return std::make_unique<nvio::Handle>(nvio::resolve_options(o, {}, config_dir).values);
+        });
+      }))
       .def(
           "read",
           [](nvio::Handle& h, std::uintptr_t addr, std::size_t nbytes, const Target& target,
@@ -497,32 +488,39 @@ PYBIND11_MODULE(_nvio, m) {
     return nvio::is_locked_by_nvio(as_ptr(addr), nbytes);
   });
 
-  m.def(
-      "resolve_options",
-      [](std::optional<std::string> engine, std::optional<long long> block_size,
-         std::optional<long long> queue_depth, std::optional<bool> single_submit,
-         std::optional<bool> overlap_events, std::optional<long long> intra_op_parallelism,
-         std::optional<std::string> direct, std::optional<std::string> gpu_direct,
-         const std::string& config_dir) {
-        const nvio::EffectiveOptions eff = nvio::resolve_options(
-            overrides(engine, block_size, queue_depth, single_submit, overlap_events,
-                      intra_op_parallelism, direct, gpu_direct),
-            {}, config_dir);
-        py::dict sources;
-        for (const auto& [name, src] : eff.sources) sources[py::str(name)] = nvio::to_string(src);
-        py::dict config;
-        config["path"] =
-            eff.config_path.empty() ? py::object(py::none()) : py::str(eff.config_path);
-        config["found"] = eff.config_found;
-        config["profile"] =
-            eff.config_profile.empty() ? py::object(py::none()) : py::str(eff.config_profile);
-        return py::make_tuple(options_dict(eff.values), sources, config);
-      },
-      py::arg("engine") = py::none(), py::arg("block_size") = py::none(),
-      py::arg("queue_depth") = py::none(), py::arg("single_submit") = py::none(),
-      py::arg("overlap_events") = py::none(), py::arg("intra_op_parallelism") = py::none(),
-      py::arg("direct") = py::none(), py::arg("gpu_direct") = py::none(),
-      py::arg("config_dir") = std::string());
+  m.def("resolve_options", [](const py::kwargs& kwargs) {
+    std::string config_dir;
+    const nvio::OptionOverrides o = overrides(kwargs, config_dir);
+    const nvio::EffectiveOptions eff = nvio::resolve_options(o, {}, config_dir);
+    py::dict sources;
+    for (const auto& [name, src] : eff.sources) sources[py::str(name)] = nvio::to_string(src);
+    py::dict config;
+    config["path"] = eff.config_path.empty() ? py::object(py::none()) : py::str(eff.config_path);
+    config["found"] = eff.config_found;
+    config["profile"] =
+        eff.config_profile.empty() ? py::object(py::none()) : py::str(eff.config_profile);
+    return py::make_tuple(options_dict(eff.values), sources, config);
+  });
+  // The option table: one dict per option, in its order (nvio/_args.py derives the keyword
+  // arguments of every entry point from it).
+  m.def("option_specs", [] {
+    const nvio::Options defaults;
+    py::list out;
+    for (const nvio::OptionSpec& spec : nvio::option_specs()) {
+      py::dict d;
+      d["name"] = spec.name;
+      d["environment"] = spec.environment;
+      d["type"] = nvio::to_string(spec.type);
+      d["default"] = to_python(defaults.get(spec.name));
+      d["min"] = spec.type == nvio::OptionType::Integer ? py::cast(spec.min) : py::none();
+      d["max"] = spec.type == nvio::OptionType::Integer ? py::cast(spec.max) : py::none();
+      d["unit"] = spec.unit;
+      d["accepted"] = spec.accepted;
+      d["description"] = spec.description;
+      out.append(d);
+    }
+    return out;
+  });
 
   // ---- tuning -----------------------------------------------------------------------------
   // Runs nvio::tune_directory without the GIL and returns its JSON document (the same format as

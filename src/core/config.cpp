@@ -9,9 +9,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
-#include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -29,8 +29,10 @@ using nlohmann::json;
 // and eating its memory.
 constexpr std::size_t kMaxConfigBytes = std::size_t{1} << 20;
 
-[[noreturn]] void malformed(const std::string& path, const std::string& what) {
-  throw InvalidArgument(fmt::format("configuration file {}: {}", path, what));
+// `option` names the handle option at fault, when the mistake is in one's value.
+[[noreturn]] void malformed(const std::string& path, const std::string& what,
+                            const std::string& option = {}) {
+  throw InvalidArgument(fmt::format("configuration file {}: {}", path, what), option);
 }
 
 std::size_t edit_distance(const std::string& a, const std::string& b) {
@@ -51,56 +53,34 @@ std::size_t edit_distance(const std::string& a, const std::string& b) {
 // Every level of the document is checked, so that a misspelt key ("defualt", "optoins") is an
 // error rather than a setting silently ignored. `where` is the key path of `object` ("" at the
 // top level).
-void check_keys(const json& object, std::initializer_list<const char*> known,
-                const std::string& path, const std::string& where) {
+void check_keys(const json& object, const std::vector<std::string>& known, const std::string& path,
+                const std::string& where) {
   for (const auto& [name, value] : object.items()) {
     (void)value;
     if (std::find(known.begin(), known.end(), name) != known.end()) continue;
     std::string message =
         fmt::format("unknown key '{}'", where.empty() ? name : where + "." + name);
-    const char* closest = nullptr;
+    const std::string* closest = nullptr;
     std::size_t best = 0;
-    for (const char* k : known) {
+    for (const std::string& k : known) {
       const std::size_t d = edit_distance(name, k);
       if (closest == nullptr || d < best) {
-        closest = k;
+        closest = &k;
         best = d;
       }
     }
     // Only a near miss is a suggestion; "foo" is not a misspelling of "profiles".
     if (closest != nullptr && best <= std::max<std::size_t>(2, name.size() / 3)) {
-      message += fmt::format(" (did you mean '{}'?)", closest);
+      message += fmt::format(" (did you mean '{}'?)", *closest);
     }
     message += fmt::format("; known keys{}: ", where.empty() ? "" : " in " + where);
     bool first = true;
-    for (const char* k : known) {
-      message += (first ? "" : ", ") + std::string(k);
+    for (const std::string& k : known) {
+      message += (first ? "" : ", ") + k;
       first = false;
     }
     malformed(path, message);
   }
-}
-
-// Range-checks one option value as Options::validate() does, so that a bad value is reported with
-// its key path even when the environment or the caller overrides it later.
-template <typename T>
-void check_range(T Options::*field, T value) {
-  Options probe;
-  probe.*field = value;
-  probe.validate();
-}
-
-unsigned json_unsigned(const json& v, const std::string& path, const std::string& where) {
-  if (!v.is_number_unsigned() || v.get<std::uint64_t>() > 0xffffffffu) {
-    malformed(path, fmt::format("{} must be a non-negative integer, got {}", where, v.dump()));
-  }
-  return v.get<unsigned>();
-}
-
-bool json_bool(const json& v, const std::string& path, const std::string& where) {
-  if (!v.is_boolean())
-    malformed(path, fmt::format("{} must be true or false, got {}", where, v.dump()));
-  return v.get<bool>();
 }
 
 std::string json_string(const json& v, const std::string& path, const std::string& where) {
@@ -108,43 +88,40 @@ std::string json_string(const json& v, const std::string& path, const std::strin
   return v.get<std::string>();
 }
 
+// The option names, as the known keys of an "options" object.
+const std::vector<std::string>& option_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> out;
+    for (const OptionSpec& spec : option_specs()) out.emplace_back(spec.name);
+    return out;
+  }();
+  return names;
+}
+
+// Every value is parsed and range-checked by the option table (OptionOverrides::set_value), so a
+// bad value is reported with its key path even when the environment or the caller overrides it.
 OptionOverrides parse_options(const json& j, const std::string& path, const std::string& where) {
   if (!j.is_object()) malformed(path, where + " must be an object");
-  check_keys(j,
-             {"engine", "block_size", "queue_depth", "intra_op_parallelism", "single_submit",
-              "overlap_events", "direct", "gpu_direct"},
-             path, where);
+  check_keys(j, option_names(), path, where);
   OptionOverrides o;
   for (const auto& [name, value] : j.items()) {
     const std::string at = where + "." + name;
-    // The value parsers name `at` in their messages; prefix the file so the user can find it.
     try {
-      if (name == "engine") {
-        o.engine = parse_engine(json_string(value, path, at), at);
-      } else if (name == "block_size") {
-        o.block_size = value.is_string() ? parse_size(value.get<std::string>(), at)
-                                         : std::size_t{json_unsigned(value, path, at)};
-        check_range(&Options::block_size, *o.block_size);
-      } else if (name == "queue_depth") {
-        o.queue_depth = json_unsigned(value, path, at);
-        check_range(&Options::queue_depth, *o.queue_depth);
-      } else if (name == "intra_op_parallelism") {
-        o.intra_op_parallelism = json_unsigned(value, path, at);
-        check_range(&Options::intra_op_parallelism, *o.intra_op_parallelism);
-      } else if (name == "single_submit") {
-        o.single_submit = json_bool(value, path, at);
-      } else if (name == "overlap_events") {
-        o.overlap_events = json_bool(value, path, at);
-      } else if (name == "direct") {
-        o.direct = parse_direct(json_string(value, path, at), at);
-      } else if (name == "gpu_direct") {
-        o.gpu_direct = parse_gpu_direct(json_string(value, path, at), at);
+      if (value.is_boolean()) {
+        o.set_value(name, value.get<bool>(), at);
+      } else if (value.is_number_integer() &&
+                 (!value.is_number_unsigned() ||
+                  value.get<std::uint64_t>() <= std::uint64_t{INT64_MAX})) {
+        o.set_value(name, value.get<std::int64_t>(), at);
+      } else if (value.is_string()) {
+        o.set_value(name, value.get<std::string>(), at);
+      } else if (value.is_number_unsigned() && option_spec(name).type == OptionType::Integer) {
+        o.set_text(name, value.dump(), at);  // past int64: out of range, reported as such
+      } else {
+        reject_option_type(option_spec(name), value.dump(), at);
       }
     } catch (const InvalidArgument& e) {
-      const std::string msg = e.what();
-      if (msg.rfind("configuration file ", 0) == 0) throw;
-      // The range checks name the option but not where it is; the parsers already name `at`.
-      malformed(path, msg.find(at) == std::string::npos ? at + ": " + msg : msg);
+      malformed(path, e.what(), e.option());
     }
   }
   return o;
@@ -152,14 +129,11 @@ OptionOverrides parse_options(const json& j, const std::string& path, const std:
 
 json options_json(const OptionOverrides& o) {
   json j = json::object();
-  if (o.engine) j["engine"] = to_string(*o.engine);
-  if (o.block_size) j["block_size"] = *o.block_size;
-  if (o.queue_depth) j["queue_depth"] = *o.queue_depth;
-  if (o.intra_op_parallelism) j["intra_op_parallelism"] = *o.intra_op_parallelism;
-  if (o.single_submit) j["single_submit"] = *o.single_submit;
-  if (o.overlap_events) j["overlap_events"] = *o.overlap_events;
-  if (o.direct) j["direct"] = to_string(*o.direct);
-  if (o.gpu_direct) j["gpu_direct"] = to_string(*o.gpu_direct);
+  for (const OptionSpec& spec : option_specs()) {
+    if (const std::optional<OptionValue> value = o.get(spec.name)) {
+      j[spec.name] = std::visit([](const auto& v) { return json(v); }, *value);
+    }
+  }
   return j;
 }
 

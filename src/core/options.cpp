@@ -7,6 +7,8 @@
 #include <charconv>
 #include <cstdlib>
 #include <limits>
+#include <string_view>
+#include <type_traits>
 
 #include "nvio/config.hpp"
 #include "nvio/errors.hpp"
@@ -56,6 +58,11 @@ std::string lower(std::string s) {
       fmt::format("invalid value '{}' for {}: expected {}", text, what, expected));
 }
 
+// The accepted values in words: in the parsers' messages and in the option table.
+constexpr const char* kEngineWords = "auto, io_uring, libaio or psync";
+constexpr const char* kModeWords = "auto, on or off";
+constexpr const char* kBoolWords = "true/false, 1/0, yes/no or on/off";
+
 }  // namespace
 
 EngineKind parse_engine(const std::string& text, const std::string& what) {
@@ -64,7 +71,7 @@ EngineKind parse_engine(const std::string& text, const std::string& what) {
   if (t == "io_uring" || t == "iouring" || t == "uring") return EngineKind::IoUring;
   if (t == "libaio" || t == "aio") return EngineKind::Libaio;
   if (t == "psync") return EngineKind::Psync;
-  reject(what, text, "auto, io_uring, libaio or psync");
+  reject(what, text, kEngineWords);
 }
 
 DirectIo parse_direct(const std::string& text, const std::string& what) {
@@ -72,7 +79,7 @@ DirectIo parse_direct(const std::string& text, const std::string& what) {
   if (t == "auto") return DirectIo::Auto;
   if (t == "on" || t == "true" || t == "1" || t == "yes") return DirectIo::On;
   if (t == "off" || t == "false" || t == "0" || t == "no") return DirectIo::Off;
-  reject(what, text, "auto, on or off");
+  reject(what, text, kModeWords);
 }
 
 const char* to_string(GpuDirect mode) noexcept {
@@ -89,14 +96,14 @@ GpuDirect parse_gpu_direct(const std::string& text, const std::string& what) {
   if (t == "auto") return GpuDirect::Auto;
   if (t == "on" || t == "true" || t == "1" || t == "yes") return GpuDirect::On;
   if (t == "off" || t == "false" || t == "0" || t == "no") return GpuDirect::Off;
-  reject(what, text, "auto, on or off");
+  reject(what, text, kModeWords);
 }
 
 bool parse_bool(const std::string& text, const std::string& what) {
   const std::string t = lower(text);
   if (t == "1" || t == "true" || t == "yes" || t == "on") return true;
   if (t == "0" || t == "false" || t == "no" || t == "off") return false;
-  reject(what, text, "true/false, 1/0, yes/no or on/off");
+  reject(what, text, kBoolWords);
 }
 
 std::size_t parse_count(const std::string& text, const std::string& what) {
@@ -131,77 +138,270 @@ std::size_t parse_size(const std::string& text, const std::string& what) {
   return value << shift;
 }
 
-void Options::validate() const {
-  if (block_size < kMinBlockSize || block_size > kMaxBlockSize) {
-    throw InvalidArgument(fmt::format("block_size must be between {} and {} bytes, got {}",
-                                      kMinBlockSize, kMaxBlockSize, block_size));
+const char* to_string(OptionType type) noexcept {
+  switch (type) {
+    case OptionType::Boolean: return "boolean";
+    case OptionType::Integer: return "integer";
+    case OptionType::Choice: return "choice";
   }
-  if (queue_depth < 1 || queue_depth > kMaxQueueDepth) {
-    throw InvalidArgument(
-        fmt::format("queue_depth must be between 1 and {}, got {}", kMaxQueueDepth, queue_depth));
-  }
-  if (intra_op_parallelism < 1 || intra_op_parallelism > kMaxParallelism) {
-    throw InvalidArgument(fmt::format("intra_op_parallelism must be between 1 and {}, got {}",
-                                      kMaxParallelism, intra_op_parallelism));
-  }
+  return "?";
 }
 
-const std::map<std::string, std::string>& EffectiveOptions::environment_names() {
-  static const std::map<std::string, std::string> names = {
-      {"engine", "NVIO_ENGINE"},
-      {"block_size", "NVIO_BLOCK_SIZE"},
-      {"queue_depth", "NVIO_QUEUE_DEPTH"},
-      {"single_submit", "NVIO_SINGLE_SUBMIT"},
-      {"overlap_events", "NVIO_OVERLAP_EVENTS"},
-      {"intra_op_parallelism", "NVIO_INTRA_OP_PARALLELISM"},
-      {"direct", "NVIO_DIRECT"},
-      {"gpu_direct", "NVIO_GPU_DIRECT"},
-  };
-  return names;
-}
+// How a row of the table reaches its members: type-erased accessors made, per option, from the
+// member pointers of Options and OptionOverrides by make_access() below.
+struct detail::OptionAccess {
+  OptionValue (*get)(const Options&);
+  std::optional<OptionValue> (*get_set)(const OptionOverrides&);
+  void (*set_text)(OptionOverrides&, const OptionSpec&, const std::string&, const std::string&);
+  void (*set_value)(OptionOverrides&, const OptionSpec&, const OptionValue&, const std::string&);
+  // Copies the value of `from` into `to` when it is set; returns whether it was.
+  bool (*apply)(Options& to, const OptionOverrides& from);
+};
 
 namespace {
 
-unsigned parse_unsigned(const std::string& text, const std::string& what) {
-  const std::size_t v = parse_count(text, what);
-  if (v > std::numeric_limits<unsigned>::max()) {
-    reject(what, text, "an integer that fits in 32 bits");
-  }
-  return static_cast<unsigned>(v);
+std::string shown(const OptionValue& value) {
+  return std::visit(
+      [](const auto& v) -> std::string {
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, bool>) return v ? "true" : "false";
+        if constexpr (std::is_same_v<T, std::int64_t>) return std::to_string(v);
+        if constexpr (std::is_same_v<T, std::string>) return "\"" + v + "\"";
+      },
+      value);
 }
 
-// Applies one option from each layer in turn; `parse` turns the environment text into a value.
-template <typename T, typename Parse>
-void layer(const char* name, T Options::*field, Options& values,
-           const std::optional<T>& config_value, const std::optional<T>& explicit_value,
-           const EnvLookup& getenv, EffectiveOptions& out, Parse parse) {
-  out.sources[name] = OptionSource::Default;
-  if (config_value) {
-    values.*field = *config_value;
-    out.sources[name] = OptionSource::Config;
-  }
-  const std::string& var = EffectiveOptions::environment_names().at(name);
-  if (const char* text = getenv(var.c_str()); text != nullptr) {
-    const T parsed = parse(std::string(text), var);
-    // Range-checked here, not only in the merged result: a bad variable is a mistake the user
-    // must hear about even when an explicit value replaces it.
-    Options probe;
-    probe.*field = parsed;
-    try {
-      probe.validate();
-    } catch (const InvalidArgument& e) {
-      throw InvalidArgument(fmt::format("invalid value '{}' for {}: {}", text, var, e.what()));
-    }
-    values.*field = parsed;
-    out.sources[name] = OptionSource::Environment;
-  }
-  if (explicit_value) {
-    values.*field = *explicit_value;
-    out.sources[name] = OptionSource::Explicit;
+// The name the messages give for where a value came from: the option's own name by default.
+const std::string& where(const OptionSpec& spec, const std::string& what, std::string& storage) {
+  if (!what.empty()) return what;
+  storage = spec.name;
+  return storage;
+}
+
+// Runs a parser and tags any InvalidArgument it throws with the option's name.
+template <typename F>
+auto naming(const OptionSpec& spec, F&& parse) {
+  try {
+    return parse();
+  } catch (const InvalidArgument& e) {
+    if (!e.option().empty()) throw;
+    throw InvalidArgument(e.what(), spec.name);
   }
 }
+
+// `value` (written `text` where it came from) must lie in the row's range.
+void check_range(const OptionSpec& spec, const std::string& what, bool negative,
+                 std::uint64_t magnitude, const std::string& text) {
+  if (!negative && magnitude >= static_cast<std::uint64_t>(spec.min) &&
+      magnitude <= static_cast<std::uint64_t>(spec.max)) {
+    return;
+  }
+  std::string message =
+      fmt::format("{} must be between {} and {}{}{}, got {}{}", spec.name, spec.min, spec.max,
+                  spec.unit[0] ? " " : "", spec.unit, negative ? "-" : "", magnitude);
+  if (!what.empty() && what != spec.name) {
+    message = fmt::format("invalid value '{}' for {}: {}", text, what, message);
+  }
+  throw InvalidArgument(message, spec.name);
+}
+
+template <typename T>
+struct Codec;
+
+// The choices: text and typed value are the same string.
+template <typename T, T (*Parse)(const std::string&, const std::string&)>
+struct ChoiceCodec {
+  static T from_text(const OptionSpec& spec, const std::string& text, const std::string& what) {
+    std::string storage;
+    return naming(spec, [&] { return Parse(text, where(spec, what, storage)); });
+  }
+  static T from_value(const OptionSpec& spec, const OptionValue& value, const std::string& what) {
+    if (const auto* s = std::get_if<std::string>(&value)) return from_text(spec, *s, what);
+    std::string storage;
+    reject_option_type(spec, shown(value), where(spec, what, storage));
+  }
+  static OptionValue to_value(T v) { return std::string(to_string(v)); }
+};
+template <>
+struct Codec<EngineKind> : ChoiceCodec<EngineKind, parse_engine> {};
+template <>
+struct Codec<DirectIo> : ChoiceCodec<DirectIo, parse_direct> {};
+template <>
+struct Codec<GpuDirect> : ChoiceCodec<GpuDirect, parse_gpu_direct> {};
+
+template <>
+struct Codec<bool> {
+  static bool from_text(const OptionSpec& spec, const std::string& text, const std::string& what) {
+    std::string storage;
+    return naming(spec, [&] { return parse_bool(text, where(spec, what, storage)); });
+  }
+  static bool from_value(const OptionSpec& spec, const OptionValue& value,
+                         const std::string& what) {
+    if (const auto* b = std::get_if<bool>(&value)) return *b;
+    std::string storage;
+    reject_option_type(spec, shown(value), where(spec, what, storage));
+  }
+  static OptionValue to_value(bool v) { return v; }
+};
+
+// Sizes (unit "bytes": text may carry a K/M/G/T suffix) and counts; range-checked here, so that
+// every route that sets one refuses the same values.
+template <typename T>
+struct IntegerCodec {
+  static bool sized(const OptionSpec& spec) { return std::string_view(spec.unit) == "bytes"; }
+  static T from_text(const OptionSpec& spec, const std::string& text, const std::string& what) {
+    std::string storage;
+    const std::string& w = where(spec, what, storage);
+    const std::size_t v =
+        naming(spec, [&] { return sized(spec) ? parse_size(text, w) : parse_count(text, w); });
+    check_range(spec, w, false, v, text);
+    return static_cast<T>(v);
+  }
+  static T from_value(const OptionSpec& spec, const OptionValue& value, const std::string& what) {
+    std::string storage;
+    const std::string& w = where(spec, what, storage);
+    if (const auto* i = std::get_if<std::int64_t>(&value)) {
+      const bool negative = *i < 0;
+      const std::uint64_t magnitude =
+          negative ? std::uint64_t{0} - static_cast<std::uint64_t>(*i) : *i;
+      check_range(spec, w, negative, magnitude, std::to_string(*i));
+      return static_cast<T>(*i);
+    }
+    const auto* s = std::get_if<std::string>(&value);
+    if (s != nullptr && sized(spec)) return from_text(spec, *s, what);
+    reject_option_type(spec, shown(value), w);
+  }
+  static OptionValue to_value(T v) { return static_cast<std::int64_t>(v); }
+};
+template <>
+struct Codec<std::size_t> : IntegerCodec<std::size_t> {};
+template <>
+struct Codec<unsigned> : IntegerCodec<unsigned> {};
+
+template <typename M>
+struct member;
+template <typename C, typename T>
+struct member<T C::*> {
+  using type = T;
+};
+
+template <auto Value, auto Override>
+constexpr detail::OptionAccess make_access() {
+  using T = typename member<decltype(Value)>::type;
+  using C = Codec<T>;
+  return {
+      [](const Options& o) { return C::to_value(o.*Value); },
+      [](const OptionOverrides& o) -> std::optional<OptionValue> {
+        if (!(o.*Override)) return std::nullopt;
+        return C::to_value(*(o.*Override));
+      },
+      [](OptionOverrides& o, const OptionSpec& spec, const std::string& text,
+         const std::string& what) { o.*Override = C::from_text(spec, text, what); },
+      [](OptionOverrides& o, const OptionSpec& spec, const OptionValue& value,
+         const std::string& what) { o.*Override = C::from_value(spec, value, what); },
+      [](Options& to, const OptionOverrides& from) {
+        if (!(from.*Override)) return false;
+        to.*Value = *(from.*Override);
+        return true;
+      },
+  };
+}
+
+template <auto Value, auto Override>
+constexpr detail::OptionAccess kAccess = make_access<Value, Override>();
+
+// The option table: the one list of the options. Defaults are Options' member initialisers.
+constexpr OptionSpec kOptions[] = {
+    {"engine", "NVIO_ENGINE", OptionType::Choice, 0, 0, "", kEngineWords,
+     "I/O engine; auto picks the best one this kernel offers",
+     &kAccess<&Options::engine, &OptionOverrides::engine>},
+    {"block_size", "NVIO_BLOCK_SIZE", OptionType::Integer, kMinBlockSize, kMaxBlockSize, "bytes",
+     "a size in bytes, optionally with a K, M, G or T suffix", "Bytes per piece",
+     &kAccess<&Options::block_size, &OptionOverrides::block_size>},
+    {"queue_depth", "NVIO_QUEUE_DEPTH", OptionType::Integer, 1, kMaxQueueDepth, "",
+     "a non-negative integer", "Pieces in flight per worker",
+     &kAccess<&Options::queue_depth, &OptionOverrides::queue_depth>},
+    {"single_submit", "NVIO_SINGLE_SUBMIT", OptionType::Boolean, 0, 0, "", kBoolWords,
+     "Submit one piece per system call",
+     &kAccess<&Options::single_submit, &OptionOverrides::single_submit>},
+    {"overlap_events", "NVIO_OVERLAP_EVENTS", OptionType::Boolean, 0, 0, "", kBoolWords,
+     "Refill the queue as pieces complete, instead of submitting a batch and waiting for all of "
+     "it",
+     &kAccess<&Options::overlap_events, &OptionOverrides::overlap_events>},
+    {"intra_op_parallelism", "NVIO_INTRA_OP_PARALLELISM", OptionType::Integer, 1, kMaxParallelism,
+     "", "a non-negative integer", "Workers per operation",
+     &kAccess<&Options::intra_op_parallelism, &OptionOverrides::intra_op_parallelism>},
+    {"direct", "NVIO_DIRECT", OptionType::Choice, 0, 0, "", kModeWords, "O_DIRECT",
+     &kAccess<&Options::direct, &OptionOverrides::direct>},
+    {"gpu_direct", "NVIO_GPU_DIRECT", OptionType::Choice, 0, 0, "", kModeWords,
+     "GPUDirect Storage (cuFile) for device memory",
+     &kAccess<&Options::gpu_direct, &OptionOverrides::gpu_direct>},
+};
 
 }  // namespace
+
+std::span<const OptionSpec> option_specs() noexcept { return kOptions; }
+
+const OptionSpec* find_option(std::string_view name) noexcept {
+  for (const OptionSpec& spec : kOptions) {
+    if (name == spec.name) return &spec;
+  }
+  return nullptr;
+}
+
+const OptionSpec& option_spec(std::string_view name) {
+  if (const OptionSpec* spec = find_option(name)) return *spec;
+  std::string known;
+  for (const OptionSpec& spec : kOptions)
+    known += (known.empty() ? "" : ", ") + std::string(spec.name);
+  throw InvalidArgument(fmt::format("unknown option '{}'; known options: {}", name, known));
+}
+
+void reject_option_type(const OptionSpec& spec, const std::string& shown_value,
+                        const std::string& what) {
+  const char* expected = spec.type == OptionType::Boolean   ? "true or false"
+                         : spec.type == OptionType::Integer ? "a non-negative integer"
+                                                            : "a string";
+  throw InvalidArgument(fmt::format("{} must be {}, got {}", what, expected, shown_value),
+                        spec.name);
+}
+
+void Options::validate() const {
+  for (const OptionSpec& spec : kOptions) {
+    if (spec.type != OptionType::Integer) continue;
+    const auto value = static_cast<std::uint64_t>(std::get<std::int64_t>(spec.access->get(*this)));
+    check_range(spec, spec.name, false, value, std::to_string(value));
+  }
+}
+
+OptionValue Options::get(std::string_view name) const {
+  return option_spec(name).access->get(*this);
+}
+
+void OptionOverrides::set_text(std::string_view name, const std::string& text,
+                               const std::string& what) {
+  const OptionSpec& spec = option_spec(name);
+  spec.access->set_text(*this, spec, text, what);
+}
+
+void OptionOverrides::set_value(std::string_view name, const OptionValue& value,
+                                const std::string& what) {
+  const OptionSpec& spec = option_spec(name);
+  spec.access->set_value(*this, spec, value, what);
+}
+
+std::optional<OptionValue> OptionOverrides::get(std::string_view name) const {
+  return option_spec(name).access->get_set(*this);
+}
+
+const std::map<std::string, std::string>& EffectiveOptions::environment_names() {
+  static const std::map<std::string, std::string> names = [] {
+    std::map<std::string, std::string> out;
+    for (const OptionSpec& spec : kOptions) out[spec.name] = spec.environment;
+    return out;
+  }();
+  return names;
+}
 
 EffectiveOptions resolve_options(const OptionOverrides& overrides, const EnvLookup& getenv_fn,
                                  const std::string& directory) {
@@ -216,25 +416,23 @@ EffectiveOptions resolve_options(const OptionOverrides& overrides, const EnvLook
       saved = profile->options;
     }
   }
-  Options& o = out.values;
-  const OptionOverrides& x = overrides;
-  layer("engine", &Options::engine, o, saved.engine, x.engine, getenv, out, parse_engine);
-  layer("block_size", &Options::block_size, o, saved.block_size, x.block_size, getenv, out,
-        parse_size);
-  layer("queue_depth", &Options::queue_depth, o, saved.queue_depth, x.queue_depth, getenv, out,
-        parse_unsigned);
-  layer("single_submit", &Options::single_submit, o, saved.single_submit, x.single_submit, getenv,
-        out, parse_bool);
-  layer("overlap_events", &Options::overlap_events, o, saved.overlap_events, x.overlap_events,
-        getenv, out, parse_bool);
-  layer("intra_op_parallelism", &Options::intra_op_parallelism, o, saved.intra_op_parallelism,
-        x.intra_op_parallelism, getenv, out, parse_unsigned);
-  layer("direct", &Options::direct, o, saved.direct, x.direct, getenv, out, parse_direct);
-  layer("gpu_direct", &Options::gpu_direct, o, saved.gpu_direct, x.gpu_direct, getenv, out,
-        parse_gpu_direct);
+  for (const OptionSpec& spec : kOptions) {
+    OptionSource& source = out.sources[spec.name];
+    source = OptionSource::Default;
+    if (spec.access->apply(out.values, saved)) source = OptionSource::Config;
+    // Parsed and range-checked here, not only in the merged result: a bad variable is a mistake
+    // the user must hear about even when an explicit value replaces it.
+    if (const char* text = getenv(spec.environment); text != nullptr) {
+      OptionOverrides environment;
+      spec.access->set_text(environment, spec, text, spec.environment);
+      spec.access->apply(out.values, environment);
+      source = OptionSource::Environment;
+    }
+    if (spec.access->apply(out.values, overrides)) source = OptionSource::Explicit;
+  }
   // The configuration file and the environment were range-checked as they were read, so only an
   // explicit value can still be out of range here; the message names the option.
-  o.validate();
+  out.values.validate();
   return out;
 }
 

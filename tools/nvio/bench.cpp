@@ -24,7 +24,9 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
+#include <variant>
 #include <vector>
 
 #include "cli.hpp"
@@ -37,6 +39,56 @@
 #include "nvio/system.hpp"
 
 namespace nvio_cli {
+
+namespace {
+
+// The flag of an option: its name with dashes ("--queue-depth"); intra_op_parallelism is also
+// --parallelism, the flag's established shorter name, which messages use.
+std::string flag_names(const nvio::OptionSpec& spec) {
+  std::string dashed = spec.name;
+  std::replace(dashed.begin(), dashed.end(), '_', '-');
+  if (std::string_view(spec.name) == "intra_op_parallelism") return "--parallelism,--" + dashed;
+  return "--" + dashed;
+}
+
+// One flag per row of the option table (two for a boolean: --NAME sets it, --no-NAME clears it).
+void add_option_flags(CLI::App& app, std::map<std::string, BenchArgs::OptionFlag>& options) {
+  for (const nvio::OptionSpec& spec : nvio::option_specs()) {
+    const std::string names = flag_names(spec);
+    const std::string flag = names.substr(0, names.find(','));
+    const std::string name = spec.name;
+    const std::string env = fmt::format(" [env {}]", spec.environment);
+    if (spec.type == nvio::OptionType::Boolean) {
+      app.add_flag_callback(
+          names,
+          [&options, name, flag] {
+            options[name] = {flag, "true"};
+          },
+          spec.description + env);
+      const std::string off = "--no-" + flag.substr(2);
+      app.add_flag_callback(
+          off,
+          [&options, name, off] {
+            options[name] = {off, "false"};
+          },
+          fmt::format("Do not: {}{}", spec.description, env));
+      continue;
+    }
+    const bool choice = spec.type == nvio::OptionType::Choice;
+    app.add_option_function<std::string>(
+           names,
+           [&options, name, flag](const std::string& text) {
+             options[name] = {flag, text};
+           },
+           choice ? fmt::format("{}: {}{}", spec.description, spec.accepted, env)
+                  : spec.description + env)
+        ->type_name(choice                                   ? "MODE"
+                    : std::string_view(spec.unit) == "bytes" ? "BYTES"
+                                                             : "N");
+  }
+}
+
+}  // namespace
 
 void add_bench_options(CLI::App& app, BenchArgs& args) {
   app.add_option("--dir", args.dir,
@@ -61,25 +113,7 @@ void add_bench_options(CLI::App& app, BenchArgs& args) {
                  "Seed of the data pattern (default: a new one from time and pid, so that no file "
                  "left by another run can pass --verify)")
       ->type_name("N");
-  app.add_option("--engine", args.engine, "auto, io_uring, libaio or psync [env NVIO_ENGINE]")
-      ->type_name("ENGINE");
-  app.add_option("--block-size", args.block_size, "Bytes per piece [env NVIO_BLOCK_SIZE]")
-      ->type_name("BYTES");
-  app.add_option("--queue-depth", args.queue_depth,
-                 "Pieces in flight per worker [env NVIO_QUEUE_DEPTH]")
-      ->type_name("N");
-  app.add_option("--parallelism", args.parallelism,
-                 "Workers per operation [env NVIO_INTRA_OP_PARALLELISM]")
-      ->type_name("N");
-  app.add_flag_callback(
-      "--single-submit", [&args] { args.single_submit = true; },
-      "Submit one piece per system call [env NVIO_SINGLE_SUBMIT]");
-  app.add_flag_callback(
-      "--no-overlap-events", [&args] { args.overlap_events = false; },
-      "Submit a batch and wait for all of it, instead of refilling the queue as pieces complete "
-      "[env NVIO_OVERLAP_EVENTS]");
-  app.add_option("--direct", args.direct, "O_DIRECT: auto, on or off [env NVIO_DIRECT]")
-      ->type_name("MODE");
+  add_option_flags(app, args.options);
   app.add_flag("--verify", args.verify,
                "Check every byte read back against the pattern; exit 1 naming the first bad "
                "offset on a mismatch. Reading an existing --file needs the --seed it was written "
@@ -183,44 +217,20 @@ unsigned parse_unsigned(const std::string& text, const char* flag) {
 }
 
 // Only flags given on the command line become overrides; the rest come from NVIO_* or defaults.
-nvio::OptionOverrides build_overrides(const BenchArgs& args) {
+// The first bad value is kept in `bad`, naming the option and, after it, the flag it came from: it
+// is raised once the environment and the configuration file have been checked, whose mistakes are
+// reported first (a bad variable must be heard about whatever the flags say).
+nvio::OptionOverrides build_overrides(const BenchArgs& args,
+                                      std::optional<nvio::InvalidArgument>& bad) {
   nvio::OptionOverrides o;
-  if (args.engine) o.engine = nvio::parse_engine(*args.engine, "--engine");
-  if (args.block_size) o.block_size = nvio::parse_size(*args.block_size, "--block-size");
-  if (args.queue_depth) {
-    o.queue_depth = parse_unsigned(*args.queue_depth, "--queue-depth");
-  }
-  if (args.parallelism) {
-    o.intra_op_parallelism = parse_unsigned(*args.parallelism, "--parallelism");
-  }
-  if (args.direct) o.direct = nvio::parse_direct(*args.direct, "--direct");
-  o.single_submit = args.single_submit;
-  o.overlap_events = args.overlap_events;
-  return o;
-}
-
-// The library names the option ("queue_depth must be between 1 and 4096, got 0"); when the value
-// came from a flag, add the flag, as it already adds the variable for environment values.
-nvio::EffectiveOptions resolve_naming_flags(const nvio::OptionOverrides& o,
-                                            const std::string& directory) {
-  try {
-    return nvio::resolve_options(o, {}, directory);
-  } catch (const nvio::InvalidArgument& e) {
-    const std::string what = e.what();
-    const struct {
-      const char* option;
-      const char* flag;
-      bool given;
-    } flags[] = {{"block_size", "--block-size", o.block_size.has_value()},
-                 {"queue_depth", "--queue-depth", o.queue_depth.has_value()},
-                 {"intra_op_parallelism", "--parallelism", o.intra_op_parallelism.has_value()}};
-    for (const auto& f : flags) {
-      if (f.given && what.rfind(std::string(f.option) + " ", 0) == 0) {
-        throw nvio::InvalidArgument(what + " (from " + f.flag + ")");
-      }
+  for (const auto& [name, given] : args.options) {
+    try {
+      o.set_text(name, given.text);
+    } catch (const nvio::InvalidArgument& e) {
+      if (!bad) bad.emplace(fmt::format("{} (from {})", e.what(), given.flag), e.option());
     }
-    throw;
   }
+  return o;
 }
 
 const char* kind_of(mode_t mode) {
@@ -290,8 +300,13 @@ Plan make_plan(const BenchArgs& args) {
   plan.verify = args.verify;
   plan.keep = args.keep;
   plan.json = args.json;
-  nvio::OptionOverrides overrides = build_overrides(args);
-  if (args.gpu) overrides.gpu_direct = args.gds ? nvio::GpuDirect::On : nvio::GpuDirect::Off;
+  std::optional<nvio::InvalidArgument> bad_flag;
+  nvio::OptionOverrides overrides = build_overrides(args, bad_flag);
+  if (args.gds && overrides.gpu_direct)
+    throw UsageError("--gds and --gpu-direct exclude each other");
+  if (args.gpu && !overrides.gpu_direct) {
+    overrides.gpu_direct = args.gds ? nvio::GpuDirect::On : nvio::GpuDirect::Off;
+  }
   // The saved configuration's profile is the one of the drive the file is on.
   std::string config_dir = ".";
   if (args.file) {
@@ -300,7 +315,8 @@ Plan make_plan(const BenchArgs& args) {
   } else if (args.dir) {
     config_dir = *args.dir;
   }
-  plan.options = resolve_naming_flags(overrides, config_dir);
+  plan.options = nvio::resolve_options(overrides, {}, config_dir);
+  if (bad_flag) throw *bad_flag;
   if (args.gpu) {
     // Checked after the options, so that a bad flag is reported first; exit 2 like a bad flag.
     const nvio::GpuInfo& gpu = nvio::gpu_info();
@@ -642,12 +658,19 @@ void print_table(const std::vector<OpResult>& results, const nvio::Handle& handl
   const nvio::Options& o = handle.options();
   fmt::print("nvio bench: {} ({} bytes), {} loop(s), file {}\n", human_bytes(plan.size), plan.size,
              plan.loops, plan.path);
-  fmt::print(
-      "engine {} ({}); block_size {}, queue_depth {}, single_submit {}, overlap_events {}, "
-      "intra_op_parallelism {}, direct {}\n",
-      nvio::to_string(handle.engine()), handle.engine_reason(), human_bytes(o.block_size),
-      o.queue_depth, o.single_submit, o.overlap_events, o.intra_op_parallelism,
-      nvio::to_string(o.direct));
+  // The engine in use (never auto) and why, then every other option as resolved.
+  std::string settings;
+  for (const nvio::OptionSpec& spec : nvio::option_specs()) {
+    if (std::string_view(spec.name) == "engine") continue;
+    const nvio::OptionValue value = o.get(spec.name);
+    const std::string text =
+        std::string_view(spec.unit) == "bytes"
+            ? human_bytes(static_cast<unsigned long long>(std::get<std::int64_t>(value)))
+            : std::visit([](const auto& v) { return fmt::format("{}", v); }, value);
+    settings += fmt::format("{}{} {}", settings.empty() ? "" : ", ", spec.name, text);
+  }
+  fmt::print("engine {} ({}); {}\n", nvio::to_string(handle.engine()), handle.engine_reason(),
+             settings);
   if (!plan.options.config_profile.empty()) {
     fmt::print("settings from {} (profile {}): {}\n", plan.options.config_path,
                plan.options.config_profile, configured_names(plan.options));

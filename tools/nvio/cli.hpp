@@ -6,6 +6,7 @@
 // is reported with the same wording as an NVIO_* environment variable would be.
 #pragma once
 
+#include <map>
 #include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <stdexcept>
@@ -37,14 +38,15 @@ struct BenchArgs {
   std::optional<std::string> op;  // unset: both, but an existing --file then is not overwritten
   std::string loops = "3";
   std::optional<std::string> seed;
-  // Handle options: unset ones fall through to NVIO_* environment variables and defaults.
-  std::optional<std::string> engine;
-  std::optional<std::string> block_size;
-  std::optional<std::string> queue_depth;
-  std::optional<std::string> parallelism;
-  std::optional<std::string> direct;
-  std::optional<bool> single_submit;   // set to true by --single-submit
-  std::optional<bool> overlap_events;  // set to false by --no-overlap-events
+  // Handle options given on the command line, keyed by option name (one flag per row of the option
+  // table; a boolean option has --NAME and --no-NAME): the text as typed ("true"/"false" for a
+  // boolean flag) and the flag, for messages. Unset ones fall through to the configuration file,
+  // NVIO_* variables and defaults.
+  struct OptionFlag {
+    std::string flag;
+    std::string text;
+  };
+  std::map<std::string, OptionFlag> options;
   bool verify = false;
   bool keep = false;
   bool json = false;

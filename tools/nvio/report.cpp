@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <variant>
 
 #include "cli.hpp"
 #include "nvio/gpu.hpp"
@@ -31,14 +32,9 @@ std::string human_bytes(unsigned long long bytes) {
 
 json options_to_json(const nvio::Options& o) {
   json out = json::object();
-  out["engine"] = nvio::to_string(o.engine);
-  out["block_size"] = o.block_size;
-  out["queue_depth"] = o.queue_depth;
-  out["single_submit"] = o.single_submit;
-  out["overlap_events"] = o.overlap_events;
-  out["intra_op_parallelism"] = o.intra_op_parallelism;
-  out["direct"] = nvio::to_string(o.direct);
-  out["gpu_direct"] = nvio::to_string(o.gpu_direct);
+  for (const nvio::OptionSpec& spec : nvio::option_specs()) {
+    out[spec.name] = std::visit([](const auto& v) { return json(v); }, o.get(spec.name));
+  }
   return out;
 }
 

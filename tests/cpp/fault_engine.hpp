@@ -90,6 +90,10 @@ class FaultEngine final : public nvio::engine::Engine {
   FaultEngine(std::unique_ptr<nvio::engine::Engine> inner, const FaultPlan& plan,
               std::uint64_t seed, std::shared_ptr<FaultStats> stats);
 
+  // Restarts the random sequence, so that one engine (costly to make for libaio) can serve many
+  // seeds. Only between uses: with nothing outstanding.
+  void reseed(std::uint64_t seed) { rng_.seed(seed); }
+
   int submit(std::span<const nvio::engine::Request> requests) override;
   int reap(std::span<nvio::engine::Completion> out, std::size_t min_complete) override;
   int cancel() override;

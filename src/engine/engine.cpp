@@ -24,6 +24,16 @@ std::mutex& factory_mutex() {
 
 }  // namespace
 
+std::exception_ptr Engine::error(IoOp op, const std::string& path, std::uint64_t offset,
+                                 std::uint64_t length, std::int64_t result,
+                                 const std::string& detail) const {
+  try {
+    throw_io_error(op, path, offset, length, static_cast<int>(-result), detail);
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
 EngineFactory set_engine_factory_for_testing(EngineFactory factory) {
   std::lock_guard lock(factory_mutex());
   std::swap(g_factory, factory);

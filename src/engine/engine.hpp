@@ -6,11 +6,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <span>
 #include <string>
 
+#include "nvio/errors.hpp"
 #include "nvio/options.hpp"
 
 struct io_uring;  // liburing's ring
@@ -26,6 +28,11 @@ struct Request {
   std::size_t length;
   std::uint64_t offset;
   std::uint64_t tag;  // returned unchanged in the completion
+  // For engines that move device memory (cuFile): the file's registration with them (a
+  // `const cuda::CuFileHandle*`) and the CUDA device whose context the transfer needs. The
+  // kernel engines ignore both.
+  const void* file_handle = nullptr;
+  int device = -1;
 };
 
 struct Completion {
@@ -67,6 +74,15 @@ class Engine {
   // memory they point into. Returns 0 or -errno; an engine with nothing to cancel returns 0.
   virtual int cancel() = 0;
   virtual EngineKind kind() const noexcept = 0;
+  // For messages: "io_uring", "libaio", "psync", "cuFile".
+  virtual const char* name() const noexcept { return to_string(kind()); }
+  // The error of a request of `path` at [offset, offset + length) that completed with `result`
+  // (< 0): an IoError with the errno by default; an engine whose results carry other codes
+  // (cuFile's) decodes them here, so that the handle never has to. `detail` is added to the
+  // message ("O_DIRECT", say).
+  virtual std::exception_ptr error(IoOp op, const std::string& path, std::uint64_t offset,
+                                   std::uint64_t length, std::int64_t result,
+                                   const std::string& detail) const;
 };
 
 // Creates an engine of a concrete kind able to keep `queue_depth` requests in flight: the test
@@ -99,6 +115,23 @@ struct IoUringCalls {
   int (*submit)(io_uring* ring);
 };
 IoUringCalls real_io_uring_calls() noexcept;
+
+// cuFile (GPUDirect Storage) in the psync shape: each request is one synchronous cuFileRead or
+// cuFileWrite during submit(), its result handed back by reap(). Requests carry their file's
+// registration and device (Request::file_handle, Request::device). The calls are replaceable in
+// tests; `make_current` returns a CUresult, `transfer` what cuda::gds_transfer does (bytes, -errno
+// or -CUfileOpError).
+struct CuFileCalls {
+  std::function<int(int device)> make_current;
+  std::function<std::int64_t(const Request& request)> transfer;
+  // The CUDA driver's name and text for a CUresult, for messages.
+  std::function<std::string(int code)> error_name;
+  std::function<std::string(int code)> error_string;
+};
+// The real calls: the process's device operations and cuFile. Throws GpuError when CUDA cannot
+// be used.
+CuFileCalls real_cufile_calls();
+std::unique_ptr<Engine> make_cufile_engine(CuFileCalls calls);
 
 // Back ends, defined in their own files.
 std::unique_ptr<Engine> make_io_uring_engine(unsigned queue_depth,

@@ -8,6 +8,10 @@
 //     │                                    device read: CopyingOut (chunk → device) ──► done
 //     └──────────────── retire: the chunk goes back to the pool, the generation moves on
 //
+// A slot's requests go to one of the worker's engines: the kernel engine of the handle's options,
+// or, for device memory moved by GPUDirect Storage, the cuFile engine (psync-shaped: the transfer
+// runs in submit(), its result comes back through reap()). The worker never branches on which.
+//
 // Invariants, held here and nowhere else:
 //   * a slot is retired (its bounce chunk reused, its operation told) only from Ready, or after
 //     the engine gave its request back (completion) or its copy's event fired: never while the
@@ -24,6 +28,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <mutex>
 #include <new>
@@ -43,6 +48,11 @@ using engine::Direction;
 // Reap failures in a row, after which the engine counts as broken and the worker stops.
 constexpr unsigned kReapFailures = 16;
 
+// A worker's engines: the kernel engine of the handle's options, and cuFile for device memory
+// moved by GPUDirect Storage (made when the worker first meets such an operation).
+enum Lane : unsigned { kKernel = 0, kCuFile = 1 };
+constexpr unsigned kLanes = 2;
+
 enum class SlotState : std::uint8_t {
   Free,        // holds no piece
   CopyingIn,   // device write: the copy device -> bounce chunk runs; its event says when done
@@ -61,6 +71,7 @@ struct Slot {
   std::size_t done = 0;  // bytes transferred so far
   int fd = -1;
   bool direct = false;
+  unsigned lane = kKernel;                 // the engine its requests go to
   std::byte* user = nullptr;               // the piece's bytes in the caller's buffer
   std::byte* bounce = nullptr;             // the aligned copy used for I/O, or null for zero-copy
   RetryCounter retries{kTransferRetries};  // EINTR / EAGAIN / no progress, in a row
@@ -72,8 +83,10 @@ struct Slot {
 // worker that stops with requests it cannot account for can abandon it (see abandon()).
 struct WorkerMemory {
   WorkerMemory(std::unique_ptr<engine::Engine> e, std::size_t chunk, std::size_t count)
-      : engine(std::move(e)), pool(chunk, count) {}
-  std::unique_ptr<engine::Engine> engine;
+      : pool(chunk, count) {
+    engines[kKernel] = std::move(e);
+  }
+  std::array<std::unique_ptr<engine::Engine>, kLanes> engines;  // kCuFile: null until needed
   BouncePool pool;
   std::unique_ptr<cuda::DeviceLane> lane;  // after `pool`: destroyed before it
 };
@@ -134,43 +147,6 @@ std::exception_ptr gpu_error_ptr(cuda::DeviceOps& ops, const char* api, int code
   }
 }
 
-// Moves one GDS piece with cuFile on this thread; short transfers are resumed. Returns the error
-// of the piece, or null.
-std::exception_ptr run_gds_piece(Operation& op, const Piece& p) {
-  const bool is_read = op.is_read();
-  const IoOp io_op = is_read ? IoOp::Read : IoOp::Write;
-  std::byte* user = op.user(p.file_offset);
-  std::size_t done = 0;
-  RetryCounter retries(kTransferRetries);
-  try {
-    const int rc = op.device_ops->make_current(op.device);
-    if (rc != cuda::kSuccess) cuda::throw_gpu_error(*op.device_ops, "cuCtxSetCurrent", rc);
-    while (done < p.length) {
-      const std::uint64_t at = p.file_offset + done;
-      const std::int64_t n =
-          cuda::gds_transfer(op.cufile, is_read, user + done, p.length - done, at);
-      if (n < 0) {
-        const int err = static_cast<int>(-n);
-        if (retries.retry(err)) continue;
-        if (err > cuda::abi::kCuFileOpBaseErr) {
-          throw GpuError(is_read ? "cuFileRead" : "cuFileWrite", err, cuda::cufile_error_name(err),
-                         cuda::cufile_error_text(err), op.path, at, p.length - done);
-        }
-        throw_io_error(io_op, op.path, at, p.length - done, err, "cuFile");
-      }
-      if (n == 0) {
-        if (is_read) std::rethrow_exception(ended_during_read(op, at));
-        throw_io_error(io_op, op.path, at, p.length - done, EIO, "cuFileWrite transferred 0 bytes");
-      }
-      done += static_cast<std::size_t>(n);
-      retries.progress();
-    }
-  } catch (...) {
-    return std::current_exception();
-  }
-  return nullptr;
-}
-
 std::size_t ceil_div(std::size_t a, std::size_t b) { return (a + b - 1) / b; }
 
 class Worker {
@@ -191,13 +167,15 @@ class Worker {
   void start(const OperationPtr& op, const Piece& piece);
   void make_ready(unsigned i);
   void submit_ready();
-  std::size_t reap(std::size_t min_complete);
-  void on_completion(const engine::Completion& c);
+  std::size_t reap(unsigned lane, std::size_t min_complete);
+  std::size_t on_disk() const { return on_disk_[kKernel] + on_disk_[kCuFile]; }
+  engine::Engine& engine(unsigned lane) { return *memory_->engines[lane]; }
+  void on_completion(unsigned lane, const engine::Completion& c);
   void transfer_finished(unsigned i);
   void start_copy(unsigned i, bool to_device);
   std::size_t poll_copies(bool block_on_oldest);
   bool copy_host(unsigned i);
-  void engine_error(int err);
+  void engine_error(unsigned lane, int err);
   // Ends a slot: the piece is done (retire), or failed with `error` (retire_failed), or failed
   // with its chunk possibly still used by a device copy (quarantine: the chunk is never reused).
   void retire(unsigned i);
@@ -210,11 +188,11 @@ class Worker {
   OperationQueue& queue_;
   std::unique_ptr<WorkerMemory> memory_;
   std::vector<Slot> slots_;
-  std::vector<unsigned> free_;     // Free slots
-  std::vector<unsigned> ready_;    // Ready slots, in the order their requests are due
-  std::vector<unsigned> copying_;  // CopyingIn / CopyingOut slots, oldest first
-  std::size_t inflight_ = 0;       // slots not Free
-  std::size_t on_disk_ = 0;        // OnDisk slots
+  std::vector<unsigned> free_;                 // Free slots
+  std::vector<unsigned> ready_;                // Ready slots, in the order their requests are due
+  std::vector<unsigned> copying_;              // CopyingIn / CopyingOut slots, oldest first
+  std::size_t inflight_ = 0;                   // slots not Free
+  std::array<std::size_t, kLanes> on_disk_{};  // OnDisk slots, by engine
   std::vector<engine::Request> requests_;
   std::vector<engine::Completion> completions_;
   UserCopier copier_;                             // bounce copies to and from the caller's memory
@@ -254,8 +232,13 @@ Worker::Worker(const WorkerSettings& settings, OperationQueue& queue)
 engine::Request Worker::request_for(unsigned i) const {
   const Slot& s = slots_[i];
   std::byte* base = s.bounce != nullptr ? s.bounce : s.user;
-  return engine::Request{
+  engine::Request r{
       s.fd, s.op->direction, base + s.done, s.length - s.done, s.file_offset + s.done, tag(i)};
+  if (s.lane == kCuFile) {
+    r.file_handle = &s.op->cufile;
+    r.device = s.op->device;
+  }
+  return r;
 }
 
 OperationPtr Worker::release(unsigned i) noexcept {
@@ -303,7 +286,7 @@ void Worker::fill() {
   // While the engine fails to report completions, nothing new starts on it until it has given
   // back every request it holds.
   if (reap_failures_ > 0) {
-    if (on_disk_ > 0) return;
+    if (on_disk() > 0) return;
     reap_failures_ = 0;
   }
   OperationPtr last_op;
@@ -324,14 +307,6 @@ void Worker::fill() {
       queue_.finish_piece(*op, 1);
       continue;
     }
-    if (op->transport == cuda::Transport::Gds) {
-      if (std::exception_ptr e = run_gds_piece(*op, piece)) {
-        queue_.fail(*op, e, 1);
-      } else {
-        queue_.finish_piece(*op, 1);
-      }
-      continue;
-    }
     start(op, piece);
   }
 }
@@ -350,6 +325,15 @@ void Worker::start(const OperationPtr& op, const Piece& piece) {
       return;
     }
   }
+  const bool gds = op->transport == cuda::Transport::Gds;
+  if (gds && !memory_->engines[kCuFile]) {
+    try {
+      memory_->engines[kCuFile] = engine::make_cufile_engine(engine::real_cufile_calls());
+    } catch (...) {
+      queue_.fail(*op, std::current_exception(), 1);
+      return;
+    }
+  }
   const unsigned i = free_.back();
   free_.pop_back();
   ++inflight_;
@@ -360,6 +344,7 @@ void Worker::start(const OperationPtr& op, const Piece& piece) {
   s.length = piece.length;
   s.direct = piece.direct;
   s.fd = piece.direct ? op->direct_fd : op->buffered_fd;
+  s.lane = gds ? kCuFile : kKernel;
   s.user = op->user(piece.file_offset);
   if (op->needs_bounce(piece)) {
     try {
@@ -470,10 +455,16 @@ void Worker::submit_ready() {
     }
   }
   ready_.resize(kept);
-  engine::Engine& eng = *memory_->engine;
   std::size_t pos = 0;
   while (pos < ready_.size()) {
-    const std::size_t n = settings_.single_submit ? 1 : ready_.size() - pos;
+    // The requests due next that go to the same engine, in order.
+    const unsigned lane = slots_[ready_[pos]].lane;
+    std::size_t n = 1;
+    while (!settings_.single_submit && pos + n < ready_.size() &&
+           slots_[ready_[pos + n]].lane == lane) {
+      ++n;
+    }
+    engine::Engine& eng = engine(lane);
     requests_.clear();
     for (std::size_t k = pos; k < pos + n; ++k) requests_.push_back(request_for(ready_[k]));
     in_engine_ = true;
@@ -483,13 +474,13 @@ void Worker::submit_ready() {
       for (std::size_t k = pos; k < pos + static_cast<std::size_t>(rc); ++k) {
         slots_[ready_[k]].state = SlotState::OnDisk;
       }
-      on_disk_ += static_cast<std::size_t>(rc);
+      on_disk_[lane] += static_cast<std::size_t>(rc);
       pos += static_cast<std::size_t>(rc);
       submit_stalls_.progress();
       continue;
     }
     const bool busy = rc == 0 || rc == -EAGAIN || rc == -EBUSY;
-    if (busy && on_disk_ > 0) break;  // the kernel is out of resources: reap, then offer again
+    if (busy && on_disk_[lane] > 0) break;  // out of resources: reap, then offer again
     if (busy && submit_stalls_.retry(EAGAIN)) {
       sched_yield();
       continue;
@@ -499,59 +490,58 @@ void Worker::submit_ready() {
     const Slot& s = slots_[i];
     const int err = rc < 0 ? -rc : EAGAIN;
     submit_stalls_.progress();
-    retire_failed(
-        i, io_error_ptr(IoOp::Submit, s.op->path, s.file_offset + s.done, s.length - s.done, err,
-                        fmt::format("{} engine", to_string(eng.kind()))));
+    retire_failed(i, io_error_ptr(IoOp::Submit, s.op->path, s.file_offset + s.done,
+                                  s.length - s.done, err, fmt::format("{} engine", eng.name())));
     ++pos;
   }
   ready_.erase(ready_.begin(), ready_.begin() + static_cast<std::ptrdiff_t>(pos));
 }
 
-std::size_t Worker::reap(std::size_t min_complete) {
+std::size_t Worker::reap(unsigned lane, std::size_t min_complete) {
   in_engine_ = true;
-  const int got = memory_->engine->reap(completions_, min_complete);
+  const int got = engine(lane).reap(completions_, min_complete);
   in_engine_ = false;
   if (got < 0) {
-    engine_error(-got);
+    engine_error(lane, -got);
     return 0;
   }
   reap_failures_ = 0;
-  for (int k = 0; k < got; ++k) on_completion(completions_[static_cast<std::size_t>(k)]);
+  for (int k = 0; k < got; ++k) on_completion(lane, completions_[static_cast<std::size_t>(k)]);
   return static_cast<std::size_t>(got);
 }
 
-void Worker::engine_error(int err) {
+void Worker::engine_error(unsigned lane, int err) {
   ++reap_failures_;
   if (reap_failures_ >= kReapFailures) {
     // Thrown into run(): the worker stops and abandons what the engine may still use.
     throw_io_error(IoOp::Wait, "(all files of this worker)", 0, 0, err,
                    fmt::format("the {} engine failed to report completions {} times in a row",
-                               to_string(memory_->engine->kind()), reap_failures_));
+                               engine(lane).name(), reap_failures_));
   }
   if (is_transient(err)) return;   // nothing is lost: ask again
   if (reap_failures_ > 1) return;  // the operations in flight were failed already
   // Whether the requests in flight completed is unknown: none of their operations may report
   // success. They fail now; their slots stay OnDisk until the engine gives them back.
   for (Slot& s : slots_) {
-    if (s.state != SlotState::OnDisk) continue;
+    if (s.state != SlotState::OnDisk || s.lane != lane) continue;
     queue_.fail(*s.op,
                 io_error_ptr(IoOp::Wait, s.op->path, s.file_offset + s.done, s.length - s.done, err,
-                             fmt::format("{} engine", to_string(memory_->engine->kind()))),
+                             fmt::format("{} engine", engine(lane).name())),
                 0);
   }
-  memory_->engine->cancel();
+  engine(lane).cancel();
 }
 
-void Worker::on_completion(const engine::Completion& c) {
+void Worker::on_completion(unsigned lane, const engine::Completion& c) {
   const auto i = static_cast<unsigned>(c.tag & 0xffff'ffffu);
   const auto generation = static_cast<std::uint32_t>(c.tag >> 32);
   if (i >= slots_.size() || slots_[i].state != SlotState::OnDisk ||
-      slots_[i].generation != generation) {
+      slots_[i].generation != generation || slots_[i].lane != lane) {
     return;  // not a request of this slot's current piece: nothing may be applied to it
   }
   Slot& s = slots_[i];
   s.state = SlotState::Ready;  // given back by the engine; in the ready list only if resent
-  --on_disk_;
+  --on_disk_[lane];
   Operation& op = *s.op;
   if (op.failed.load(std::memory_order_acquire)) {
     retire(i);  // the operation failed meanwhile: nothing more of it is done
@@ -565,8 +555,9 @@ void Worker::on_completion(const engine::Completion& c) {
       make_ready(i);
       return;
     }
-    retire_failed(
-        i, io_error_ptr(io_op(s), op.path, at, left, err, s.direct ? "O_DIRECT" : std::string{}));
+    // The engine decodes its own result codes (cuFile's, say) into the error.
+    retire_failed(i, engine(lane).error(io_op(s), op.path, at, left, c.result,
+                                        s.direct && lane == kKernel ? "O_DIRECT" : std::string{}));
     return;
   }
   if (c.result == 0) {
@@ -583,7 +574,7 @@ void Worker::on_completion(const engine::Completion& c) {
   }
   const std::size_t before = s.done;
   s.done += static_cast<std::size_t>(c.result);
-  if (s.done < s.length && s.direct) {
+  if (s.done < s.length && s.direct && lane == kKernel) {
     // A short direct transfer resumes with direct I/O, from the last aligned point (see
     // direct_resume_point): never through the page cache beside direct-written bytes.
     const std::byte* base = s.bounce != nullptr ? s.bounce : s.user;
@@ -626,15 +617,26 @@ void Worker::run() noexcept {
         if (queue_.should_exit()) return;
         continue;
       }
-      if (!copying_.empty()) {
-        // Copies and disk I/O are both pending: never block in the engine while a copy may
-        // finish (its slot would wait needlessly); block on the oldest copy only when nothing
-        // moved.
-        const std::size_t got = on_disk_ > 0 ? reap(0) : 0;
-        if (got == 0 && copies_done == 0) poll_copies(true);
-      } else if (on_disk_ > 0) {
-        // At least one completion (overlap_events), or every request in flight.
-        reap(settings_.overlap_events ? 1 : on_disk_);
+      const bool both = on_disk_[kKernel] > 0 && on_disk_[kCuFile] > 0;
+      if (!copying_.empty() || both) {
+        // Several things are pending (copies, or both engines): never block in one while another
+        // may finish; block only when nothing moved, on the oldest copy or else the kernel.
+        std::size_t got = 0;
+        for (unsigned lane = 0; lane < kLanes; ++lane) {
+          if (on_disk_[lane] > 0) got += reap(lane, 0);
+        }
+        if (got == 0 && copies_done == 0) {
+          if (!copying_.empty()) {
+            poll_copies(true);
+          } else {
+            reap(kKernel, 1);
+          }
+        }
+      } else {
+        // One engine has requests: at least one completion (overlap_events), or all of them.
+        for (unsigned lane = 0; lane < kLanes; ++lane) {
+          if (on_disk_[lane] > 0) reap(lane, settings_.overlap_events ? 1 : on_disk_[lane]);
+        }
       }
     }
   } catch (...) {
@@ -664,20 +666,22 @@ void Worker::die(std::exception_ptr cause) noexcept {
         idle = false;
       }
     }
-    if (idle && on_disk_ > 0) memory_->engine->cancel();
-    while (idle && on_disk_ > 0) {
-      const int got = retry_interrupted([&] { return memory_->engine->reap(completions_, 1); });
-      if (got < 0) {
-        idle = false;
-        break;
-      }
-      for (int k = 0; k < got; ++k) {
-        const std::uint64_t t = completions_[static_cast<std::size_t>(k)].tag;
-        const auto i = static_cast<unsigned>(t & 0xffff'ffffu);
-        if (i < slots_.size() && slots_[i].state == SlotState::OnDisk &&
-            slots_[i].generation == static_cast<std::uint32_t>(t >> 32)) {
-          slots_[i].state = SlotState::Ready;
-          --on_disk_;
+    for (unsigned lane = 0; lane < kLanes; ++lane) {
+      if (idle && on_disk_[lane] > 0) engine(lane).cancel();
+      while (idle && on_disk_[lane] > 0) {
+        const int got = retry_interrupted([&] { return engine(lane).reap(completions_, 1); });
+        if (got < 0) {
+          idle = false;
+          break;
+        }
+        for (int k = 0; k < got; ++k) {
+          const std::uint64_t t = completions_[static_cast<std::size_t>(k)].tag;
+          const auto i = static_cast<unsigned>(t & 0xffff'ffffu);
+          if (i < slots_.size() && slots_[i].state == SlotState::OnDisk && slots_[i].lane == lane &&
+              slots_[i].generation == static_cast<std::uint32_t>(t >> 32)) {
+            slots_[i].state = SlotState::Ready;
+            --on_disk_[lane];
+          }
         }
       }
     }
@@ -695,7 +699,7 @@ void Worker::die(std::exception_ptr cause) noexcept {
     // into stays abandoned. One that threw is in an unknown state and is abandoned with it.
     if (!in_engine_) {
       try {
-        memory_->engine.reset();
+        for (auto& e : memory_->engines) e.reset();
       } catch (...) {
       }
     }

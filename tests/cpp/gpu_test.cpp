@@ -2,6 +2,8 @@
 // everywhere against FakeDevice (fake_device.hpp); tests that need a real GPU skip with the
 // reason gpu_info() gives.
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -12,6 +14,7 @@
 #include "cuda/device_ops.hpp"
 #include "cuda/driver.hpp"
 #include "cuda/library.hpp"
+#include "engine/engine.hpp"
 #include "fake_device.hpp"
 #include "memory/bounce_pool.hpp"
 #include "test_util.hpp"
@@ -482,6 +485,106 @@ INSTANTIATE_TEST_SUITE_P(Transports, RealGpu, ::testing::Values(GpuDirect::Off, 
                          [](const auto& info) {
                            return info.param == GpuDirect::On ? "Gds" : "Bounce";
                          });
+
+}  // namespace
+}  // namespace nvio_test
+
+namespace nvio_test {
+namespace {
+
+// ---- cuFile as an engine ---------------------------------------------------------------------
+
+// Fake cuFile calls: transfers go to the request's descriptor with pread/pwrite, so the engine's
+// shape (a synchronous call in submit, results handed back by reap) and its error decoding are
+// tested without a GPU. `cufile_code` (when set) is returned by every transfer instead.
+struct FakeCuFile {
+  std::vector<int> devices;  // make_current calls
+  int refuse_device = -1;    // make_current fails for it with CUDA_ERROR_INVALID_DEVICE (101)
+  std::int64_t cufile_code = 0;
+  nvio::engine::CuFileCalls calls() {
+    nvio::engine::CuFileCalls c;
+    c.make_current = [this](int device) {
+      devices.push_back(device);
+      return device == refuse_device ? 101 : 0;
+    };
+    c.transfer = [this](const nvio::engine::Request& r) -> std::int64_t {
+      if (cufile_code != 0) return cufile_code;
+      const ssize_t n = r.direction == nvio::engine::Direction::Read
+                            ? ::pread(r.fd, r.buf, r.length, static_cast<off_t>(r.offset))
+                            : ::pwrite(r.fd, r.buf, r.length, static_cast<off_t>(r.offset));
+      return n < 0 ? -errno : n;
+    };
+    c.error_name = [](int) { return std::string("CUDA_ERROR_INVALID_DEVICE"); };
+    c.error_string = [](int) { return std::string("invalid device ordinal"); };
+    return c;
+  }
+};
+
+TEST(CuFileEngine, TransfersInSubmitAndHandsResultsBackInReap) {
+  TempDir dir;
+  const std::string path = dir.file("f");
+  write_pattern_file(path, 64 * KiB, 31);
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  FakeCuFile fake;
+  auto eng = nvio::engine::make_cufile_engine(fake.calls());
+  EXPECT_STREQ(eng->name(), "cuFile");
+  std::vector<unsigned char> a(4096), b(8192);
+  nvio::engine::Request reqs[2] = {
+      {fd, nvio::engine::Direction::Read, a.data(), a.size(), 4096, 7, nullptr, 1},
+      {fd, nvio::engine::Direction::Read, b.data(), b.size(), 16384, 9, nullptr, 0}};
+  ASSERT_EQ(eng->submit(reqs), 2);
+  EXPECT_EQ(fake.devices, (std::vector<int>{1, 0})) << "each request's device made current";
+  nvio::engine::Completion out[4];
+  ASSERT_EQ(eng->reap(out, 2), 2);
+  EXPECT_EQ(out[0].tag, 7u);
+  EXPECT_EQ(out[0].result, 4096);
+  EXPECT_EQ(out[1].tag, 9u);
+  EXPECT_EQ(out[1].result, 8192);
+  EXPECT_TRUE(buffer_has_pattern(a.data(), a.size(), 4096, 31));
+  EXPECT_TRUE(buffer_has_pattern(b.data(), b.size(), 16384, 31));
+  EXPECT_EQ(eng->reap(out, 0), 0);
+  EXPECT_EQ(eng->cancel(), 0);
+  ::close(fd);
+}
+
+TEST(CuFileEngine, DecodesItsOwnErrors) {
+  FakeCuFile fake;
+  fake.refuse_device = 3;
+  auto eng = nvio::engine::make_cufile_engine(fake.calls());
+  unsigned char byte = 0;
+  nvio::engine::Request r{-1, nvio::engine::Direction::Read, &byte, 1, 0, 1, nullptr, 3};
+  ASSERT_EQ(eng->submit(std::span(&r, 1)), 1);
+  nvio::engine::Completion c{};
+  ASSERT_EQ(eng->reap(std::span(&c, 1), 1), 1);
+  try {
+    std::rethrow_exception(eng->error(nvio::IoOp::Read, "/f", 0, 1, c.result, ""));
+  } catch (const nvio::GpuError& e) {
+    EXPECT_EQ(e.api(), "cuCtxSetCurrent");
+    EXPECT_EQ(e.code(), 101);
+    EXPECT_EQ(e.path(), "/f");
+  }
+  // A cuFile error code (above CUFILEOP_BASE_ERR) becomes a GpuError naming it.
+  fake.cufile_code = -(cuda::abi::kCuFileOpBaseErr + 11);
+  r.device = 0;
+  ASSERT_EQ(eng->submit(std::span(&r, 1)), 1);
+  ASSERT_EQ(eng->reap(std::span(&c, 1), 1), 1);
+  try {
+    std::rethrow_exception(eng->error(nvio::IoOp::Write, "/f", 4096, 512, c.result, ""));
+  } catch (const nvio::GpuError& e) {
+    EXPECT_EQ(e.api(), "cuFileWrite");
+    EXPECT_EQ(e.code(), cuda::abi::kCuFileOpBaseErr + 11);
+    EXPECT_EQ(e.code_name(), cuda::cufile_error_name(cuda::abi::kCuFileOpBaseErr + 11));
+    EXPECT_EQ(e.offset(), 4096u);
+  }
+  // A plain errno stays an IoError, saying cuFile.
+  try {
+    std::rethrow_exception(eng->error(nvio::IoOp::Read, "/f", 0, 1, -EIO, ""));
+  } catch (const nvio::IoError& e) {
+    EXPECT_EQ(e.error_code(), EIO);
+    EXPECT_TRUE(contains(e.what(), "cuFile"));
+  }
+}
 
 }  // namespace
 }  // namespace nvio_test

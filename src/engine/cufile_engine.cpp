@@ -1,0 +1,99 @@
+// cuFile (GPUDirect Storage) as an engine: the psync shape, for device memory moved by cuFile.
+// Each request is one synchronous cuFileRead / cuFileWrite on the worker thread during submit(),
+// after making the request's device current; its result waits in `done_` for reap(). cuFile's
+// own error codes are decoded here (error()), not in the handle.
+//
+// Ownership and thread-safety: like every engine, one worker thread uses it.
+#include <fmt/format.h>
+
+#include <deque>
+
+#include "cuda/cufile.hpp"
+#include "cuda/device_ops.hpp"
+#include "engine/engine.hpp"
+
+namespace nvio::engine {
+namespace {
+
+// Results at or below -kDriverError carry a CUresult from making the device current:
+// -(kDriverError + code). cuFile's own codes are above CUFILEOP_BASE_ERR (5000) and below this.
+constexpr std::int64_t kDriverError = std::int64_t{1} << 32;
+
+class CuFileEngine final : public Engine {
+ public:
+  explicit CuFileEngine(CuFileCalls calls) : calls_(std::move(calls)) {}
+
+  int submit(std::span<const Request> requests) override {
+    for (const Request& r : requests) {
+      // Every time: the worker's bounce pipeline may have made another device current on this
+      // thread since the last request.
+      const int rc = calls_.make_current(r.device);
+      done_.push_back(
+          Completion{r.tag, rc == cuda::kSuccess ? calls_.transfer(r) : -(kDriverError + rc)});
+    }
+    return static_cast<int>(requests.size());
+  }
+
+  int reap(std::span<Completion> out, std::size_t /*min_complete*/) override {
+    std::size_t n = 0;
+    while (n < out.size() && !done_.empty()) {
+      out[n++] = done_.front();
+      done_.pop_front();
+    }
+    return static_cast<int>(n);
+  }
+
+  // Every request completed inside submit(): there is never anything to cancel.
+  int cancel() override { return 0; }
+  // The shape of psync: one synchronous call per request on the worker thread.
+  EngineKind kind() const noexcept override { return EngineKind::Psync; }
+  const char* name() const noexcept override { return "cuFile"; }
+
+  std::exception_ptr error(IoOp op, const std::string& path, std::uint64_t offset,
+                           std::uint64_t length, std::int64_t result,
+                           const std::string& detail) const override {
+    const std::int64_t code = -result;
+    try {
+      if (code >= kDriverError) {
+        const int rc = static_cast<int>(code - kDriverError);
+        throw GpuError("cuCtxSetCurrent", rc, calls_.error_name(rc), calls_.error_string(rc), path,
+                       offset, length);
+      }
+      if (code > cuda::abi::kCuFileOpBaseErr) {
+        const int err = static_cast<int>(code);
+        throw GpuError(op == IoOp::Read ? "cuFileRead" : "cuFileWrite", err,
+                       cuda::cufile_error_name(err), cuda::cufile_error_text(err), path, offset,
+                       length);
+      }
+    } catch (...) {
+      return std::current_exception();
+    }
+    return Engine::error(op, path, offset, length, result,
+                         detail.empty() ? std::string("cuFile") : "cuFile, " + detail);
+  }
+
+ private:
+  CuFileCalls calls_;
+  std::deque<Completion> done_;
+};
+
+}  // namespace
+
+CuFileCalls real_cufile_calls() {
+  std::shared_ptr<cuda::DeviceOps> ops = cuda::device_ops();  // GpuError without CUDA
+  CuFileCalls c;
+  c.make_current = [ops](int device) { return ops->make_current(device); };
+  c.transfer = [](const Request& r) {
+    return cuda::gds_transfer(*static_cast<const cuda::CuFileHandle*>(r.file_handle),
+                              r.direction == Direction::Read, r.buf, r.length, r.offset);
+  };
+  c.error_name = [ops](int code) { return ops->error_name(code); };
+  c.error_string = [ops](int code) { return ops->error_string(code); };
+  return c;
+}
+
+std::unique_ptr<Engine> make_cufile_engine(CuFileCalls calls) {
+  return std::make_unique<CuFileEngine>(std::move(calls));
+}
+
+}  // namespace nvio::engine

@@ -30,7 +30,7 @@ using nvio::Handle;
 using nvio::Options;
 
 // Small enough to fill in milliseconds, large enough for several pieces of every write.
-constexpr std::size_t kFsBytes = 16 * MiB;
+constexpr std::size_t kFsBytes = 8 * MiB;
 // The user and group `nobody` (the same number on every Linux distribution).
 constexpr uid_t kNobody = 65534;
 
@@ -166,7 +166,7 @@ TEST_P(RealFaults, NoSpace) {
       // Synced first, so that no block of small.bin is still only reserved (delayed allocation).
       m->sync();
       const std::uint64_t left = m->available_bytes();
-      ASSERT_GT(left, 8 * MiB);
+      ASSERT_GT(left, 4 * MiB);
       const std::string exact = m->file("exact.bin");
       {
         Options in_order = options(direct);
@@ -216,7 +216,7 @@ TEST_P(RealFaults, NoSpace) {
       ASSERT_EQ(::unlink(more.c_str()), 0);
       m->sync();
       const std::uint64_t freed = m->available_bytes();
-      ASSERT_GT(freed, 8 * MiB);
+      ASSERT_GT(freed, 4 * MiB);
       const std::string big = m->file("big.bin");
       const std::size_t big_len = freed + 2 * MiB + 5;
       {

@@ -1,6 +1,9 @@
 #include "test_util.hpp"
 
 #include <ftw.h>
+#include <spawn.h>
+#include <sys/mount.h>
+#include <sys/statvfs.h>
 #include <sys/types.h>
 
 #include <algorithm>
@@ -105,8 +108,8 @@ void write_pattern_file(const std::string& path, std::size_t len, std::uint64_t 
                                                   std::uint64_t offset, std::size_t len,
                                                   std::uint64_t seed) {
   if (offset + len > file.size()) {
-    return ::testing::AssertionFailure() << "file holds " << file.size()
-                                         << " bytes, expected at least " << offset + len;
+    return ::testing::AssertionFailure()
+           << "file holds " << file.size() << " bytes, expected at least " << offset + len;
   }
   auto bad = nvio::pattern::first_mismatch(file.data() + offset, len, offset, seed);
   if (bad) {
@@ -122,14 +125,13 @@ void write_pattern_file(const std::string& path, std::size_t len, std::uint64_t 
                                          std::uint64_t begin, std::uint64_t end,
                                          unsigned char value) {
   if (end > file.size()) {
-    return ::testing::AssertionFailure() << "file holds " << file.size()
-                                         << " bytes, expected at least " << end;
+    return ::testing::AssertionFailure()
+           << "file holds " << file.size() << " bytes, expected at least " << end;
   }
   for (std::uint64_t i = begin; i < end; ++i) {
     if (file[i] != value) {
       return ::testing::AssertionFailure() << "file byte at offset " << i << " is "
-                                           << hex_byte(file[i]) << ", expected "
-                                           << hex_byte(value);
+                                           << hex_byte(file[i]) << ", expected " << hex_byte(value);
     }
   }
   return ::testing::AssertionSuccess();
@@ -142,8 +144,8 @@ void write_pattern_file(const std::string& path, std::size_t len, std::uint64_t 
     auto idx = *bad - file_offset;
     return ::testing::AssertionFailure()
            << "buffer byte " << idx << " (file offset " << *bad << ") is "
-           << hex_byte(static_cast<const unsigned char*>(buf)[idx])
-           << ", not the pattern (seed " << seed << ")";
+           << hex_byte(static_cast<const unsigned char*>(buf)[idx]) << ", not the pattern (seed "
+           << seed << ")";
   }
   return ::testing::AssertionSuccess();
 }
@@ -218,16 +220,16 @@ void GuardedBuffer::fill_sentinel() { std::memset(data_, kSentinel, len_); }
 ::testing::AssertionResult GuardedBuffer::guards_intact() const {
   for (unsigned char* p = base_; p < data_; ++p) {
     if (*p != kSentinel) {
-      return ::testing::AssertionFailure() << "guard byte " << (data_ - p)
-                                           << " bytes before the buffer was changed to "
-                                           << hex_byte(*p);
+      return ::testing::AssertionFailure()
+             << "guard byte " << (data_ - p) << " bytes before the buffer was changed to "
+             << hex_byte(*p);
     }
   }
   for (std::size_t i = 0; i < kGuard; ++i) {
     if (data_[len_ + i] != kSentinel) {
-      return ::testing::AssertionFailure() << "guard byte " << i
-                                           << " bytes after the buffer end was changed to "
-                                           << hex_byte(data_[len_ + i]);
+      return ::testing::AssertionFailure()
+             << "guard byte " << i << " bytes after the buffer end was changed to "
+             << hex_byte(data_[len_ + i]);
     }
   }
   return ::testing::AssertionSuccess();
@@ -271,12 +273,180 @@ nvio::Options EngineTest::base_options() const {
   return o;
 }
 
+// ---- commands and mounts ----------------------------------------------------------------------
+
+namespace {
+
+// argv[0] as given when it holds a '/', else the first executable of that name in PATH or in the
+// system directories that root's tools (mkfs.ext4) live in; empty when there is none.
+std::string find_program(const std::string& name) {
+  if (name.find('/') != std::string::npos) return name;
+  const char* env = std::getenv("PATH");
+  std::string dirs = std::string(env != nullptr ? env : "") + ":/usr/sbin:/sbin:/usr/bin:/bin";
+  std::size_t start = 0;
+  while (start <= dirs.size()) {
+    std::size_t end = dirs.find(':', start);
+    if (end == std::string::npos) end = dirs.size();
+    const std::string dir = dirs.substr(start, end - start);
+    if (!dir.empty() && ::access((dir + "/" + name).c_str(), X_OK) == 0) return dir + "/" + name;
+    start = end + 1;
+  }
+  return {};
+}
+
+}  // namespace
+
+CommandResult run_command(const std::vector<std::string>& argv) {
+  CommandResult result;
+  const std::string program = argv.empty() ? std::string() : find_program(argv[0]);
+  if (program.empty()) {
+    result.output = (argv.empty() ? std::string("(no command)") : argv[0]) + ": not found";
+    return result;
+  }
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) {
+    result.output = std::string("pipe2: ") + std::strerror(errno);
+    return result;
+  }
+  posix_spawn_file_actions_t actions;
+  ::posix_spawn_file_actions_init(&actions);
+  ::posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+  ::posix_spawn_file_actions_adddup2(&actions, fds[1], STDERR_FILENO);
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, program.c_str(), &actions, nullptr, args.data(), environ);
+  ::posix_spawn_file_actions_destroy(&actions);
+  ::close(fds[1]);
+  if (rc != 0) {
+    ::close(fds[0]);
+    result.output = program + ": " + std::strerror(rc);
+    return result;
+  }
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = ::read(fds[0], buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    result.output.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(fds[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  result.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return result;
+}
+
+std::optional<LoopMount> LoopMount::make(const std::string& parent, std::size_t bytes,
+                                         std::string* why_not) {
+  if (::geteuid() != 0) {
+    *why_not = "mounting a loop device needs root";
+    return std::nullopt;
+  }
+  static std::atomic<int> counter{0};
+  const std::string name = parent + "/loopfs" + std::to_string(counter++);
+  const std::string image = name + ".img";
+  const int fd = ::open(image.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    *why_not = errno_text("cannot make the image", image);
+    if (fd >= 0) ::close(fd);
+    return std::nullopt;
+  }
+  ::close(fd);
+  const CommandResult mkfs =
+      run_command({"mkfs.ext4", "-q", "-F", "-b", "4096", "-m", "0", "-O", "^has_journal", image});
+  if (mkfs.status != 0) {
+    ::unlink(image.c_str());
+    *why_not = "mkfs.ext4 failed (status " + std::to_string(mkfs.status) + "): " + mkfs.output;
+    return std::nullopt;
+  }
+  if (::mkdir(name.c_str(), 0755) != 0) {
+    *why_not = errno_text("mkdir", name);
+    ::unlink(image.c_str());
+    return std::nullopt;
+  }
+  LoopMount m(image, name);
+  const CommandResult mount = run_command({"mount", "-t", "ext4", "-o", "loop", image, name});
+  if (mount.status != 0) {
+    *why_not =
+        "mount -o loop failed (status " + std::to_string(mount.status) + "): " + mount.output;
+    return std::nullopt;  // m's destructor removes the image and the mount point
+  }
+  m.mounted_ = true;
+  return m;
+}
+
+LoopMount::LoopMount(std::string image, std::string mount_point)
+    : image_(std::move(image)), mount_point_(std::move(mount_point)) {}
+
+LoopMount::LoopMount(LoopMount&& other) noexcept
+    : image_(std::move(other.image_)),
+      mount_point_(std::move(other.mount_point_)),
+      mounted_(other.mounted_) {
+  other.image_.clear();
+  other.mount_point_.clear();
+  other.mounted_ = false;
+}
+
+LoopMount& LoopMount::operator=(LoopMount&& other) noexcept {
+  if (this != &other) {
+    release();
+    image_ = std::move(other.image_);
+    mount_point_ = std::move(other.mount_point_);
+    mounted_ = other.mounted_;
+    other.image_.clear();
+    other.mount_point_.clear();
+    other.mounted_ = false;
+  }
+  return *this;
+}
+
+LoopMount::~LoopMount() { release(); }
+
+void LoopMount::release() noexcept {
+  // A file a failed test left open keeps the mount busy: detach it lazily then, so that it goes
+  // away when that descriptor is closed (at the latest when the process exits).
+  if (mounted_ && ::umount2(mount_point_.c_str(), 0) != 0) {
+    ::umount2(mount_point_.c_str(), MNT_DETACH);
+  }
+  mounted_ = false;
+  if (!mount_point_.empty()) ::rmdir(mount_point_.c_str());
+  if (!image_.empty()) ::unlink(image_.c_str());
+}
+
+std::string LoopMount::remount_read_only() {
+  if (::mount("none", mount_point_.c_str(), nullptr, MS_REMOUNT | MS_RDONLY, nullptr) != 0) {
+    return errno_text("remount read-only", mount_point_);
+  }
+  return {};
+}
+
+std::uint64_t LoopMount::available_bytes() const {
+  struct statvfs st {};
+  if (::statvfs(mount_point_.c_str(), &st) != 0) {
+    throw std::runtime_error(errno_text("statvfs", mount_point_));
+  }
+  return std::uint64_t{st.f_bavail} * st.f_frsize;
+}
+
+void LoopMount::sync() const {
+  const int fd = ::open(mount_point_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0 || ::syncfs(fd) != 0) {
+    const std::string what = errno_text("syncfs", mount_point_);
+    if (fd >= 0) ::close(fd);
+    throw std::runtime_error(what);
+  }
+  ::close(fd);
+}
+
 // ---- misc --------------------------------------------------------------------------------------
 
 ::testing::AssertionResult contains(const std::string& what, const std::string& needle) {
   if (what.find(needle) != std::string::npos) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "message \"" << what << "\" does not contain \""
-                                       << needle << "\"";
+  return ::testing::AssertionFailure()
+         << "message \"" << what << "\" does not contain \"" << needle << "\"";
 }
 
 ScopedEnv::ScopedEnv(const char* name, const char* value) : name_(name) {

@@ -4,9 +4,8 @@
 // bug in nvio cannot hide itself by being used to verify its own output.
 #pragma once
 
-#include <gtest/gtest.h>
-
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -91,11 +90,11 @@ void drop_cache(const std::string& path);
 // ---- caller buffers with guard zones -------------------------------------------------------
 
 enum class BufKind {
-  Aligned,     // AlignedBuffer data(), page aligned
-  Plus1,       // AlignedBuffer data() + 1
-  Plus3,       // AlignedBuffer data() + 3
-  Plus4095,    // AlignedBuffer data() + 4095
-  Vector,      // a std::vector's storage (malloc alignment)
+  Aligned,   // AlignedBuffer data(), page aligned
+  Plus1,     // AlignedBuffer data() + 1
+  Plus3,     // AlignedBuffer data() + 3
+  Plus4095,  // AlignedBuffer data() + 4095
+  Vector,    // a std::vector's storage (malloc alignment)
 };
 const char* to_string(BufKind kind);
 inline constexpr BufKind kAllBufKinds[] = {BufKind::Aligned, BufKind::Plus1, BufKind::Plus3,
@@ -123,6 +122,54 @@ class GuardedBuffer {
   std::size_t len_ = 0;
 };
 
+// ---- commands and mounts ----------------------------------------------------------------------
+
+// What a command printed (stdout and stderr together) and how it ended.
+struct CommandResult {
+  int status = -1;  // exit status; 128 + signal when killed; -1 when it could not be started
+  std::string output;
+};
+// Runs argv[0] (searched in PATH and in /usr/sbin, /sbin) with `argv`, without a shell.
+CommandResult run_command(const std::vector<std::string>& argv);
+
+// A small ext4 file system in an image file, mounted through a loop device, for tests of real
+// file-system faults (ENOSPC, EROFS). Needs root, mkfs.ext4, mount and a free loop device.
+// Ownership: the mount, its loop device (detached by the kernel on unmount: mount -o loop sets
+// autoclear), the image and the mount point; all released on destruction, also when the test
+// failed. Move-only. Not thread-safe: use it from the test's main thread.
+class LoopMount {
+ public:
+  // Makes a `bytes` long ext4 image in `parent` and mounts it read-write: 4 KiB blocks, no blocks
+  // reserved for root (the space free to root is the space free to anyone) and no journal (with
+  // one, ext4 now and then refuses the last block of the space statvfs reports free, so that a
+  // test could not ask for exactly that much to fit). Returns nullopt and sets `why_not` to what
+  // failed (for a GTEST_SKIP) when it cannot.
+  static std::optional<LoopMount> make(const std::string& parent, std::size_t bytes,
+                                       std::string* why_not);
+  LoopMount(LoopMount&& other) noexcept;
+  LoopMount& operator=(LoopMount&& other) noexcept;
+  LoopMount(const LoopMount&) = delete;
+  LoopMount& operator=(const LoopMount&) = delete;
+  ~LoopMount();
+
+  const std::string& path() const { return mount_point_; }
+  std::string file(const std::string& name) const { return mount_point_ + "/" + name; }
+  // Remounts it read-only; returns what failed, empty on success.
+  std::string remount_read_only();
+  // Bytes a new write can still allocate (statvfs f_bavail * f_frsize).
+  std::uint64_t available_bytes() const;
+  // syncfs(2): allocates the blocks of delayed allocations, so that available_bytes() is exact.
+  void sync() const;
+
+ private:
+  LoopMount(std::string image, std::string mount_point);
+  void release() noexcept;
+
+  std::string image_;
+  std::string mount_point_;
+  bool mounted_ = false;
+};
+
 // ---- engines ---------------------------------------------------------------------------------
 
 const char* engine_name(nvio::EngineKind kind);
@@ -130,8 +177,8 @@ const char* engine_name(nvio::EngineKind kind);
 struct EngineParamName {
   std::string operator()(const ::testing::TestParamInfo<nvio::EngineKind>& info) const;
 };
-#define NVIO_ALL_ENGINES                                                         \
-  ::testing::Values(::nvio::EngineKind::IoUring, ::nvio::EngineKind::Libaio,     \
+#define NVIO_ALL_ENGINES                                                     \
+  ::testing::Values(::nvio::EngineKind::IoUring, ::nvio::EngineKind::Libaio, \
                     ::nvio::EngineKind::Psync, ::nvio::EngineKind::Auto)
 
 // Base fixture of the per-engine suites: skips an engine the machine lacks (with the probe's

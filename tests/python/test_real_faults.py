@@ -1,0 +1,143 @@
+"""Real faults on a real file system, as Python sees them: a full loop-mounted ext4 raises
+nvio.NoSpace (an OSError with errno ENOSPC), a read-only one nvio.ReadOnlyFileSystem (errno EROFS),
+through the Handle and the DeepSpeed-style aio handle, blocking and asynchronous. Mounting needs
+root, mkfs.ext4 and a loop device; the tests skip with the reason otherwise. (The C++ suite,
+tests/cpp/real_fault_test.cpp, checks every engine and the bytes in depth.)"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+import nvio
+from conftest import ENGINES, random_bytes
+
+FS_BYTES = 8 << 20
+
+
+@pytest.fixture
+def ext4(tmp_path):
+    """A fresh 8 MiB ext4 (no journal, nothing reserved for root) mounted at a folder of
+    tmp_path; unmounted and removed afterwards, also when the test failed."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a loop device needs root")
+    mkfs = shutil.which("mkfs.ext4") or shutil.which("mkfs.ext4", path="/usr/sbin:/sbin")
+    if mkfs is None:
+        pytest.skip("mkfs.ext4 is not installed")
+    image = tmp_path / "fs.img"
+    with open(image, "wb") as f:
+        f.truncate(FS_BYTES)
+    made = subprocess.run([mkfs, "-q", "-F", "-b", "4096", "-m", "0", "-O", "^has_journal",
+                           str(image)], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"mkfs.ext4 failed: {made.stderr.strip()}")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    mounted = subprocess.run(["mount", "-t", "ext4", "-o", "loop", str(image), str(mnt)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"mount -o loop failed: {mounted.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def available(mnt) -> int:
+    st = os.statvfs(mnt)
+    return st.f_bavail * st.f_frsize
+
+
+def _array(n: int, seed: int) -> np.ndarray:
+    return np.frombuffer(bytearray(random_bytes(n, seed)), dtype=np.uint8)
+
+
+def _write_calls(engine):
+    """Each way to write, as a function of (buffer as numpy array, path). The aio handle takes no
+    engine: it is checked with the default one only."""
+    h = nvio.Handle(engine=engine)
+    calls = {
+        "Handle.write": lambda buf, path: h.write(buf, path),
+        "Handle.write_async": lambda buf, path: h.write_async(buf, path).wait(),
+    }
+    if engine is None:
+        a = nvio.aio_handle()
+
+        def aio_async(buf, path):
+            a.async_pwrite(torch.from_numpy(buf), path)
+            a.wait()
+
+        calls["aio.sync_pwrite"] = lambda buf, path: a.sync_pwrite(torch.from_numpy(buf), path)
+        calls["aio.async_pwrite"] = aio_async
+    return calls
+
+
+WRITE_CASES = [(engine, entry) for engine in ENGINES
+               for entry in ("Handle.write", "Handle.write_async")]
+WRITE_CASES += [(None, "aio.sync_pwrite"), (None, "aio.async_pwrite")]
+
+
+@pytest.mark.parametrize("engine,entry", WRITE_CASES)
+def test_full_file_system_raises_no_space(ext4, engine, entry):
+    try:
+        calls = _write_calls(engine)
+    except nvio.EngineUnavailable as e:
+        pytest.skip(str(e))
+    write = calls[entry]
+    small = _array((1 << 20) + 123, 1)
+    write(small, str(ext4 / "small.bin"))
+    assert (ext4 / "small.bin").read_bytes() == small.tobytes()
+
+    path = str(ext4 / "big.bin")
+    big = _array(available(ext4) + (2 << 20) + 5, 2)
+    with pytest.raises(nvio.NoSpace) as info:
+        write(big, path)
+    e = info.value
+    assert isinstance(e, OSError) and isinstance(e, nvio.IOFailure) and isinstance(e, nvio.Error)
+    assert e.errno == errno.ENOSPC
+    assert e.filename == path and e.path == path
+    assert path in str(e) and os.strerror(errno.ENOSPC) in str(e)
+    assert 0 <= e.offset and e.offset + e.length <= big.nbytes
+    assert available(ext4) < (1 << 20), "the write should have filled the file system"
+    # What the failed write left is its own data or zeros, nothing else.
+    left = np.frombuffer((ext4 / "big.bin").read_bytes(), dtype=np.uint8)
+    assert left.size <= big.size
+    assert np.all((left == big[: left.size]) | (left == 0))
+    assert (ext4 / "small.bin").read_bytes() == small.tobytes()
+
+
+@pytest.mark.parametrize("engine", (*ENGINES, None))
+def test_read_only_mount_raises_read_only_file_system(ext4, engine):
+    data = random_bytes((1 << 20) + 123, 3)
+    (ext4 / "data.bin").write_bytes(data)
+    subprocess.run(["mount", "-o", "remount,ro", str(ext4)], check=True)
+    try:
+        calls = _write_calls(engine)
+        h = nvio.Handle(engine=engine)
+    except nvio.EngineUnavailable as e:
+        pytest.skip(str(e))
+    buf = _array(4096 + 5, 4)
+    for entry, write in calls.items():
+        for name in ("data.bin", "new.bin"):
+            path = str(ext4 / name)
+            with pytest.raises(nvio.ReadOnlyFileSystem) as info:
+                write(buf, path)
+            e = info.value
+            assert isinstance(e, OSError) and isinstance(e, nvio.IOFailure), entry
+            assert e.errno == errno.EROFS, entry
+            assert e.filename == path and path in str(e), entry
+            assert os.strerror(errno.EROFS) in str(e), entry
+    assert not (ext4 / "new.bin").exists()
+    out = bytearray(len(data))
+    assert h.read(out, ext4 / "data.bin") == len(data)
+    assert bytes(out) == data
+    out = bytearray(len(data) - 17)
+    h.read_async(out, ext4 / "data.bin", 17).wait()
+    assert bytes(out) == data[17:]

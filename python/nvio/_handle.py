@@ -20,7 +20,9 @@ class _Batch:
 
     __slots__ = ("items", "owners", "nbytes", "device")
 
-    def __init__(self, items: Iterable[BatchItem], file: Optional[PathOrFd], writable: bool) -> None:
+    def __init__(
+        self, items: Iterable[BatchItem], file: Optional[PathOrFd], writable: bool
+    ) -> None:
         if isinstance(items, (str, bytes)) or not hasattr(items, "__iter__"):
             raise _args.InvalidType(
                 f"nvio: items must be a sequence of (buffer, offset) or (buffer, offset, file) "
@@ -209,7 +211,9 @@ class Handle:
         self._core.write_batch(batch.items, _args.boolean(sync, "sync"), batch.device)
         return batch.nbytes
 
-    def read_batch_async(self, items: Iterable[BatchItem], file: Optional[PathOrFd] = None) -> Future:
+    def read_batch_async(
+        self, items: Iterable[BatchItem], file: Optional[PathOrFd] = None
+    ) -> Future:
         """``read_batch`` as one ``Future`` that keeps every buffer alive until it has finished.
         Argument errors, missing and short files raise here; I/O errors from its ``wait()``."""
         batch = _Batch(items, file, writable=True)

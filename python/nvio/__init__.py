@@ -4,6 +4,8 @@ Two APIs over one core:
 
 * ``nvio.Handle``: ``read`` / ``write`` / ``read_async`` / ``write_async`` of any CPU torch tensor,
   numpy array or buffer, by path or file descriptor, at any offset and size.
+  ``read_batch`` / ``write_batch`` (and ``_async``) move many buffers at their offsets as one
+  operation with one future.
 * ``nvio.tune(dir)``: finds the fastest options for a drive within a time budget; with
   ``save=True`` they become the default of every handle (``nvio.Handle()``).
 * ``nvio.aio_handle``: a drop-in for DeepSpeed's DeepNVMe ``aio_handle`` (and

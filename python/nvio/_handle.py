@@ -4,12 +4,71 @@ from __future__ import annotations
 
 import inspect
 import os
-from typing import Any, Optional, Union
+from typing import Any, Iterable, List, Optional, Tuple, Union
 
 from . import _args, _buffers, _nvio
 from ._future import Count, Future, PendingFutures
 
 PathOrFd = Union[str, bytes, "os.PathLike[str]", int]
+# One extent of a batch: (buffer, file offset), or (buffer, file offset, file).
+BatchItem = Union[Tuple[Any, int], Tuple[Any, int, PathOrFd]]
+
+
+class _Batch:
+    """The items of a batch checked and resolved for the core: every buffer through the single
+    calls' helper (``_buffers.resolve``), every offset and file through ``_args``, before anything
+    is submitted. ``owners`` keep the buffers alive for an asynchronous batch's future."""
+
+    __slots__ = ("items", "owners", "nbytes", "device")
+
+    def __init__(
+        self, items: Iterable[BatchItem], file: Optional[PathOrFd], writable: bool
+    ) -> None:
+        if isinstance(items, (str, bytes)) or not hasattr(items, "__iter__"):
+            raise _args.InvalidType(
+                f"nvio: items must be a sequence of (buffer, offset) or (buffer, offset, file) "
+                f"tuples, got {type(items).__name__}"
+            )
+        default = _args.file_target(file) if file is not None else None
+        self.items: List[Tuple[int, int, int, Union[bytes, int]]] = []
+        self.owners: List[Any] = []
+        self.nbytes = 0
+        kinds = set()
+        for i, item in enumerate(items):
+            name = f"items[{i}]"
+            if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
+                raise _args.InvalidType(
+                    f"nvio: {name} must be a (buffer, offset) or (buffer, offset, file) tuple, "
+                    f"got {type(item).__name__} {_short(item)}"
+                )
+            if len(item) == 3:
+                target = _args.file_target(item[2], f"{name} file")
+            elif default is not None:
+                target = default
+            else:
+                raise _args.InvalidType(
+                    f"nvio: {name} names no file: give it as (buffer, offset, file) or pass file="
+                )
+            offset = _args.offset(item[1], f"{name} offset")
+            try:
+                ref = _buffers.resolve(item[0], writable=writable)
+            except (_nvio.InvalidArgument, _args.InvalidType) as e:
+                raise type(e)(f"nvio: {name}: {str(e).removeprefix('nvio: ')}") from e
+            kinds.add(ref.device)
+            self.items.append((ref.address, ref.nbytes, offset, target))
+            self.owners.append(ref.owner)
+            self.nbytes += ref.nbytes
+        if len(kinds) > 1:
+            raise _nvio.InvalidArgument(
+                "nvio: a batch's buffers must all be host memory or all CUDA device memory; "
+                "submit the host and the device buffers as two batches"
+            )
+        self.device = kinds == {True}
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class Handle:
@@ -21,7 +80,9 @@ class Handle:
     ``__cuda_array_interface__`` / CUDA ``__dlpack__`` buffers) are moved by the best path here:
     GPUDirect Storage when it is real peer-to-peer, else the pipelined host bounce path
     (``gpu_direct``: auto, on, off). Usable from several threads at once, and as a
-    context manager that waits for outstanding operations on exit. ``wait_all()`` returns only
+    context manager that waits for outstanding operations on exit. ``read_batch`` /
+    ``write_batch`` (and their ``_async`` forms) move many buffers at their offsets, of one file
+    or several, as one operation. ``wait_all()`` returns only
     once every operation submitted before it (by any thread) has finished. A forked child may use
     its parent's handle: it gets its own workers (see docs/python.md, "Threads, fork and shared
     handles").
@@ -98,6 +159,56 @@ class Handle:
             _args.boolean(truncate, "truncate"), _args.boolean(sync, "sync"), ref.device
         )
         return self._pending.add(Future(self._core, ticket, ref.nbytes, ref.owner))
+
+    # ---- batches: many (buffer, offset[, file]) extents as one operation ----------------------
+
+    def read_batch(self, items: Iterable[BatchItem], file: Optional[PathOrFd] = None) -> int:
+        """Fills each buffer of ``items`` from its file at its offset, as one operation; returns
+        the bytes read.
+
+        Each item is ``(buffer, offset)``, reading from ``file``, or ``(buffer, offset, file)``.
+        Every item is checked, and every file opened and its size checked, before anything is
+        read: a bad item, a missing file or a file too short raises and reads nothing. The items
+        of one file share its descriptors. After a failure, every extent has still finished; the
+        first failure in item order is raised.
+        """
+        batch = _Batch(items, file, writable=True)
+        self._core.read_batch(batch.items, batch.device)
+        return batch.nbytes
+
+    def write_batch(
+        self, items: Iterable[BatchItem], file: Optional[PathOrFd] = None, *, sync: bool = False
+    ) -> int:
+        """Writes each buffer of ``items`` to its file at its offset (creating the files), as one
+        operation; returns the bytes written.
+
+        Items as for ``read_batch``; every item is checked and every file opened before anything
+        is written. ``sync=True`` fdatasyncs each file once, after its last extent. There is no
+        ``truncate``: the extents end in different places (truncate with a single write, or
+        ``os.truncate`` afterwards). Overlapping extents land in no defined order.
+        """
+        batch = _Batch(items, file, writable=False)
+        self._core.write_batch(batch.items, _args.boolean(sync, "sync"), batch.device)
+        return batch.nbytes
+
+    def read_batch_async(
+        self, items: Iterable[BatchItem], file: Optional[PathOrFd] = None
+    ) -> Future:
+        """``read_batch`` as one ``Future`` that keeps every buffer alive until it has finished.
+        Argument errors, missing and short files raise here; I/O errors from its ``wait()``."""
+        batch = _Batch(items, file, writable=True)
+        ticket = self._core.submit_read_batch(batch.items, batch.device)
+        return self._pending.add(Future(self._core, ticket, batch.nbytes, batch.owners))
+
+    def write_batch_async(
+        self, items: Iterable[BatchItem], file: Optional[PathOrFd] = None, *, sync: bool = False
+    ) -> Future:
+        """``write_batch`` as one ``Future`` that keeps every buffer alive until it has finished.
+        Argument errors and files that cannot be opened raise here; I/O errors from ``wait()``."""
+        batch = _Batch(items, file, writable=False)
+        ticket = self._core.submit_write_batch(batch.items, _args.boolean(sync, "sync"),
+                                               batch.device)
+        return self._pending.add(Future(self._core, ticket, batch.nbytes, batch.owners))
 
     def wait_all(self) -> int:
         """Waits for every asynchronous operation submitted before this call, by any thread,

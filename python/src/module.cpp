@@ -14,7 +14,10 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <variant>
+#include <vector>
 
 #include "core/fork.hpp"
 #include "nvio/nvio.hpp"
@@ -269,6 +272,77 @@ class LockedMemory {
   nvio::AlignedBuffer buffer_;
 };
 
+// ---- batches (issue 10) -----------------------------------------------------------------
+// One extent of a batch as nvio/_handle.py hands it over: (address, nbytes, file offset, path or
+// descriptor), the buffer resolved by the same helper as the single calls' (nvio/_buffers.py).
+using BatchItem = std::tuple<std::uintptr_t, std::size_t, long long, Target>;
+
+template <class Extent>
+std::vector<Extent> batch_extents(const std::vector<BatchItem>& items) {
+  std::vector<Extent> extents;
+  extents.reserve(items.size());
+  for (const auto& [address, nbytes, offset, target] : items) {
+    Extent e;
+    e.buf = as_ptr(address);
+    e.length = nbytes;
+    e.offset = checked_offset(offset);
+    if (const auto* path = std::get_if<std::string>(&target)) {
+      e.path = *path;
+    } else {
+      e.fd = std::get<int>(target);
+    }
+    extents.push_back(std::move(e));
+  }
+  return extents;
+}
+
+// Adds a method to the already bound class `cls`, as py::class_::def would: the batch calls are
+// kept out of the Handle class's definition chain.
+template <typename F, typename... Extra>
+void def_method(const py::object& cls, const char* name, F&& f, const Extra&... extra) {
+  py::cpp_function method(std::forward<F>(f), py::name(name), py::is_method(cls),
+                          py::sibling(py::getattr(cls, name, py::none())), extra...);
+  py::setattr(cls, name, method);
+}
+
+// Every extent of a batch is moved with one memory kind (`device`): nvio/_handle.py refuses a
+// batch that mixes host and device buffers.
+void bind_batches(py::module_& m) {
+  const py::object cls = m.attr("Handle");
+  def_method(
+      cls, "read_batch",
+      [](nvio::Handle& h, const std::vector<BatchItem>& items, bool device) {
+        const auto extents = batch_extents<nvio::ReadExtent>(items);
+        const nvio::ReadOptions r = read_options(device);
+        unlocked([&] { h.read_batch(extents, r); });
+      },
+      py::arg("items"), py::arg("device") = false);
+  def_method(
+      cls, "write_batch",
+      [](nvio::Handle& h, const std::vector<BatchItem>& items, bool sync, bool device) {
+        const auto extents = batch_extents<nvio::WriteExtent>(items);
+        const nvio::WriteOptions w = write_options(false, sync, device);
+        unlocked([&] { h.write_batch(extents, w); });
+      },
+      py::arg("items"), py::arg("sync") = false, py::arg("device") = false);
+  def_method(
+      cls, "submit_read_batch",
+      [](nvio::Handle& h, const std::vector<BatchItem>& items, bool device) {
+        const auto extents = batch_extents<nvio::ReadExtent>(items);
+        const nvio::ReadOptions r = read_options(device);
+        return unlocked([&] { return h.submit_read_batch(extents, r); });
+      },
+      py::arg("items"), py::arg("device") = false);
+  def_method(
+      cls, "submit_write_batch",
+      [](nvio::Handle& h, const std::vector<BatchItem>& items, bool sync, bool device) {
+        const auto extents = batch_extents<nvio::WriteExtent>(items);
+        const nvio::WriteOptions w = write_options(false, sync, device);
+        return unlocked([&] { return h.submit_write_batch(extents, w); });
+      },
+      py::arg("items"), py::arg("sync") = false, py::arg("device") = false);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_nvio, m) {
@@ -384,6 +458,8 @@ PYBIND11_MODULE(_nvio, m) {
       .def_property_readonly("nbytes", &LockedMemory::nbytes)
       .def_property_readonly("locked", &LockedMemory::locked)
       .def_buffer(&LockedMemory::info);
+
+  bind_batches(m);
 
   m.def(
       "buffer_address",

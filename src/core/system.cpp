@@ -8,8 +8,8 @@
 #include <cerrno>
 #include <fstream>
 
+#include "core/posix.hpp"
 #include "core/unique_name.hpp"
-#include "handle/file.hpp"
 #include "nvio/errors.hpp"
 
 namespace nvio {

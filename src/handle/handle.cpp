@@ -31,11 +31,11 @@
 #include <vector>
 
 #include "core/fork.hpp"
+#include "core/posix.hpp"
 #include "core/retry.hpp"
 #include "cuda/cufile.hpp"
 #include "cuda/device_ops.hpp"
 #include "engine/engine.hpp"
-#include "handle/file.hpp"
 #include "handle/operation.hpp"
 #include "handle/worker.hpp"
 #include "handle/worker_threads.hpp"

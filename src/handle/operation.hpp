@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "core/posix.hpp"
 #include "cuda/cufile.hpp"
 #include "cuda/device_ops.hpp"
 #include "engine/engine.hpp"
-#include "handle/file.hpp"
 #include "handle/plan.hpp"
 #include "nvio/errors.hpp"
 #include "nvio/handle.hpp"

@@ -14,8 +14,8 @@
 #include <filesystem>
 #include <map>
 
+#include "core/posix.hpp"
 #include "core/unique_name.hpp"
-#include "handle/file.hpp"
 #include "nvio/config.hpp"
 #include "nvio/errors.hpp"
 #include "nvio/handle.hpp"

@@ -1,4 +1,4 @@
-#include "handle/file.hpp"
+#include "core/posix.hpp"
 
 #include <fcntl.h>
 #include <linux/fs.h>

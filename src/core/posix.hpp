@@ -1,4 +1,5 @@
-// File descriptors and direct-I/O facts about open files. Internal to the library.
+// The library's boundary with the POSIX file calls: file descriptors, open, and direct-I/O facts
+// about open files. Internal to the library.
 #pragma once
 
 #include <sys/stat.h>

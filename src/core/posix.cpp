@@ -13,6 +13,27 @@
 #include "core/retry.hpp"
 
 namespace nvio::detail {
+namespace {
+
+FileType type_of(std::uint32_t mode) {
+  if (S_ISREG(mode)) return FileType::Regular;
+  if (S_ISBLK(mode)) return FileType::Block;
+  if (S_ISDIR(mode)) return FileType::Directory;
+  return FileType::Other;
+}
+
+// Where statx gave no direct-I/O alignment: a page is safe for buffer addresses on every Linux
+// block device, and the block size for offsets.
+DirectIoInfo assumed_direct_io(std::uint32_t block_size) {
+  DirectIoInfo info;
+  info.supported = true;
+  info.offset_align = block_size > 0 ? block_size : 4096;
+  info.mem_align = 4096;
+  info.source = "st_blksize (statx gave no direct-I/O alignment)";
+  return info;
+}
+
+}  // namespace
 
 FileDescriptor::~FileDescriptor() {
   if (fd_ >= 0) ::close(fd_);
@@ -35,46 +56,44 @@ int open_file(const std::string& path, int flags, unsigned mode) noexcept {
   });
 }
 
-std::int64_t file_size(int fd, const struct stat& st) noexcept {
-  if (!S_ISBLK(st.st_mode)) return static_cast<std::int64_t>(st.st_size);
-  std::uint64_t bytes = 0;
-  if (::ioctl(fd, BLKGETSIZE64, &bytes) != 0) return -errno;
-  return static_cast<std::int64_t>(bytes);
-}
-
-std::int64_t file_size(int fd) noexcept {
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) return -errno;
-  return file_size(fd, st);
-}
-
-DirectIoInfo direct_io_info(int fd) {
-  DirectIoInfo info;
-  // glibc 2.36's statx() wrapper predates the DIO fields, so ask the kernel directly.
+int file_facts(int fd, FileFacts& facts) {
+  // glibc 2.36's statx() wrapper predates the DIO fields, so ask the kernel directly. The type,
+  // mode, size and block size are in every statx answer; the DIO fields only where the kernel
+  // sets STATX_DIOALIGN in the mask it returns.
   struct statx stx {};
-  const long rc = ::syscall(SYS_statx, fd, "", AT_EMPTY_PATH, STATX_DIOALIGN | STATX_BLOCKS, &stx);
-  if (rc == 0 && (stx.stx_mask & STATX_DIOALIGN) != 0) {
-    if (stx.stx_dio_offset_align == 0) {
-      info.source = "statx: the file system does not support O_DIRECT for this file";
-      return info;
-    }
-    info.supported = true;
-    info.mem_align = stx.stx_dio_mem_align;
-    info.offset_align = stx.stx_dio_offset_align;
-    info.source = "statx";
-    return info;
+  if (::syscall(SYS_statx, fd, "", AT_EMPTY_PATH,
+                STATX_TYPE | STATX_MODE | STATX_SIZE | STATX_DIOALIGN, &stx) != 0) {
+    const int err = errno;
+    // A seccomp filter that predates statx (older container runtimes) answers ENOSYS or EPERM:
+    // fstat has the same facts but the direct-I/O alignment.
+    struct stat st {};
+    if ((err != ENOSYS && err != EPERM) || ::fstat(fd, &st) != 0) return -err;
+    stx.stx_mask = STATX_BASIC_STATS;
+    stx.stx_mode = static_cast<std::uint16_t>(st.st_mode);
+    stx.stx_size = static_cast<std::uint64_t>(st.st_size);
+    stx.stx_blksize = st.st_blksize > 0 ? static_cast<std::uint32_t>(st.st_blksize) : 0;
   }
-  // No alignment from the kernel: a page is safe for both on every Linux block device.
-  struct stat st {};
-  if (::fstat(fd, &st) == 0 && st.st_blksize > 0) {
-    info.offset_align = static_cast<std::uint32_t>(st.st_blksize);
+  facts.mode = stx.stx_mode;
+  facts.type = type_of(stx.stx_mode);
+  facts.block_size = stx.stx_blksize;
+  facts.size = static_cast<std::int64_t>(stx.stx_size);
+  if (facts.type == FileType::Block) {
+    std::uint64_t bytes = 0;
+    facts.size = ::ioctl(fd, BLKGETSIZE64, &bytes) == 0 ? static_cast<std::int64_t>(bytes) : -errno;
+  }
+  if ((stx.stx_mask & STATX_DIOALIGN) == 0) {
+    facts.direct_io = assumed_direct_io(facts.block_size);
+  } else if (stx.stx_dio_offset_align == 0) {
+    facts.direct_io = DirectIoInfo{};
+    facts.direct_io.source = "statx: the file system does not support O_DIRECT for this file";
   } else {
-    info.offset_align = 4096;
+    facts.direct_io = DirectIoInfo{};
+    facts.direct_io.supported = true;
+    facts.direct_io.mem_align = stx.stx_dio_mem_align;
+    facts.direct_io.offset_align = stx.stx_dio_offset_align;
+    facts.direct_io.source = "statx";
   }
-  info.mem_align = 4096;
-  info.supported = true;
-  info.source = "st_blksize (statx gave no direct-I/O alignment)";
-  return info;
+  return 0;
 }
 
 }  // namespace nvio::detail

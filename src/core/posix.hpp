@@ -1,8 +1,8 @@
-// The library's boundary with the POSIX file calls: file descriptors, open, and direct-I/O facts
-// about open files. Internal to the library.
+// The library's boundary with the POSIX file calls: file descriptors, open, and one statx for
+// every fact about an open file. Internal to the library. Every call here returns -errno rather
+// than throwing: its caller turns that into a typed error, once, with the path and range it was
+// working on.
 #pragma once
-
-#include <sys/stat.h>
 
 #include <cstdint>
 #include <string>
@@ -29,18 +29,26 @@ class FileDescriptor {
   int fd_ = -1;
 };
 
-// open(2) wrapper: returns the descriptor, or -errno.
+// open(2) wrapper: returns the descriptor, or -errno. Adds O_CLOEXEC, and retries an open that a
+// signal interrupted.
 int open_file(const std::string& path, int flags, unsigned mode = 0644) noexcept;
 
-// The size in bytes of the regular file or block device open as `fd`, whose fstat(2) is `st`:
-// st_size, or for a block device (whose st_size is 0) the ioctl BLKGETSIZE64. Returns -errno when
-// it cannot be had. The one-argument form runs fstat itself.
-std::int64_t file_size(int fd, const struct stat& st) noexcept;
-std::int64_t file_size(int fd) noexcept;
+enum class FileType { Regular, Block, Directory, Other };
 
-// Direct-I/O alignment of an open file: statx's DIO fields where the kernel reports them, else
-// the block size from fstat as a conservative stand-in. `supported` is false when the file system
-// refuses O_DIRECT.
-DirectIoInfo direct_io_info(int fd);
+// What the library needs to know about an open file, all from one statx(2).
+struct FileFacts {
+  FileType type = FileType::Other;
+  std::uint32_t mode = 0;  // st_mode: the type bits and the permissions
+  // Bytes: st_size, or for a block device (whose st_size is 0) the ioctl BLKGETSIZE64; -errno
+  // when that ioctl failed.
+  std::int64_t size = 0;
+  std::uint32_t block_size = 0;  // st_blksize, the preferred I/O size; 0 when not reported
+  // Direct-I/O alignment: statx's DIO fields where the kernel reports them, else st_blksize as a
+  // conservative stand-in. `supported` is false when the file system refuses O_DIRECT.
+  DirectIoInfo direct_io;
+};
+
+// Fills `facts` for the file open as `fd`. Returns 0, or -errno when statx failed.
+int file_facts(int fd, FileFacts& facts);
 
 }  // namespace nvio::detail

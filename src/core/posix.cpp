@@ -4,6 +4,7 @@
 #include <linux/fs.h>
 #include <linux/stat.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -94,6 +95,26 @@ int file_facts(int fd, FileFacts& facts) {
     facts.direct_io.source = "statx";
   }
   return 0;
+}
+
+int evict_page_cache(const std::string& path, std::uint64_t offset, std::uint64_t length) noexcept {
+  const int raw = open_file(path, O_RDONLY);
+  if (raw < 0) return raw;
+  const FileDescriptor fd(raw);
+  // Dirty pages cannot be dropped: write them back first (an already clean file costs nothing).
+  // The clean ones are dropped even when that fails.
+  const int synced = ::fdatasync(fd.get()) == 0 ? 0 : -errno;
+  // posix_fadvise returns the error number itself instead of setting errno.
+  const int dropped = -::posix_fadvise(fd.get(), static_cast<off_t>(offset),
+                                       static_cast<off_t>(length), POSIX_FADV_DONTNEED);
+  return synced != 0 ? synced : dropped;
+}
+
+double process_cpu_seconds() noexcept {
+  struct rusage ru {};
+  ::getrusage(RUSAGE_SELF, &ru);
+  auto seconds = [](const timeval& t) { return double(t.tv_sec) + double(t.tv_usec) / 1e6; };
+  return seconds(ru.ru_utime) + seconds(ru.ru_stime);
 }
 
 }  // namespace nvio::detail

@@ -1,7 +1,8 @@
-// The library's boundary with the POSIX file calls: file descriptors, open, and one statx for
-// every fact about an open file. Internal to the library. Every call here returns -errno rather
-// than throwing: its caller turns that into a typed error, once, with the path and range it was
-// working on.
+// The library's boundary with the POSIX file calls: file descriptors, open, one statx for every
+// fact about an open file, page-cache eviction and CPU time. Internal to the library; the CLI and
+// the tests reach it through src/ (the shared library exports it). Every call here returns -errno
+// rather than throwing: its caller turns that into a typed error, once, with the path and range it
+// was working on.
 #pragma once
 
 #include <cstdint>
@@ -50,5 +51,15 @@ struct FileFacts {
 
 // Fills `facts` for the file open as `fd`. Returns 0, or -errno when statx failed.
 int file_facts(int fd, FileFacts& facts);
+
+// Drops the clean page-cache pages of `path` in [offset, offset + length) (length 0: to the end of
+// the file) after writing back its dirty ones, so that the next buffered read comes from the
+// drive. Returns 0, or -errno.
+int evict_page_cache(const std::string& path, std::uint64_t offset = 0,
+                     std::uint64_t length = 0) noexcept;
+
+// The CPU time of this process, user and system, in seconds: all its threads (the handle's
+// workers included).
+double process_cpu_seconds() noexcept;
 
 }  // namespace nvio::detail

@@ -1,11 +1,17 @@
 // core/posix: file_facts checked against the kernel's own answers (fstat, and an O_DIRECT write at
-// the alignment it reports) for each kind of file the handle meets.
+// the alignment it reports) for each kind of file the handle meets; page-cache eviction checked
+// with mincore; the process's CPU time against work done on another thread.
 #include "core/posix.hpp"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
+#include <thread>
 #include <vector>
 
 #include "test_util.hpp"
@@ -112,6 +118,49 @@ TEST(Posix, OpenFileReturnsMinusErrno) {
   ASSERT_GE(fd, 0);
   const nvio::detail::FileDescriptor owned(fd);
   EXPECT_EQ(::fcntl(fd, F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
+}
+
+// Dirty pages of a file that was just written are written back and dropped, the range only: the
+// pages outside it stay resident. The range is 2 MiB aligned, so that no large folio of the page
+// cache straddles its edge (a folio is dropped whole or not at all).
+TEST(Posix, EvictPageCacheDropsTheRange) {
+  TempDir d;
+  const std::string path = d.file("cached");
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  const std::size_t half = 4 * MiB;
+  const std::size_t len = 2 * half + 123;
+  write_pattern_file(path, len, 3);  // dirty, in the page cache
+  ASSERT_GT(resident_pages(path, 0, len), 0u);
+  ASSERT_EQ(nvio::detail::evict_page_cache(path, 0, half), 0);
+  struct statfs fs {};
+  ASSERT_EQ(::statfs(d.path().c_str(), &fs), 0);
+  if (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC) {
+    GTEST_SKIP() << d.path() << " is in memory: its pages cannot be evicted";
+  }
+  const std::size_t kept = resident_pages(path, half, len - half);
+  EXPECT_EQ(resident_pages(path, 0, half), 0u) << "the range was not evicted";
+  EXPECT_EQ(kept, (len - half + page - 1) / page) << "pages outside the range were dropped too";
+  ASSERT_EQ(nvio::detail::evict_page_cache(path), 0);
+  EXPECT_EQ(resident_pages(path, 0, len), 0u);
+  // The data survived its write-back.
+  EXPECT_TRUE(file_range_has_pattern(read_file(path), 0, len, 3));
+  EXPECT_EQ(nvio::detail::evict_page_cache(d.file("missing")), -ENOENT);
+}
+
+// CPU time spent on another thread counts: it is the process's, as for the handle's workers.
+TEST(Posix, ProcessCpuSecondsCountsOtherThreads) {
+  const double before = nvio::detail::process_cpu_seconds();
+  std::atomic<std::uint64_t> sink{0};
+  std::thread spinner([&] {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+    std::uint64_t x = 1;
+    while (std::chrono::steady_clock::now() < until) x = x * 6364136223846793005ULL + 1;
+    sink.store(x);
+  });
+  spinner.join();
+  const double spent = nvio::detail::process_cpu_seconds() - before;
+  EXPECT_GE(spent, 0.1) << "200 ms of spinning on another thread";
+  EXPECT_LT(spent, 10.0);
 }
 
 }  // namespace

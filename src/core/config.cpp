@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "core/posix.hpp"
 #include "core/retry.hpp"
 #include "core/unique_name.hpp"
 #include "nvio/errors.hpp"
@@ -199,51 +200,38 @@ const char* file_kind(mode_t mode) {
   return "not a regular file";
 }
 
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() { ::close(fd_); }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
-
-// The whole file, or nullopt when it does not exist. The checks use fstat on the descriptor that
+// The whole file, or nullopt when it does not exist. The checks use statx on the descriptor that
 // is then read, not a stat of the path, so the file cannot be swapped in between.
 std::optional<std::string> read_config_text(const std::string& path) {
   // O_NONBLOCK: opening a FIFO that has no writer returns at once instead of waiting for one (the
-  // fstat below then refuses it); it changes nothing for a regular file.
-  const int raw = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  // check below then refuses it); it changes nothing for a regular file.
+  const int raw = detail::open_file(path, O_RDONLY | O_NOCTTY | O_NONBLOCK);
   if (raw < 0) {
-    const int err = errno;
-    if (err == ENOENT) return std::nullopt;
-    throw_io_error(IoOp::Open, path, 0, 0, err, "cannot read the configuration file");
+    if (raw == -ENOENT) return std::nullopt;
+    throw_io_error(IoOp::Open, path, 0, 0, -raw, "cannot read the configuration file");
   }
-  const Fd fd(raw);
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) {
-    throw_io_error(IoOp::Stat, path, 0, 0, errno, "cannot read the configuration file");
+  const detail::FileDescriptor fd(raw);
+  detail::FileFacts facts;
+  if (const int rc = detail::file_facts(fd.get(), facts); rc < 0) {
+    throw_io_error(IoOp::Stat, path, 0, 0, -rc, "cannot read the configuration file");
   }
-  if (S_ISDIR(st.st_mode)) {
+  if (facts.type == detail::FileType::Directory) {
     throw_io_error(IoOp::Open, path, 0, 0, EISDIR, "the configuration file must be a regular file");
   }
-  if (!S_ISREG(st.st_mode)) {
-    malformed(path, fmt::format("is {}, not a regular file", file_kind(st.st_mode)));
+  if (facts.type != detail::FileType::Regular) {
+    malformed(path, fmt::format("is {}, not a regular file", file_kind(facts.mode)));
   }
   auto too_big = [&](const char* qualifier, std::uint64_t size) {
     malformed(path, fmt::format("{}{} bytes is over the {}-byte limit of a configuration file",
                                 qualifier, size, kMaxConfigBytes));
   };
-  if (static_cast<std::uint64_t>(st.st_size) > kMaxConfigBytes) {
-    too_big("", static_cast<std::uint64_t>(st.st_size));
+  if (static_cast<std::uint64_t>(facts.size) > kMaxConfigBytes) {
+    too_big("", static_cast<std::uint64_t>(facts.size));
   }
   // Read to the end rather than trusting st_size, but never past the cap: the file may have grown
-  // since the fstat.
+  // since the statx.
   std::string text;
-  text.reserve(static_cast<std::size_t>(st.st_size));
+  text.reserve(static_cast<std::size_t>(facts.size));
   char chunk[16384];
   while (true) {
     const ssize_t n = detail::retry_interrupted([&]() -> ssize_t {
@@ -266,23 +254,20 @@ class ConfigLock {
  public:
   explicit ConfigLock(const std::string& config) {
     const std::string path = config + ".lock";
-    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOCTTY, 0644);
-    if (fd_ < 0) {
-      throw_io_error(IoOp::Open, path, 0, 0, errno, "cannot open the configuration lock file");
+    const int fd = detail::open_file(path, O_RDWR | O_CREAT | O_NOCTTY, 0644);
+    if (fd < 0) {
+      throw_io_error(IoOp::Open, path, 0, 0, -fd, "cannot open the configuration lock file");
     }
+    fd_ = detail::FileDescriptor(fd);
     const int rc =
-        detail::retry_interrupted([&] { return ::flock(fd_, LOCK_EX) == 0 ? 0 : -errno; });
+        detail::retry_interrupted([&] { return ::flock(fd, LOCK_EX) == 0 ? 0 : -errno; });
     if (rc < 0) {
-      ::close(fd_);
       throw_io_error(IoOp::Open, path, 0, 0, -rc, "cannot lock the configuration lock file");
     }
   }
-  ~ConfigLock() { ::close(fd_); }  // closing the descriptor releases the lock
-  ConfigLock(const ConfigLock&) = delete;
-  ConfigLock& operator=(const ConfigLock&) = delete;
 
  private:
-  int fd_ = -1;
+  detail::FileDescriptor fd_;  // closing it (the destructor) releases the lock
 };
 
 }  // namespace

@@ -8,8 +8,8 @@
 #include <cerrno>
 #include <fstream>
 
+#include "core/posix.hpp"
 #include "core/unique_name.hpp"
-#include "handle/file.hpp"
 #include "nvio/errors.hpp"
 
 namespace nvio {
@@ -38,7 +38,11 @@ DirectIoInfo probe_directory(const std::string& dir) {
   if (direct_fd >= 0) {
     detail::FileDescriptor fd(direct_fd);
     ::unlink(path.c_str());
-    return detail::direct_io_info(fd.get());
+    detail::FileFacts facts;
+    if (const int rc = detail::file_facts(fd.get(), facts); rc < 0) {
+      throw_io_error(IoOp::Stat, path, 0, 0, -rc, "probing the directory");
+    }
+    return facts.direct_io;
   }
   if (direct_fd != -EINVAL) {
     throw_io_error(IoOp::Open, path, 0, 0, -direct_fd, "probing the directory");

@@ -31,11 +31,11 @@
 #include <vector>
 
 #include "core/fork.hpp"
+#include "core/posix.hpp"
 #include "core/retry.hpp"
 #include "cuda/cufile.hpp"
 #include "cuda/device_ops.hpp"
 #include "engine/engine.hpp"
-#include "handle/file.hpp"
 #include "handle/operation.hpp"
 #include "handle/worker.hpp"
 #include "handle/worker_threads.hpp"
@@ -269,31 +269,31 @@ std::string fd_name(int fd) {
 }
 
 // Checks what the descriptor refers to: directories are refused, and reads past the end of a
-// regular file or a block device are refused up front with its size.
+// regular file or a block device are refused up front with its size. Keeps the facts on
+// `op.file`, for planning and for the other extents of a batch on the same file.
 void check_target(const Operation& op, int fd) {
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    throw_io_error(IoOp::Stat, op.path, op.offset, op.length, errno);
+  detail::FileFacts& facts = op.file->facts;
+  if (const int rc = detail::file_facts(fd, facts); rc < 0) {
+    throw_io_error(IoOp::Stat, op.path, op.offset, op.length, -rc);
   }
-  if (S_ISDIR(st.st_mode)) {
+  if (facts.type == detail::FileType::Directory) {
     throw IsADirectory(op.direction == Direction::Read ? IoOp::Read : IoOp::Write, op.path,
                        op.offset, op.length, EISDIR, "the path is a directory, not a file");
   }
-  if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) {
+  if (facts.type == detail::FileType::Other) {
     // Pipes, sockets, character devices and anonymous inodes (an io_uring ring, an eventfd) have
     // no file offsets; a read from some of them would never complete.
     throw InvalidArgument(fmt::format("{}: not a regular file or block device (mode {:o})", op.path,
-                                      st.st_mode & S_IFMT));
+                                      facts.mode & S_IFMT));
   }
   if (op.direction == Direction::Read) {
-    const std::int64_t size = detail::file_size(fd, st);
-    if (size < 0) {
-      throw_io_error(IoOp::Stat, op.path, op.offset, op.length, static_cast<int>(-size),
+    if (facts.size < 0) {
+      throw_io_error(IoOp::Stat, op.path, op.offset, op.length, static_cast<int>(-facts.size),
                      "the size of the block device (BLKGETSIZE64)");
     }
-    op.file->size = size;
-    if (op.end() > static_cast<std::uint64_t>(size)) {
-      throw ShortFile(IoOp::Read, op.path, op.offset, op.length, static_cast<std::uint64_t>(size));
+    if (op.end() > static_cast<std::uint64_t>(facts.size)) {
+      throw ShortFile(IoOp::Read, op.path, op.offset, op.length,
+                      static_cast<std::uint64_t>(facts.size));
     }
   }
 }
@@ -303,9 +303,9 @@ void share_file(Operation& op, const Operation& first) {
   op.file = first.file;
   op.direct_fd = first.file->direct_fd;
   op.buffered_fd = first.file->buffered_fd;
-  if (op.is_read() && op.end() > static_cast<std::uint64_t>(first.file->size)) {
+  if (op.is_read() && op.end() > static_cast<std::uint64_t>(first.file->facts.size)) {
     throw ShortFile(IoOp::Read, op.path, op.offset, op.length,
-                    static_cast<std::uint64_t>(first.file->size));
+                    static_cast<std::uint64_t>(first.file->facts.size));
   }
 }
 
@@ -385,15 +385,14 @@ void plan(Operation& op, std::size_t block_size, DirectIo direct) {
   bool use_direct = op.direct_fd >= 0;
   std::uint64_t align = 1;
   if (use_direct) {
-    const DirectIoInfo dio = detail::direct_io_info(op.direct_fd);
+    // The facts check_target had for the same file (through the buffered or the caller's
+    // descriptor): the direct-I/O alignment belongs to the inode, not to the descriptor.
+    const detail::FileFacts& facts = op.file->facts;
+    const DirectIoInfo& dio = facts.direct_io;
     use_direct = dio.supported;
     if (use_direct) {
-      struct stat st {};
-      const std::uint64_t blksize = ::fstat(op.direct_fd, &st) == 0 && st.st_blksize > 0
-                                        ? static_cast<std::uint64_t>(st.st_blksize)
-                                        : 0;
-      align = detail::split_alignment(dio.offset_align,
-                                      static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE)), blksize);
+      align = detail::split_alignment(
+          dio.offset_align, static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE)), facts.block_size);
       op.dio_offset_align = std::max<std::uint32_t>(dio.offset_align, 1);
       op.mem_align = std::max<std::uint32_t>(dio.mem_align, 1);
       // A bounce chunk holds block_size bytes. Where the split granularity is larger (a file

@@ -15,10 +15,12 @@ std::exception_ptr io_error_ptr(IoOp op, const std::string& path, std::uint64_t 
 }
 
 std::exception_ptr ended_during_read(const Operation& op, std::uint64_t at) {
-  const std::int64_t size = file_size(op.any_fd());
+  // The file's size now: it may have shrunk since it was opened.
+  FileFacts now;
+  const bool known = file_facts(op.any_fd(), now) == 0 && now.size >= 0;
   try {
     throw ShortFile::ended_during_read(op.path, op.offset, op.length, at,
-                                       size >= 0 ? static_cast<std::uint64_t>(size) : at);
+                                       known ? static_cast<std::uint64_t>(now.size) : at);
   } catch (...) {
     return std::current_exception();
   }

@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "core/posix.hpp"
 #include "cuda/cufile.hpp"
 #include "cuda/device_ops.hpp"
 #include "engine/engine.hpp"
-#include "handle/file.hpp"
 #include "handle/plan.hpp"
 #include "nvio/errors.hpp"
 #include "nvio/handle.hpp"
@@ -27,14 +27,15 @@ namespace nvio::detail {
 std::exception_ptr io_error_ptr(IoOp op, const std::string& path, std::uint64_t offset,
                                 std::uint64_t length, int err, const std::string& detail = {});
 
-// The descriptors an operation opened itself. Shared by the operations of one batch on the same
-// file, and closed when the last of them finishes.
+// The descriptors an operation opened itself, and what one statx found about the file. Shared
+// by the operations of one batch on the same file (a batch of many extents of one file stats it
+// once), and closed when the last of them finishes.
 struct OpenFile {
   FileDescriptor direct;
   FileDescriptor buffered;
-  int direct_fd = -1;      // as opened or adopted, before planning: -1 without direct I/O
-  int buffered_fd = -1;    // -1 when none could be had
-  std::int64_t size = -1;  // reads: the file's size when it was opened
+  int direct_fd = -1;    // as opened or adopted, before planning: -1 without direct I/O
+  int buffered_fd = -1;  // -1 when none could be had
+  FileFacts facts;       // as the file was when it was opened
 };
 
 // The finishing steps of a batch of writes, run once by whichever of its operations finishes

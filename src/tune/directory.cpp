@@ -1,7 +1,5 @@
 // The tuner's real measurer: trials that read and write a scratch file with nvio::Handle.
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/sysmacros.h>
@@ -14,8 +12,8 @@
 #include <filesystem>
 #include <map>
 
+#include "core/posix.hpp"
 #include "core/unique_name.hpp"
-#include "handle/file.hpp"
 #include "nvio/config.hpp"
 #include "nvio/errors.hpp"
 #include "nvio/handle.hpp"
@@ -28,13 +26,6 @@ namespace nvio {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double cpu_seconds() {
-  struct rusage ru {};
-  ::getrusage(RUSAGE_SELF, &ru);
-  auto secs = [](const timeval& t) { return double(t.tv_sec) + double(t.tv_usec) / 1e6; };
-  return secs(ru.ru_utime) + secs(ru.ru_stime);
-}
 
 std::string filesystem_name(const std::string& dir) {
   struct statfs fs {};
@@ -98,7 +89,7 @@ class FileMeasurer final : public Measurer {
     const std::uint64_t slots = std::max<std::uint64_t>(1, file_size_ / trial_);
     const std::uint64_t offset = (next_slot_++ % slots) * trial_;
     evict(offset);
-    const double cpu0 = cpu_seconds();
+    const double cpu0 = detail::process_cpu_seconds();
     const auto t0 = Clock::now();
     if (mode == TuneMode::Read) {
       handle.read(buffer_.data(), trial_, path_, offset);
@@ -109,7 +100,7 @@ class FileMeasurer final : public Measurer {
     }
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     TuneSample s;
-    s.cpu_seconds = cpu_seconds() - cpu0;
+    s.cpu_seconds = detail::process_cpu_seconds() - cpu0;
     s.bytes = double(trial_);
     s.gbps = s.bytes / std::max(secs, 1e-9) / 1e9;
     if (mode == TuneMode::Write) evict(offset);
@@ -120,14 +111,9 @@ class FileMeasurer final : public Measurer {
 
  private:
   // Drops the range from the page cache so that a buffered read comes from the drive. The data
-  // is clean (written with fdatasync), so no root and no cache-wide drop are needed.
-  void evict(std::uint64_t offset) {
-    const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return;
-    ::posix_fadvise(fd, static_cast<off_t>(offset), static_cast<off_t>(trial_),
-                    POSIX_FADV_DONTNEED);
-    ::close(fd);
-  }
+  // is clean (written with fdatasync), so no root and no cache-wide drop are needed. Best effort:
+  // a failure only makes the next trial look faster.
+  void evict(std::uint64_t offset) { detail::evict_page_cache(path_, offset, trial_); }
 
   std::string path_;
   std::uint64_t file_size_;

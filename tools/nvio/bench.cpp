@@ -4,9 +4,7 @@
 // getrusage(RUSAGE_SELF), which includes the library's worker threads (they live in this process).
 // Reported figures are medians over loops, so one slow loop (a flush, a noisy neighbour) does not
 // skew the result.
-#include <fcntl.h>
 #include <fmt/core.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -30,6 +28,7 @@
 #include <vector>
 
 #include "cli.hpp"
+#include "core/posix.hpp"
 #include "nvio/errors.hpp"
 #include "nvio/gpu.hpp"
 #include "nvio/handle.hpp"
@@ -380,17 +379,6 @@ class FileCleanup {
   bool remove_;
 };
 
-// Drops the file's pages from the page cache so that a buffered read really reads the device.
-// Best effort: a failure here only makes the next read look faster, and the read itself reports
-// real errors (missing file, permissions) properly.
-void evict_page_cache(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return;
-  ::fdatasync(fd);  // dirty pages cannot be dropped
-  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-  ::close(fd);
-}
-
 // ---- progress -----------------------------------------------------------------------------------
 
 // A single "\r" status line on stderr, shown only on a terminal and only once the run has taken
@@ -445,20 +433,14 @@ class Progress {
 
 // ---- timing -------------------------------------------------------------------------------------
 
-double cpu_seconds() {
-  rusage usage{};
-  ::getrusage(RUSAGE_SELF, &usage);
-  auto to_s = [](const timeval& tv) { return static_cast<double>(tv.tv_sec) + tv.tv_usec * 1e-6; };
-  return to_s(usage.ru_utime) + to_s(usage.ru_stime);
-}
-
 template <typename Fn>
 Sample time_once(Fn&& fn) {
-  double cpu0 = cpu_seconds();
+  double cpu0 = nvio::detail::process_cpu_seconds();
   auto t0 = Clock::now();
   fn();
   auto t1 = Clock::now();
-  return {std::chrono::duration<double>(t1 - t0).count(), cpu_seconds() - cpu0};
+  return {std::chrono::duration<double>(t1 - t0).count(),
+          nvio::detail::process_cpu_seconds() - cpu0};
 }
 
 double median(std::vector<double> values) {
@@ -554,7 +536,9 @@ OpResult run_reads(nvio::Handle& handle, Buffers& buf, const Plan& plan, Progres
       std::memset(buf.host.data(), 0xA5, plan.size);
       buf.push();
     }
-    evict_page_cache(plan.path);
+    // So that a buffered read really reads the device. Best effort: a failure only makes the read
+    // look faster, and the read itself reports real errors (missing file, permissions).
+    nvio::detail::evict_page_cache(plan.path);
     result.samples.push_back(
         time_once([&] { handle.read(buf.io(), plan.size, plan.path, 0, buf.read_options()); }));
     // Every loop's data is checked (untimed); the first failure is the one reported.
@@ -566,7 +550,7 @@ OpResult run_reads(nvio::Handle& handle, Buffers& buf, const Plan& plan, Progres
 // For a write-only run: read the file back once (untimed) into a fresh buffer and check it.
 void verify_written(nvio::Handle& handle, const Plan& plan, OpResult& result) {
   Buffers back(plan);
-  evict_page_cache(plan.path);
+  nvio::detail::evict_page_cache(plan.path);
   handle.read(back.io(), plan.size, plan.path, 0, back.read_options());
   check_pattern(back, plan, result);
 }

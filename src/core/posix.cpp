@@ -1,0 +1,120 @@
+#include "core/posix.hpp"
+
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <linux/stat.h>
+#include <sys/ioctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "core/retry.hpp"
+
+namespace nvio::detail {
+namespace {
+
+FileType type_of(std::uint32_t mode) {
+  if (S_ISREG(mode)) return FileType::Regular;
+  if (S_ISBLK(mode)) return FileType::Block;
+  if (S_ISDIR(mode)) return FileType::Directory;
+  return FileType::Other;
+}
+
+// Where statx gave no direct-I/O alignment: a page is safe for buffer addresses on every Linux
+// block device, and the block size for offsets.
+DirectIoInfo assumed_direct_io(std::uint32_t block_size) {
+  DirectIoInfo info;
+  info.supported = true;
+  info.offset_align = block_size > 0 ? block_size : 4096;
+  info.mem_align = 4096;
+  info.source = "st_blksize (statx gave no direct-I/O alignment)";
+  return info;
+}
+
+}  // namespace
+
+FileDescriptor::~FileDescriptor() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+FileDescriptor& FileDescriptor::operator=(FileDescriptor&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = other.fd_;
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+int open_file(const std::string& path, int flags, unsigned mode) noexcept {
+  // An open that blocks (a FIFO, a network file system) may be interrupted by a signal.
+  return retry_interrupted([&] {
+    const int fd = ::open(path.c_str(), flags | O_CLOEXEC, mode);
+    return fd < 0 ? -errno : fd;
+  });
+}
+
+int file_facts(int fd, FileFacts& facts) {
+  // glibc 2.36's statx() wrapper predates the DIO fields, so ask the kernel directly. The type,
+  // mode, size and block size are in every statx answer; the DIO fields only where the kernel
+  // sets STATX_DIOALIGN in the mask it returns.
+  struct statx stx {};
+  if (::syscall(SYS_statx, fd, "", AT_EMPTY_PATH,
+                STATX_TYPE | STATX_MODE | STATX_SIZE | STATX_DIOALIGN, &stx) != 0) {
+    const int err = errno;
+    // A seccomp filter that predates statx (older container runtimes) answers ENOSYS or EPERM:
+    // fstat has the same facts but the direct-I/O alignment.
+    struct stat st {};
+    if ((err != ENOSYS && err != EPERM) || ::fstat(fd, &st) != 0) return -err;
+    stx.stx_mask = STATX_BASIC_STATS;
+    stx.stx_mode = static_cast<std::uint16_t>(st.st_mode);
+    stx.stx_size = static_cast<std::uint64_t>(st.st_size);
+    stx.stx_blksize = st.st_blksize > 0 ? static_cast<std::uint32_t>(st.st_blksize) : 0;
+  }
+  facts.mode = stx.stx_mode;
+  facts.type = type_of(stx.stx_mode);
+  facts.block_size = stx.stx_blksize;
+  facts.size = static_cast<std::int64_t>(stx.stx_size);
+  if (facts.type == FileType::Block) {
+    std::uint64_t bytes = 0;
+    facts.size = ::ioctl(fd, BLKGETSIZE64, &bytes) == 0 ? static_cast<std::int64_t>(bytes) : -errno;
+  }
+  if ((stx.stx_mask & STATX_DIOALIGN) == 0) {
+    facts.direct_io = assumed_direct_io(facts.block_size);
+  } else if (stx.stx_dio_offset_align == 0) {
+    facts.direct_io = DirectIoInfo{};
+    facts.direct_io.source = "statx: the file system does not support O_DIRECT for this file";
+  } else {
+    facts.direct_io = DirectIoInfo{};
+    facts.direct_io.supported = true;
+    facts.direct_io.mem_align = stx.stx_dio_mem_align;
+    facts.direct_io.offset_align = stx.stx_dio_offset_align;
+    facts.direct_io.source = "statx";
+  }
+  return 0;
+}
+
+int evict_page_cache(const std::string& path, std::uint64_t offset, std::uint64_t length) noexcept {
+  const int raw = open_file(path, O_RDONLY);
+  if (raw < 0) return raw;
+  const FileDescriptor fd(raw);
+  // Dirty pages cannot be dropped: write them back first (an already clean file costs nothing).
+  // The clean ones are dropped even when that fails.
+  const int synced = ::fdatasync(fd.get()) == 0 ? 0 : -errno;
+  // posix_fadvise returns the error number itself instead of setting errno.
+  const int dropped = -::posix_fadvise(fd.get(), static_cast<off_t>(offset),
+                                       static_cast<off_t>(length), POSIX_FADV_DONTNEED);
+  return synced != 0 ? synced : dropped;
+}
+
+double process_cpu_seconds() noexcept {
+  struct rusage ru {};
+  ::getrusage(RUSAGE_SELF, &ru);
+  auto seconds = [](const timeval& t) { return double(t.tv_sec) + double(t.tv_usec) / 1e6; };
+  return seconds(ru.ru_utime) + seconds(ru.ru_stime);
+}
+
+}  // namespace nvio::detail

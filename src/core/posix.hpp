@@ -1,0 +1,65 @@
+// The library's boundary with the POSIX file calls: file descriptors, open, one statx for every
+// fact about an open file, page-cache eviction and CPU time. Internal to the library; the CLI and
+// the tests reach it through src/ (the shared library exports it). Every call here returns -errno
+// rather than throwing: its caller turns that into a typed error, once, with the path and range it
+// was working on.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "nvio/system.hpp"
+
+namespace nvio::detail {
+
+// Owns one file descriptor. Move-only; closing is the destructor's job. Not thread-safe.
+class FileDescriptor {
+ public:
+  FileDescriptor() = default;
+  explicit FileDescriptor(int fd) noexcept : fd_(fd) {}
+  ~FileDescriptor();
+  FileDescriptor(FileDescriptor&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+  FileDescriptor& operator=(FileDescriptor&& other) noexcept;
+  FileDescriptor(const FileDescriptor&) = delete;
+  FileDescriptor& operator=(const FileDescriptor&) = delete;
+
+  int get() const noexcept { return fd_; }
+  explicit operator bool() const noexcept { return fd_ >= 0; }
+
+ private:
+  int fd_ = -1;
+};
+
+// open(2) wrapper: returns the descriptor, or -errno. Adds O_CLOEXEC, and retries an open that a
+// signal interrupted.
+int open_file(const std::string& path, int flags, unsigned mode = 0644) noexcept;
+
+enum class FileType { Regular, Block, Directory, Other };
+
+// What the library needs to know about an open file, all from one statx(2).
+struct FileFacts {
+  FileType type = FileType::Other;
+  std::uint32_t mode = 0;  // st_mode: the type bits and the permissions
+  // Bytes: st_size, or for a block device (whose st_size is 0) the ioctl BLKGETSIZE64; -errno
+  // when that ioctl failed.
+  std::int64_t size = 0;
+  std::uint32_t block_size = 0;  // st_blksize, the preferred I/O size; 0 when not reported
+  // Direct-I/O alignment: statx's DIO fields where the kernel reports them, else st_blksize as a
+  // conservative stand-in. `supported` is false when the file system refuses O_DIRECT.
+  DirectIoInfo direct_io;
+};
+
+// Fills `facts` for the file open as `fd`. Returns 0, or -errno when statx failed.
+int file_facts(int fd, FileFacts& facts);
+
+// Drops the clean page-cache pages of `path` in [offset, offset + length) (length 0: to the end of
+// the file) after writing back its dirty ones, so that the next buffered read comes from the
+// drive. Returns 0, or -errno.
+int evict_page_cache(const std::string& path, std::uint64_t offset = 0,
+                     std::uint64_t length = 0) noexcept;
+
+// The CPU time of this process, user and system, in seconds: all its threads (the handle's
+// workers included).
+double process_cpu_seconds() noexcept;
+
+}  // namespace nvio::detail

@@ -18,12 +18,12 @@ import torch
 import nvio
 from conftest import ENGINES, random_bytes
 
-FS_BYTES = 8 << 20
+FS_BYTES = 4 << 20
 
 
 @pytest.fixture
 def ext4(tmp_path):
-    """A fresh 8 MiB ext4 (no journal, nothing reserved for root) mounted at a folder of
+    """A fresh 4 MiB ext4 (no journal, nothing reserved for root) mounted at a folder of
     tmp_path; unmounted and removed afterwards, also when the test failed."""
     if os.geteuid() != 0:
         pytest.skip("mounting a loop device needs root")

@@ -6,8 +6,6 @@
 // Ownership and thread-safety: like every engine, one worker thread uses it.
 #include <fmt/format.h>
 
-#include <deque>
-
 #include "cuda/cufile.hpp"
 #include "cuda/device_ops.hpp"
 #include "engine/engine.hpp"
@@ -19,35 +17,20 @@ namespace {
 // -(kDriverError + code). cuFile's own codes are above CUFILEOP_BASE_ERR (5000) and below this.
 constexpr std::int64_t kDriverError = std::int64_t{1} << 32;
 
-class CuFileEngine final : public Engine {
+class CuFileEngine final : public SynchronousEngine {
  public:
   explicit CuFileEngine(CuFileCalls calls) : calls_(std::move(calls)) {}
 
-  int submit(std::span<const Request> requests) override {
-    for (const Request& r : requests) {
-      // Every time: the worker's bounce pipeline may have made another device current on this
-      // thread since the last request.
-      const int rc = calls_.make_current(r.device);
-      done_.push_back(
-          Completion{r.tag, rc == cuda::kSuccess ? calls_.transfer(r) : -(kDriverError + rc)});
-    }
-    return static_cast<int>(requests.size());
-  }
-
-  int reap(std::span<Completion> out, std::size_t /*min_complete*/) override {
-    std::size_t n = 0;
-    while (n < out.size() && !done_.empty()) {
-      out[n++] = done_.front();
-      done_.pop_front();
-    }
-    return static_cast<int>(n);
-  }
-
-  // Every request completed inside submit(): there is never anything to cancel.
-  int cancel() override { return 0; }
   // The shape of psync: one synchronous call per request on the worker thread.
   EngineKind kind() const noexcept override { return EngineKind::Psync; }
   const char* name() const noexcept override { return "cuFile"; }
+
+  std::int64_t transfer(const Request& r) override {
+    // Every time: the worker's bounce pipeline may have made another device current on this
+    // thread since the last request.
+    const int rc = calls_.make_current(r.device);
+    return rc == cuda::kSuccess ? calls_.transfer(r) : -(kDriverError + rc);
+  }
 
   std::exception_ptr error(IoOp op, const std::string& path, std::uint64_t offset,
                            std::uint64_t length, std::int64_t result,
@@ -74,7 +57,6 @@ class CuFileEngine final : public Engine {
 
  private:
   CuFileCalls calls_;
-  std::deque<Completion> done_;
 };
 
 }  // namespace

@@ -34,6 +34,20 @@ std::exception_ptr Engine::error(IoOp op, const std::string& path, std::uint64_t
   }
 }
 
+int SynchronousEngine::submit(std::span<const Request> requests) {
+  for (const Request& r : requests) done_.push_back(Completion{r.tag, transfer(r)});
+  return static_cast<int>(requests.size());
+}
+
+int SynchronousEngine::reap(std::span<Completion> out, std::size_t /*min_complete*/) {
+  std::size_t n = 0;
+  while (n < out.size() && !done_.empty()) {
+    out[n++] = done_.front();
+    done_.pop_front();
+  }
+  return static_cast<int>(n);
+}
+
 EngineFactory set_engine_factory_for_testing(EngineFactory factory) {
   std::lock_guard lock(factory_mutex());
   std::swap(g_factory, factory);

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -83,6 +84,23 @@ class Engine {
   virtual std::exception_ptr error(IoOp op, const std::string& path, std::uint64_t offset,
                                    std::uint64_t length, std::int64_t result,
                                    const std::string& detail) const;
+};
+
+// The shape of the engines whose requests complete inside submit() (psync, cuFile): each request
+// runs once, now, through transfer(), and its result waits for reap(). Nothing is ever in flight,
+// so reap() never waits and cancel() has nothing to do.
+class SynchronousEngine : public Engine {
+ public:
+  int submit(std::span<const Request> requests) final;
+  int reap(std::span<Completion> out, std::size_t min_complete) final;
+  int cancel() final { return 0; }
+
+ protected:
+  // One request's transfer: the bytes moved, or a negative code (-errno for the kernel's).
+  virtual std::int64_t transfer(const Request& request) = 0;
+
+ private:
+  std::deque<Completion> done_;
 };
 
 // Creates an engine of a concrete kind able to keep `queue_depth` requests in flight: the test

@@ -3,45 +3,29 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <deque>
 
 #include "engine/engine.hpp"
 
 namespace nvio::engine {
 namespace {
 
-class PsyncEngine final : public Engine {
+class PsyncEngine final : public SynchronousEngine {
  public:
   explicit PsyncEngine(PsyncCalls calls) : calls_(calls) {}
-
-  int submit(std::span<const Request> requests) override {
-    // Each request runs once, now; its result (EINTR included: the handle decides about retries)
-    // waits in `done_` for reap().
-    for (const Request& r : requests) {
-      const ssize_t rc = r.direction == Direction::Read
-                             ? calls_.pread(r.fd, r.buf, r.length, static_cast<off_t>(r.offset))
-                             : calls_.pwrite(r.fd, r.buf, r.length, static_cast<off_t>(r.offset));
-      done_.push_back(Completion{r.tag, rc < 0 ? -static_cast<std::int64_t>(errno) : rc});
-    }
-    return static_cast<int>(requests.size());
-  }
-
-  int reap(std::span<Completion> out, std::size_t /*min_complete*/) override {
-    std::size_t n = 0;
-    while (n < out.size() && !done_.empty()) {
-      out[n++] = done_.front();
-      done_.pop_front();
-    }
-    return static_cast<int>(n);
-  }
-
-  // Every request completed inside submit(): there is never anything to cancel.
-  int cancel() override { return 0; }
   EngineKind kind() const noexcept override { return EngineKind::Psync; }
+
+ protected:
+  // Each request runs once, now; its result (EINTR included: the handle decides about retries)
+  // is its completion.
+  std::int64_t transfer(const Request& r) override {
+    const ssize_t rc = r.direction == Direction::Read
+                           ? calls_.pread(r.fd, r.buf, r.length, static_cast<off_t>(r.offset))
+                           : calls_.pwrite(r.fd, r.buf, r.length, static_cast<off_t>(r.offset));
+    return rc < 0 ? -static_cast<std::int64_t>(errno) : rc;
+  }
 
  private:
   PsyncCalls calls_;
-  std::deque<Completion> done_;
 };
 
 }  // namespace

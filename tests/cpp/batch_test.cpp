@@ -17,16 +17,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-int open_fd_count() {
-  DIR* d = ::opendir("/proc/self/fd");
-  int n = 0;
-  while (const dirent* e = ::readdir(d)) {
-    if (e->d_name[0] != '.') ++n;
-  }
-  ::closedir(d);
-  return n;
-}
-
 // Extent sizes that exercise every plan shape: tiny, sub-page, page-crossing, multi-piece.
 const std::size_t kSizes[] = {1, 4095, 4096, 64 * KiB + 3, MiB + 123, 7, 300 * KiB};
 

@@ -242,8 +242,7 @@ TEST_P(Conformance, LargestValidOptions) {
               BufKind::Plus1, 6500);
     return;
   }
-  roundtrip(*h, file("max.bin"), 8 * MiB + 5, kAwkwardOffset, BufKind::Plus3, BufKind::Plus1,
-            6501);
+  roundtrip(*h, file("max.bin"), 8 * MiB + 5, kAwkwardOffset, BufKind::Plus3, BufKind::Plus1, 6501);
 }
 
 TEST_P(Conformance, DirectModes) {
@@ -489,8 +488,8 @@ TEST_P(Conformance, ThreadsShareOneHandle) {
     const std::size_t len = 700000 + 4099 * (kRounds - 1) + t;
     const std::uint64_t off = 1 + 4096 * (kRounds - 1) + std::uint64_t(t) * 5;
     EXPECT_EQ(own.size(), off + len) << "thread " << t;
-    EXPECT_TRUE(file_range_has_pattern(own, 1 + std::uint64_t(t) * 5, own.size() - 1 - t * 5,
-                                       8000 + t))
+    EXPECT_TRUE(
+        file_range_has_pattern(own, 1 + std::uint64_t(t) * 5, own.size() - 1 - t * 5, 8000 + t))
         << "thread " << t;
   }
   const auto shared = read_file(shared_path);
@@ -542,9 +541,8 @@ TEST_P(Conformance, TruncateAtEnd) {
   write_pattern_file(path, 3 * MiB, 1);
   int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
   ASSERT_GE(fd, 0);
-  nvio::Ticket t = h.submit_write(b.data(), len, fd, off,
-                                  nvio::WriteOptions{nvio::Truncate::AtEnd,
-                                                     nvio::Durability::Data});
+  nvio::Ticket t = h.submit_write(
+      b.data(), len, fd, off, nvio::WriteOptions{nvio::Truncate::AtEnd, nvio::Durability::Data});
   h.wait(t);
   ::close(fd);
   bytes = read_file(path);

@@ -2,6 +2,7 @@
 // themselves. Each test asserts the exception type and that the message carries the path and the
 // numbers.
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <linux/fs.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
@@ -15,8 +16,6 @@
 #include <thread>
 #include <type_traits>
 #include <typeinfo>
-
-#include <fmt/format.h>
 
 #include "test_util.hpp"
 
@@ -70,8 +69,7 @@ void expect_throw(Fn&& fn, Check&& check, const std::string& what_for) {
   } catch (const E& e) {
     check(e);
   } catch (const std::exception& e) {
-    ADD_FAILURE() << what_for << ": wrong exception type " << typeid(e).name() << ": "
-                  << e.what();
+    ADD_FAILURE() << what_for << ": wrong exception type " << typeid(e).name() << ": " << e.what();
   }
 }
 
@@ -99,13 +97,12 @@ TEST_P(Errors, MissingFile) {
 
   // A write into a directory that does not exist.
   const std::string nodir = file("no-such-dir/out.bin");
-  expect_throw<nvio::FileNotFound>(
-      [&] { h.write(b.data(), 4096, nodir, 0); },
-      [&](const nvio::FileNotFound& e) {
-        EXPECT_TRUE(contains(e.what(), nodir));
-        EXPECT_EQ(e.error_code(), ENOENT);
-      },
-      "write into a missing directory");
+  expect_throw<nvio::FileNotFound>([&] { h.write(b.data(), 4096, nodir, 0); },
+                                   [&](const nvio::FileNotFound& e) {
+                                     EXPECT_TRUE(contains(e.what(), nodir));
+                                     EXPECT_EQ(e.error_code(), ENOENT);
+                                   },
+                                   "write into a missing directory");
 }
 
 TEST_P(Errors, ReadPastEnd) {
@@ -145,9 +142,9 @@ TEST_P(Errors, ReadPastEnd) {
   // By fd.
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   ASSERT_GE(fd, 0);
-  expect_throw<nvio::ShortFile>(
-      [&] { h.read(b.data(), 8192, fd, 4096); },
-      [](const nvio::ShortFile& e) { EXPECT_EQ(e.file_size(), 10000u); }, "read by fd");
+  expect_throw<nvio::ShortFile>([&] { h.read(b.data(), 8192, fd, 4096); },
+                                [](const nvio::ShortFile& e) { EXPECT_EQ(e.file_size(), 10000u); },
+                                "read by fd");
 
   // Asynchronously: from the submit or from the wait, but a ShortFile either way.
   bool thrown = false;
@@ -165,13 +162,12 @@ TEST_P(Errors, ReadPastEnd) {
   // Empty file.
   const std::string empty = file("empty.bin");
   write_file(empty, "", 0);
-  expect_throw<nvio::ShortFile>(
-      [&] { h.read(b.data(), 1, empty, 0); },
-      [&](const nvio::ShortFile& e) {
-        EXPECT_EQ(e.file_size(), 0u);
-        EXPECT_TRUE(contains(e.what(), empty));
-      },
-      "read from an empty file");
+  expect_throw<nvio::ShortFile>([&] { h.read(b.data(), 1, empty, 0); },
+                                [&](const nvio::ShortFile& e) {
+                                  EXPECT_EQ(e.file_size(), 0u);
+                                  EXPECT_TRUE(contains(e.what(), empty));
+                                },
+                                "read from an empty file");
 }
 
 TEST_P(Errors, DirectoryAsFile) {
@@ -213,13 +209,12 @@ TEST_P(Errors, ReadOnlyFd) {
   ASSERT_GE(fd, 0);
   GuardedBuffer b(MiB + 123, BufKind::Plus3);
   b.fill_pattern(4113, 2);
-  expect_throw<nvio::IoError>(
-      [&] { h.write(b.data(), b.size(), fd, 4113); },
-      [&](const nvio::IoError& e) {
-        EXPECT_EQ(e.error_code(), EBADF) << e.what();
-        EXPECT_TRUE(contains(e.what(), std::strerror(EBADF)));
-      },
-      "write to an O_RDONLY fd");
+  expect_throw<nvio::IoError>([&] { h.write(b.data(), b.size(), fd, 4113); },
+                              [&](const nvio::IoError& e) {
+                                EXPECT_EQ(e.error_code(), EBADF) << e.what();
+                                EXPECT_TRUE(contains(e.what(), std::strerror(EBADF)));
+                              },
+                              "write to an O_RDONLY fd");
   // Asynchronously: the error comes from the submit or the wait.
   bool thrown = false;
   try {
@@ -259,8 +254,7 @@ TEST_P(Errors, ReadOnlyPath) {
     EXPECT_TRUE(contains(e.what(), "4096")) << "length";
     EXPECT_TRUE(e.error_code() == EPERM || e.error_code() == EACCES) << e.error_code();
   };
-  expect_throw<nvio::PermissionDenied>([&] { h.write(b.data(), 4096, path, 0); }, check,
-                                       "write");
+  expect_throw<nvio::PermissionDenied>([&] { h.write(b.data(), 4096, path, 0); }, check, "write");
   expect_throw<nvio::PermissionDenied>([&] { h.submit_write(b.data(), 4096, path, 0); }, check,
                                        "submit_write");
   EXPECT_EQ(h.pending(), 0u);
@@ -360,19 +354,18 @@ TEST_P(Errors, ErrorSurfacesFromWait) {
   if (failed_at_submit) {
     EXPECT_EQ(h.wait(), 4u);
   } else {
-    expect_throw<nvio::IoError>(
-        [&] { h.wait(); },
-        [&](const nvio::IoError& e) {
-          EXPECT_EQ(e.error_code(), EBADF) << e.what();
-          EXPECT_TRUE(contains(e.what(), std::strerror(EBADF)));
-        },
-        "wait() with a failed operation");
+    expect_throw<nvio::IoError>([&] { h.wait(); },
+                                [&](const nvio::IoError& e) {
+                                  EXPECT_EQ(e.error_code(), EBADF) << e.what();
+                                  EXPECT_TRUE(contains(e.what(), std::strerror(EBADF)));
+                                },
+                                "wait() with a failed operation");
   }
   EXPECT_EQ(h.pending(), 0u) << "wait() must collect every operation, failed or not";
   EXPECT_EQ(h.wait(), 0u);
   for (int i = 0; i < 4; ++i) {
-    EXPECT_TRUE(file_range_has_pattern(read_file(file("good" + std::to_string(i) + ".bin")), 1,
-                                       len, 40 + i))
+    EXPECT_TRUE(file_range_has_pattern(read_file(file("good" + std::to_string(i) + ".bin")), 1, len,
+                                       40 + i))
         << "operation " << i;
   }
   EXPECT_TRUE(file_range_has_pattern(read_file(rof), 0, 64 * KiB, 1))
@@ -459,8 +452,8 @@ TEST_P(Errors, FailureDoesNotSpillToOtherOperations) {
       } catch (const std::exception& e) {
         ADD_FAILURE() << "good operation " << i << " failed: " << e.what();
       }
-      EXPECT_TRUE(file_range_has_pattern(read_file(file("spill" + std::to_string(i) + ".bin")),
-                                         0, len, std::uint64_t(100 * round + i)))
+      EXPECT_TRUE(file_range_has_pattern(read_file(file("spill" + std::to_string(i) + ".bin")), 0,
+                                         len, std::uint64_t(100 * round + i)))
           << "good operation " << i;
     }
     if (HasFailure()) break;
@@ -548,10 +541,10 @@ struct BadMemoryCase {
   std::size_t length;
 };
 constexpr BadMemoryCase kBadMemoryCases[] = {
-    {1, 0, 2 * MiB},            // unaligned buffer, aligned file range: every piece bounced
-    {4095, 4096 + 17, MiB + 5}, // unaligned both: edges buffered, middle bounced
-    {0, 0, MiB},                // aligned: zero-copy direct I/O
-    {3, 100, 1000},             // one buffered piece
+    {1, 0, 2 * MiB},             // unaligned buffer, aligned file range: every piece bounced
+    {4095, 4096 + 17, MiB + 5},  // unaligned both: edges buffered, middle bounced
+    {0, 0, MiB},                 // aligned: zero-copy direct I/O
+    {3, 100, 1000},              // one buffered piece
 };
 
 template <typename Fn>
@@ -585,9 +578,9 @@ TEST_P(Errors, ReadIntoReadOnlyMemory) {
     for (const BadMemoryCase& c : kBadMemoryCases) {
       Mapping m(c.address_offset + c.length + 4096, PROT_READ);
       ASSERT_NE(m.data(), nullptr);
-      const std::string what = fmt::format("read of {} bytes at {} into mapping + {}, direct {}",
-                                           c.length, c.file_offset, c.address_offset,
-                                           nvio::to_string(o.direct));
+      const std::string what =
+          fmt::format("read of {} bytes at {} into mapping + {}, direct {}", c.length,
+                      c.file_offset, c.address_offset, nvio::to_string(o.direct));
       expect_efault([&] { h.read(m.data() + c.address_offset, c.length, path, c.file_offset); },
                     path, c.file_offset, c.length, what);
       expect_efault(
@@ -630,9 +623,9 @@ TEST_P(Errors, WriteFromUnreadableMemory) {
     for (const BadMemoryCase& c : kBadMemoryCases) {
       Mapping m(c.address_offset + c.length + 4096, PROT_NONE);
       ASSERT_NE(m.data(), nullptr);
-      const std::string what = fmt::format("write of {} bytes at {} from mapping + {}, direct {}",
-                                           c.length, c.file_offset, c.address_offset,
-                                           nvio::to_string(o.direct));
+      const std::string what =
+          fmt::format("write of {} bytes at {} from mapping + {}, direct {}", c.length,
+                      c.file_offset, c.address_offset, nvio::to_string(o.direct));
       expect_efault([&] { h.write(m.data() + c.address_offset, c.length, path, c.file_offset); },
                     path, c.file_offset, c.length, what);
       expect_efault(
@@ -712,21 +705,20 @@ TEST(InvalidOptions, RejectedWithTheOptionNamed) {
       {"queue_depth", [](Options& o) { o.queue_depth = nvio::kMaxQueueDepth + 1; }, "4097"},
       {"intra_op_parallelism", [](Options& o) { o.intra_op_parallelism = 0; }, "0"},
       {"intra_op_parallelism", [](Options& o) { o.intra_op_parallelism = 1000; }, "1000"},
-      {"intra_op_parallelism", [](Options& o) { o.intra_op_parallelism = nvio::kMaxParallelism + 1; },
-       "257"},
+      {"intra_op_parallelism",
+       [](Options& o) { o.intra_op_parallelism = nvio::kMaxParallelism + 1; }, "257"},
   };
   for (const auto& b : bad) {
     SCOPED_TRACE(std::string(b.option) + " = " + b.value);
     Options o;
     o.engine = EngineKind::Psync;
     b.apply(o);
-    expect_throw<nvio::InvalidArgument>(
-        [&] { o.validate(); },
-        [&](const nvio::InvalidArgument& e) {
-          EXPECT_TRUE(contains(e.what(), b.option));
-          EXPECT_TRUE(contains(e.what(), b.value));
-        },
-        "validate()");
+    expect_throw<nvio::InvalidArgument>([&] { o.validate(); },
+                                        [&](const nvio::InvalidArgument& e) {
+                                          EXPECT_TRUE(contains(e.what(), b.option));
+                                          EXPECT_TRUE(contains(e.what(), b.value));
+                                        },
+                                        "validate()");
     expect_throw<nvio::InvalidArgument>(
         [&] { Handle h(o); },
         [&](const nvio::InvalidArgument& e) { EXPECT_TRUE(contains(e.what(), b.option)); },
@@ -774,12 +766,11 @@ TEST(EngineSelection, UnavailableEngineThrows) {
     ++unavailable;
     Options o;
     o.engine = kind;
-    expect_throw<nvio::EngineUnavailable>(
-        [&] { Handle h(o); },
-        [&](const nvio::EngineUnavailable& e) {
-          EXPECT_TRUE(contains(e.what(), nvio::to_string(kind)));
-        },
-        nvio::to_string(kind));
+    expect_throw<nvio::EngineUnavailable>([&] { Handle h(o); },
+                                          [&](const nvio::EngineUnavailable& e) {
+                                            EXPECT_TRUE(contains(e.what(), nvio::to_string(kind)));
+                                          },
+                                          nvio::to_string(kind));
   }
   EXPECT_TRUE(nvio::probe_engine(EngineKind::Psync).available) << "psync works everywhere";
   const auto& choice = nvio::auto_engine();
@@ -890,8 +881,8 @@ TEST(ErrorTypes, ShortFileDuringReadMessage) {
 }
 
 TEST(ErrorTypes, OpNamesDistinct) {
-  const nvio::IoOp ops[] = {nvio::IoOp::Open,  nvio::IoOp::Read,     nvio::IoOp::Write,
-                            nvio::IoOp::Stat,  nvio::IoOp::Sync,     nvio::IoOp::Truncate,
+  const nvio::IoOp ops[] = {nvio::IoOp::Open,   nvio::IoOp::Read, nvio::IoOp::Write,
+                            nvio::IoOp::Stat,   nvio::IoOp::Sync, nvio::IoOp::Truncate,
                             nvio::IoOp::Submit, nvio::IoOp::Wait};
   std::set<std::string> names;
   for (auto op : ops) {

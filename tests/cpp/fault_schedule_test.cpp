@@ -27,16 +27,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-int open_fd_count() {
-  DIR* d = ::opendir("/proc/self/fd");
-  int n = 0;
-  while (const dirent* e = ::readdir(d)) {
-    if (e->d_name[0] != '.') ++n;
-  }
-  ::closedir(d);
-  return n;
-}
-
 enum class Memory { Host, Device };
 enum class Mode { Blocking, Async };
 

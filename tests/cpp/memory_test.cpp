@@ -103,8 +103,8 @@ TEST(AlignedBuffer, DefaultIsEmpty) {
 
 TEST(AlignedBuffer, AlignmentAndSize) {
   const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-  for (std::size_t n : {std::size_t{1}, std::size_t{4095}, std::size_t{4097}, 3 * MiB + 5,
-                        std::size_t{2 * MiB}}) {
+  for (std::size_t n :
+       {std::size_t{1}, std::size_t{4095}, std::size_t{4097}, 3 * MiB + 5, std::size_t{2 * MiB}}) {
     SCOPED_TRACE("size " + std::to_string(n));
     AlignedBuffer b(n, LockMode::None);
     ASSERT_NE(b.data(), nullptr);
@@ -169,8 +169,8 @@ TEST(AlignedBuffer, HugePageAdvice) {
   AlignedBuffer b(3 * MiB, LockMode::None);
   auto m = mapping_of(b.data());
   ASSERT_TRUE(m.has_value()) << "no smaps entry for the buffer";
-  EXPECT_TRUE(has_word(m->vmflags, "hg")) << "buffer not advised MADV_HUGEPAGE; VmFlags:"
-                                          << m->vmflags;
+  EXPECT_TRUE(has_word(m->vmflags, "hg"))
+      << "buffer not advised MADV_HUGEPAGE; VmFlags:" << m->vmflags;
   EXPECT_GE(m->end - addr(b.data()), 4 * MiB) << "mapping not rounded up to 2 MiB";
 }
 
@@ -178,8 +178,7 @@ TEST(AlignedBuffer, LockedStateMatchesKernel) {
   SKIP_IF_MLOCK_INTERCEPTED();
   struct rlimit rl {};
   ::getrlimit(RLIMIT_MEMLOCK, &rl);
-  const bool can_lock = ::geteuid() == 0 || rl.rlim_cur == RLIM_INFINITY ||
-                        rl.rlim_cur >= 64 * MiB;
+  const bool can_lock = ::geteuid() == 0 || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= 64 * MiB;
   const std::uint64_t before = vm_locked_bytes();
   AlignedBuffer b(3 * MiB, LockMode::Try);
   if (!b.locked()) {
@@ -245,7 +244,9 @@ TEST(AlignedBuffer, LockRefusal) {
       code = 1;
     };
     drop_ipc_lock();
-    struct rlimit rl {64 * KiB, 64 * KiB};
+    struct rlimit rl {
+      64 * KiB, 64 * KiB
+    };
     ::setrlimit(RLIMIT_MEMLOCK, &rl);
     void* probe = ::mmap(nullptr, MiB, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (probe != MAP_FAILED && ::mlock(probe, MiB) == 0) {

@@ -1,8 +1,7 @@
-// main() of nvio_tests: a per-process temporary root directory (under $TMPDIR, else next to the test
-// binary in the build tree), a recording warning sink, a watchdog that turns a hung test into a
-// failure with its name instead of a silent ctest timeout, and a line about each engine.
+// main() of nvio_tests: a per-process temporary root directory (under $TMPDIR, else next to the
+// test binary in the build tree), a recording warning sink, a watchdog that turns a hung test into
+// a failure with its name instead of a silent ctest timeout, and a line about each engine.
 #include <gtest/gtest.h>
-
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -143,8 +142,8 @@ int main(int argc, char** argv) {
       new nvio_test::Watchdog(std::chrono::seconds(limit)));
 
   if (!::testing::GTEST_FLAG(list_tests)) {
-    for (auto kind : {nvio::EngineKind::IoUring, nvio::EngineKind::Libaio,
-                      nvio::EngineKind::Psync}) {
+    for (auto kind :
+         {nvio::EngineKind::IoUring, nvio::EngineKind::Libaio, nvio::EngineKind::Psync}) {
       const auto& probe = nvio::probe_engine(kind);
       std::printf("[ nvio     ] engine %-8s %s (%s)\n", nvio::to_string(kind),
                   probe.available ? "available" : "UNAVAILABLE", probe.reason.c_str());

@@ -1,5 +1,6 @@
 #include "test_util.hpp"
 
+#include <dirent.h>
 #include <ftw.h>
 #include <spawn.h>
 #include <sys/mount.h>
@@ -54,6 +55,17 @@ TempDir::TempDir() {
 TempDir::~TempDir() { remove_tree(path_); }
 
 // ---- files -----------------------------------------------------------------------------------
+
+int open_fd_count() {
+  DIR* d = ::opendir("/proc/self/fd");
+  if (d == nullptr) return -1;
+  int n = 0;
+  while (const dirent* e = ::readdir(d)) {
+    if (e->d_name[0] != '.') ++n;
+  }
+  ::closedir(d);
+  return n - 1;  // less the one opendir holds
+}
 
 std::int64_t file_size(const std::string& path) {
   struct stat st {};

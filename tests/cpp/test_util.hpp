@@ -63,6 +63,8 @@ class TempDir {
 
 // Size of `path` by stat(2); -1 when it does not exist.
 std::int64_t file_size(const std::string& path);
+// The number of descriptors this process has open (/proc/self/fd), for leak checks.
+int open_fd_count();
 // Whole file by pread(2).
 std::vector<unsigned char> read_file(const std::string& path);
 // Replaces `path` with exactly `bytes` (O_TRUNC, pwrite, no nvio).

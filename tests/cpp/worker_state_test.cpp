@@ -101,46 +101,32 @@ class HoldingEngine final : public Engine {
 
 // Logs every request, and reports the first transfer of each direct request as only 100 bytes
 // (after the real engine did all of it): a short transfer that leaves the rest unaligned.
-class ShortDirectEngine final : public Engine {
+class ShortDirectEngine final : public nvio::engine::SynchronousEngine {
  public:
   ShortDirectEngine(std::unique_ptr<Engine> inner, std::shared_ptr<EngineLog> log)
       : inner_(std::move(inner)), log_(std::move(log)) {}
-  int submit(std::span<const Request> requests) override {
-    for (const Request& r : requests) {
-      const bool direct = (::fcntl(r.fd, F_GETFL) & O_DIRECT) != 0;
-      {
-        std::lock_guard lock(log_->mutex);
-        log_->sent.push_back({r.direction, direct, r.offset, r.length});
-      }
-      Completion c{r.tag, 0};
-      const int rc = inner_->submit(std::span(&r, 1));
-      if (rc != 1) {
-        c.result = rc < 0 ? rc : -EAGAIN;
-      } else {
-        while (inner_->reap(std::span(&c, 1), 1) != 1) {
-        }
-      }
-      if (direct && c.result > 100 && shortened_.insert(r.offset).second) c.result = 100;
-      done_.push_back(c);
-    }
-    return static_cast<int>(requests.size());
-  }
-  int reap(std::span<Completion> out, std::size_t /*min_complete*/) override {
-    std::size_t n = 0;
-    while (n < out.size() && !done_.empty()) {
-      out[n++] = done_.front();
-      done_.pop_front();
-    }
-    return static_cast<int>(n);
-  }
-  int cancel() override { return 0; }
   nvio::EngineKind kind() const noexcept override { return inner_->kind(); }
+
+ protected:
+  std::int64_t transfer(const Request& r) override {
+    const bool direct = (::fcntl(r.fd, F_GETFL) & O_DIRECT) != 0;
+    {
+      std::lock_guard lock(log_->mutex);
+      log_->sent.push_back({r.direction, direct, r.offset, r.length});
+    }
+    Completion c{r.tag, 0};
+    const int rc = inner_->submit(std::span(&r, 1));
+    if (rc != 1) return rc < 0 ? rc : -EAGAIN;
+    while (inner_->reap(std::span(&c, 1), 1) != 1) {
+    }
+    if (direct && c.result > 100 && shortened_.insert(r.offset).second) return 100;
+    return c.result;
+  }
 
  private:
   std::unique_ptr<Engine> inner_;
   std::shared_ptr<EngineLog> log_;
   std::set<std::uint64_t> shortened_;
-  std::deque<Completion> done_;
 };
 
 class WorkerState : public EngineTest {

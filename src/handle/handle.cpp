@@ -436,7 +436,7 @@ void plan(Operation& op, std::size_t block_size, DirectIo direct) {
 OperationPtr Handle::Impl::prepare(Direction dir, std::byte* buf, std::size_t length,
                                    const std::string* path, int fd, std::uint64_t offset,
                                    const WriteOptions& wopts, const Operation* same_file) {
-  // A handle whose worker died runs nothing more (see worker_main).
+  // A handle whose worker died runs nothing more (see Worker::die in worker.cpp).
   if (std::exception_ptr dead = queue.worker_failure()) std::rethrow_exception(dead);
   auto op = std::make_shared<Operation>();
   op->direction = dir;

@@ -296,45 +296,35 @@ std::vector<Extent> batch_extents(const std::vector<BatchItem>& items) {
   return extents;
 }
 
-// Adds a method to the already bound class `cls`, as py::class_::def would: the batch calls are
-// kept out of the Handle class's definition chain.
-template <typename F, typename... Extra>
-void def_method(const py::object& cls, const char* name, F&& f, const Extra&... extra) {
-  py::cpp_function method(std::forward<F>(f), py::name(name), py::is_method(cls),
-                          py::sibling(py::getattr(cls, name, py::none())), extra...);
-  py::setattr(cls, name, method);
-}
-
 // Every extent of a batch is moved with one memory kind (`device`): nvio/_handle.py refuses a
 // batch that mixes host and device buffers.
-void bind_batches(py::module_& m) {
-  const py::object cls = m.attr("Handle");
-  def_method(
-      cls, "read_batch",
+void bind_batches(py::class_<nvio::Handle>& cls) {
+  cls.def(
+      "read_batch",
       [](nvio::Handle& h, const std::vector<BatchItem>& items, bool device) {
         const auto extents = batch_extents<nvio::ReadExtent>(items);
         const nvio::ReadOptions r = read_options(device);
         unlocked([&] { h.read_batch(extents, r); });
       },
       py::arg("items"), py::arg("device") = false);
-  def_method(
-      cls, "write_batch",
+  cls.def(
+      "write_batch",
       [](nvio::Handle& h, const std::vector<BatchItem>& items, bool sync, bool device) {
         const auto extents = batch_extents<nvio::WriteExtent>(items);
         const nvio::WriteOptions w = write_options(false, sync, device);
         unlocked([&] { h.write_batch(extents, w); });
       },
       py::arg("items"), py::arg("sync") = false, py::arg("device") = false);
-  def_method(
-      cls, "submit_read_batch",
+  cls.def(
+      "submit_read_batch",
       [](nvio::Handle& h, const std::vector<BatchItem>& items, bool device) {
         const auto extents = batch_extents<nvio::ReadExtent>(items);
         const nvio::ReadOptions r = read_options(device);
         return unlocked([&] { return h.submit_read_batch(extents, r); });
       },
       py::arg("items"), py::arg("device") = false);
-  def_method(
-      cls, "submit_write_batch",
+  cls.def(
+      "submit_write_batch",
       [](nvio::Handle& h, const std::vector<BatchItem>& items, bool sync, bool device) {
         const auto extents = batch_extents<nvio::WriteExtent>(items);
         const nvio::WriteOptions w = write_options(false, sync, device);
@@ -383,7 +373,8 @@ PYBIND11_MODULE(_nvio, m) {
     g_warnings.push_back(msg);
   });
 
-  py::class_<nvio::Handle>(m, "Handle")
+  py::class_<nvio::Handle> handle(m, "Handle");
+  handle
       .def(py::init([](const py::kwargs& kwargs) {
         std::string config_dir;
         const nvio::OptionOverrides o = overrides(kwargs, config_dir);
@@ -451,6 +442,7 @@ PYBIND11_MODULE(_nvio, m) {
       .def_property_readonly("engine",
                              [](const nvio::Handle& h) { return nvio::to_string(h.engine()); })
       .def_property_readonly("engine_reason", &nvio::Handle::engine_reason);
+  bind_batches(handle);
 
   py::class_<LockedMemory>(m, "LockedMemory", py::buffer_protocol())
       .def(py::init<std::size_t>(), py::arg("nbytes"))
@@ -458,8 +450,6 @@ PYBIND11_MODULE(_nvio, m) {
       .def_property_readonly("nbytes", &LockedMemory::nbytes)
       .def_property_readonly("locked", &LockedMemory::locked)
       .def_buffer(&LockedMemory::info);
-
-  bind_batches(m);
 
   m.def(
       "buffer_address",

@@ -268,6 +268,21 @@ std::string fd_name(int fd) {
   return fmt::format("fd {} ({})", fd, std::string_view(target, static_cast<std::size_t>(n)));
 }
 
+// A read past the end of the file (or block device) whose facts `op.file` holds is refused up
+// front, with its size.
+void check_size(const Operation& op) {
+  const detail::FileFacts& facts = op.file->facts;
+  if (!op.is_read()) return;
+  if (facts.size < 0) {
+    throw_io_error(IoOp::Stat, op.path, op.offset, op.length, static_cast<int>(-facts.size),
+                   "the size of the block device (BLKGETSIZE64)");
+  }
+  if (op.end() > static_cast<std::uint64_t>(facts.size)) {
+    throw ShortFile(IoOp::Read, op.path, op.offset, op.length,
+                    static_cast<std::uint64_t>(facts.size));
+  }
+}
+
 // Checks what the descriptor refers to: directories are refused, and reads past the end of a
 // regular file or a block device are refused up front with its size. Keeps the facts on
 // `op.file`, for planning and for the other extents of a batch on the same file.
@@ -286,27 +301,15 @@ void check_target(const Operation& op, int fd) {
     throw InvalidArgument(fmt::format("{}: not a regular file or block device (mode {:o})", op.path,
                                       facts.mode & S_IFMT));
   }
-  if (op.direction == Direction::Read) {
-    if (facts.size < 0) {
-      throw_io_error(IoOp::Stat, op.path, op.offset, op.length, static_cast<int>(-facts.size),
-                     "the size of the block device (BLKGETSIZE64)");
-    }
-    if (op.end() > static_cast<std::uint64_t>(facts.size)) {
-      throw ShortFile(IoOp::Read, op.path, op.offset, op.length,
-                      static_cast<std::uint64_t>(facts.size));
-    }
-  }
+  check_size(op);
 }
 
-// Uses the descriptors `first` opened for the same file of a batch.
+// Uses the descriptors `first` opened for the same file of a batch, and its facts.
 void share_file(Operation& op, const Operation& first) {
   op.file = first.file;
   op.direct_fd = first.file->direct_fd;
   op.buffered_fd = first.file->buffered_fd;
-  if (op.is_read() && op.end() > static_cast<std::uint64_t>(first.file->facts.size)) {
-    throw ShortFile(IoOp::Read, op.path, op.offset, op.length,
-                    static_cast<std::uint64_t>(first.file->facts.size));
-  }
+  check_size(op);
 }
 
 // Opens `path` for `op` as the options ask: an O_DIRECT descriptor where allowed and supported,
@@ -565,7 +568,6 @@ JobPtr Handle::Impl::prepare_batch(Direction dir, std::span<const Extent> extent
       }
       if (finish) {
         finish->files.push_back(op->file);
-        finish->fds.push_back(op->any_fd());
       }
     }
     op->batch = finish;

@@ -100,8 +100,8 @@ void OperationQueue::finish_piece(Operation& op, std::size_t count) {
     if (op.failed.load(std::memory_order_acquire)) b.failed.store(true, std::memory_order_release);
     if (b.left.fetch_sub(1, std::memory_order_acq_rel) == 1 &&
         !b.failed.load(std::memory_order_acquire) && b.durability == Durability::Data) {
-      for (const int fd : b.fds) {
-        if (::fdatasync(fd) != 0) {
+      for (const auto& file : b.files) {
+        if (::fdatasync(file->any_fd()) != 0) {
           op.record_error(io_error_ptr(IoOp::Sync, op.path, op.offset, op.length, errno,
                                        "syncing the files of the batch"));
           break;

@@ -36,6 +36,8 @@ struct OpenFile {
   int direct_fd = -1;    // as opened or adopted, before planning: -1 without direct I/O
   int buffered_fd = -1;  // -1 when none could be had
   FileFacts facts;       // as the file was when it was opened
+
+  int any_fd() const { return buffered_fd >= 0 ? buffered_fd : direct_fd; }
 };
 
 // The finishing steps of a batch of writes, run once by whichever of its operations finishes
@@ -45,8 +47,7 @@ struct BatchFinish {
   std::atomic<std::size_t> left{0};  // operations not finished yet
   std::atomic<bool> failed{false};   // some operation failed: nothing is synced
   Durability durability = Durability::None;
-  std::vector<std::shared_ptr<OpenFile>> files;  // distinct files, kept open until the end
-  std::vector<int> fds;                          // their descriptors to sync
+  std::vector<std::shared_ptr<OpenFile>> files;  // distinct files, kept open until synced
 };
 
 // One read or write request. The submitting thread fills in everything above `next_piece` before

@@ -32,6 +32,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <typeinfo>
 #include <vector>
 
@@ -168,6 +169,10 @@ class Worker {
   void make_ready(unsigned i);
   void submit_ready();
   std::size_t reap(unsigned lane, std::size_t min_complete);
+  // Takes back from engine `lane` the request a completion's tag names: its slot's index, or
+  // nothing when the tag is not that of the slot's current piece on that engine (nothing may then
+  // be applied to the slot). The slot leaves OnDisk.
+  std::optional<unsigned> take_back(unsigned lane, std::uint64_t tag);
   std::size_t on_disk() const { return on_disk_[kKernel] + on_disk_[kCuFile]; }
   engine::Engine& engine(unsigned lane) { return *memory_->engines[lane]; }
   void on_completion(unsigned lane, const engine::Completion& c);
@@ -532,16 +537,22 @@ void Worker::engine_error(unsigned lane, int err) {
   engine(lane).cancel();
 }
 
-void Worker::on_completion(unsigned lane, const engine::Completion& c) {
-  const auto i = static_cast<unsigned>(c.tag & 0xffff'ffffu);
-  const auto generation = static_cast<std::uint32_t>(c.tag >> 32);
-  if (i >= slots_.size() || slots_[i].state != SlotState::OnDisk ||
-      slots_[i].generation != generation || slots_[i].lane != lane) {
-    return;  // not a request of this slot's current piece: nothing may be applied to it
+std::optional<unsigned> Worker::take_back(unsigned lane, std::uint64_t tag) {
+  const auto i = static_cast<unsigned>(tag & 0xffff'ffffu);
+  if (i >= slots_.size() || slots_[i].state != SlotState::OnDisk || slots_[i].lane != lane ||
+      slots_[i].generation != static_cast<std::uint32_t>(tag >> 32)) {
+    return std::nullopt;
   }
-  Slot& s = slots_[i];
-  s.state = SlotState::Ready;  // given back by the engine; in the ready list only if resent
+  slots_[i].state = SlotState::Ready;  // given back by the engine; in the ready list only if resent
   --on_disk_[lane];
+  return i;
+}
+
+void Worker::on_completion(unsigned lane, const engine::Completion& c) {
+  const std::optional<unsigned> taken = take_back(lane, c.tag);
+  if (!taken) return;
+  const unsigned i = *taken;
+  Slot& s = slots_[i];
   Operation& op = *s.op;
   if (op.failed.load(std::memory_order_acquire)) {
     retire(i);  // the operation failed meanwhile: nothing more of it is done
@@ -674,15 +685,8 @@ void Worker::die(std::exception_ptr cause) noexcept {
           idle = false;
           break;
         }
-        for (int k = 0; k < got; ++k) {
-          const std::uint64_t t = completions_[static_cast<std::size_t>(k)].tag;
-          const auto i = static_cast<unsigned>(t & 0xffff'ffffu);
-          if (i < slots_.size() && slots_[i].state == SlotState::OnDisk && slots_[i].lane == lane &&
-              slots_[i].generation == static_cast<std::uint32_t>(t >> 32)) {
-            slots_[i].state = SlotState::Ready;
-            --on_disk_[lane];
-          }
-        }
+        for (int k = 0; k < got; ++k)
+          take_back(lane, completions_[static_cast<std::size_t>(k)].tag);
       }
     }
   } catch (...) {

@@ -28,16 +28,6 @@ using nvio::DirectIo;
 using nvio::EngineKind;
 using nvio::OptionSource;
 
-struct Env {
-  std::map<std::string, std::string> vars;
-  nvio::EnvLookup lookup() const {
-    return [this](const char* name) -> const char* {
-      auto it = vars.find(name);
-      return it == vars.end() ? nullptr : it->second.c_str();
-    };
-  }
-};
-
 void write_text(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 
 nvio::ConfigProfile sample_profile(const std::string& dir) {
@@ -76,7 +66,7 @@ nvio::ConfigProfile sample_profile(const std::string& dir) {
 }
 
 TEST(Config, PathFromEnvironment) {
-  Env env;
+  FakeEnv env;
   EXPECT_EQ(nvio::config_path(env.lookup()), "");
   env.vars["HOME"] = "/home/u";
   EXPECT_EQ(nvio::config_path(env.lookup()), "/home/u/.config/nvio/config.json");
@@ -94,7 +84,7 @@ TEST(Config, PathFromEnvironment) {
 
 TEST(Config, MissingFileAddsNothing) {
   TempDir dir;
-  Env env;
+  FakeEnv env;
   env.vars["NVIO_CONFIG"] = dir.file("absent.json");
   const auto eff = nvio::resolve_options({}, env.lookup());
   EXPECT_EQ(eff.config_path, dir.file("absent.json"));
@@ -216,7 +206,7 @@ TEST(Config, Precedence) {
   TempDir dir;
   const std::string path = dir.file("config.json");
   nvio::save_profile(path, sample_profile(dir.path()));
-  Env env;
+  FakeEnv env;
   env.vars["NVIO_CONFIG"] = path;
   env.vars["NVIO_QUEUE_DEPTH"] = "8";
   nvio::OptionOverrides explicit_values;
@@ -243,7 +233,7 @@ TEST(Config, PartialProfileLeavesDefaults) {
   const std::string path = dir.file("config.json");
   write_text(path, R"({"version": 1, "default": "k",
                        "profiles": {"k": {"options": {"queue_depth": 4, "block_size": "2M"}}}})");
-  Env env;
+  FakeEnv env;
   env.vars["NVIO_CONFIG"] = path;
   const auto eff = nvio::resolve_options({}, env.lookup());
   EXPECT_EQ(eff.values.queue_depth, 4u);
@@ -255,7 +245,7 @@ TEST(Config, PartialProfileLeavesDefaults) {
 TEST(Config, MalformedFilesAreErrorsNamingTheFileAndKey) {
   TempDir dir;
   const std::string path = dir.file("config.json");
-  Env env;
+  FakeEnv env;
   env.vars["NVIO_CONFIG"] = path;
   auto resolve = [&] { nvio::resolve_options({}, env.lookup()); };
   const std::vector<std::pair<std::string, std::string>> cases = {
@@ -307,7 +297,7 @@ TEST(Config, MalformedFilesAreErrorsNamingTheFileAndKey) {
 TEST(Config, UnknownKeysAtEveryLevelAreErrorsNamingTheKeyPath) {
   TempDir dir;
   const std::string path = dir.file("config.json");
-  Env env;
+  FakeEnv env;
   env.vars["NVIO_CONFIG"] = path;
   auto resolve = [&] { nvio::resolve_options({}, env.lookup()); };
   const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {

@@ -47,23 +47,13 @@ const std::map<std::string, Sample>& samples() {
   return s;
 }
 
-struct Env {
-  std::map<std::string, std::string> vars;
-  nvio::EnvLookup lookup() const {
-    return [this](const char* name) -> const char* {
-      auto it = vars.find(name);
-      return it == vars.end() ? nullptr : it->second.c_str();
-    };
-  }
-};
-
 json to_json(const OptionValue& v) {
   return std::visit([](const auto& x) { return json(x); }, v);
 }
 
 // Options resolved with one variable set.
 nvio::EffectiveOptions resolve_with(const std::string& var, const std::string& value) {
-  Env env;
+  FakeEnv env;
   env.vars[var] = value;
   return nvio::resolve_options({}, env.lookup());
 }
@@ -134,7 +124,7 @@ TEST(OptionTable, EveryOptionArrivesByEveryRoute) {
         o.set_text(spec.name, s.text);
       }
       EXPECT_EQ(o.get(spec.name), s.value);
-      eff = nvio::resolve_options(o, Env{}.lookup());
+      eff = nvio::resolve_options(o, FakeEnv{}.lookup());
       EXPECT_EQ(eff.values.get(spec.name), s.value);
       EXPECT_EQ(eff.sources.at(spec.name), OptionSource::Explicit);
       for (const nvio::OptionSpec& other : nvio::option_specs()) {
@@ -176,7 +166,7 @@ TEST(OptionTable, BadValueByEveryRouteNamesTheOption) {
   // An explicit value set in the struct directly is range-checked when options are resolved.
   nvio::OptionOverrides o;
   o.queue_depth = 0;
-  EXPECT_TRUE(rejects([&] { nvio::resolve_options(o, Env{}.lookup()); }, "queue_depth",
+  EXPECT_TRUE(rejects([&] { nvio::resolve_options(o, FakeEnv{}.lookup()); }, "queue_depth",
                       "between 1 and 4096"));
   // Errors that are not about an option name none.
   try {

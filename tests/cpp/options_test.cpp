@@ -21,19 +21,6 @@ const std::vector<std::string> kOptionNames = {
     "engine",         "block_size",           "queue_depth", "single_submit",
     "overlap_events", "intra_op_parallelism", "direct",      "gpu_direct"};
 
-// A fake environment: the only variables resolve_options() sees; records what it asked for.
-struct FakeEnv {
-  std::map<std::string, std::string> vars;
-  std::set<std::string> asked;
-  nvio::EnvLookup lookup() {
-    return [this](const char* name) -> const char* {
-      asked.insert(name);
-      auto it = vars.find(name);
-      return it == vars.end() ? nullptr : it->second.c_str();
-    };
-  }
-};
-
 template <typename Fn>
 ::testing::AssertionResult rejects_naming(Fn&& fn, const std::string& name) {
   try {

@@ -17,8 +17,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -213,6 +215,19 @@ nvio::WarningSink recording_sink();
 
 // Expects `what` to contain `needle`, with a readable failure.
 ::testing::AssertionResult contains(const std::string& what, const std::string& needle);
+
+// A fake environment: the only variables resolve_options() sees; records what it asked for.
+struct FakeEnv {
+  std::map<std::string, std::string> vars;
+  std::set<std::string> asked;
+  nvio::EnvLookup lookup() {
+    return [this](const char* name) -> const char* {
+      asked.insert(name);
+      auto it = vars.find(name);
+      return it == vars.end() ? nullptr : it->second.c_str();
+    };
+  }
+};
 
 // An RAII setenv/unsetenv for tests of the real environment.
 class ScopedEnv {

@@ -1,7 +1,10 @@
 #include "cuda/driver.hpp"
 
 #include <fmt/format.h>
+#include <link.h>
 
+#include <atomic>
+#include <cstddef>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -88,9 +91,41 @@ const Driver& driver() {
   return *d;
 }
 
+namespace {
+
+// How many shared objects the dynamic loader has loaded so far (it only grows).
+unsigned long long loader_adds() noexcept {
+  unsigned long long adds = 0;
+  ::dl_iterate_phdr(
+      [](dl_phdr_info* info, std::size_t size, void* out) -> int {
+        // dlpi_adds exists since glibc 2.4; older layouts are shorter than the field's end.
+        const bool has_adds = size >= offsetof(dl_phdr_info, dlpi_adds) + sizeof(info->dlpi_adds);
+        *static_cast<unsigned long long*>(out) = has_adds ? info->dlpi_adds : 0;
+        return 1;  // the first object is enough: the counter is the same in every callback
+      },
+      &adds);
+  return adds;
+}
+
+}  // namespace
+
 bool driver_already_loaded() {
+  // Asked for every transfer whose memory kind is Auto. dlopen(RTLD_NOLOAD) of a name that is not
+  // loaded searches the library path (an open of ld.so.cache and a stat per directory), tens of
+  // microseconds: so the answer is kept, and asked again only after the loader has loaded
+  // something new. Once the driver is loaded it stays (nvio never unloads it, see library.hpp).
+  static std::atomic<bool> loaded{false};
+  static std::atomic<unsigned long long> checked_at{0};  // loader_adds() of the last "no"
+  if (loaded.load(std::memory_order_acquire)) return true;
+  const unsigned long long adds = loader_adds();
+  if (adds != 0 && adds == checked_at.load(std::memory_order_acquire)) return false;
   const char* env = std::getenv(kDriverEnv);
-  return Library::is_loaded(env != nullptr ? env : kDriverSoname);
+  if (Library::is_loaded(env != nullptr ? env : kDriverSoname)) {
+    loaded.store(true, std::memory_order_release);
+    return true;
+  }
+  checked_at.store(adds, std::memory_order_release);
+  return false;
 }
 
 int make_context_current(const Driver& d, int device) noexcept {

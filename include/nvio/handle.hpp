@@ -141,6 +141,16 @@ class Handle {
   // Operations submitted and not yet collected by a wait.
   std::size_t pending() const;
 
+  // The handle keeps the files it opened (at most 64 names per access mode), so that the next
+  // operation on the same name costs one statx instead of two opens, a statx and two closes; a
+  // caller's descriptor reopened for the access it lacks (O_DIRECT, or buffered for unaligned
+  // edges) is kept likewise. A name that now refers to another file (replaced, removed) is opened
+  // afresh. While kept, a removed file keeps its disk space and a file written keeps its file
+  // system's block preallocation (ext4), as any open descriptor does: close_files() lets go of
+  // every kept file (operations in flight finish with theirs). open_files() counts them.
+  void close_files();
+  std::size_t open_files() const;
+
   const Options& options() const noexcept;
   // The engine in use (never Auto) and why it was chosen.
   EngineKind engine() const noexcept;

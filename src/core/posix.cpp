@@ -7,6 +7,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -57,27 +58,54 @@ int open_file(const std::string& path, int flags, unsigned mode) noexcept {
   });
 }
 
-int file_facts(int fd, FileFacts& facts) {
+namespace {
+
+// One statx of `path` relative to `dirfd` (`flags` as statx takes them) into the facts every
+// answer has: type, mode, size, block size, device and inode. Returns 0, or -errno.
+int basic_facts(int dirfd, const char* path, int flags, unsigned mask, struct statx& stx,
+                FileFacts& facts) noexcept {
   // glibc 2.36's statx() wrapper predates the DIO fields, so ask the kernel directly. The type,
   // mode, size and block size are in every statx answer; the DIO fields only where the kernel
   // sets STATX_DIOALIGN in the mask it returns.
-  struct statx stx {};
-  if (::syscall(SYS_statx, fd, "", AT_EMPTY_PATH,
-                STATX_TYPE | STATX_MODE | STATX_SIZE | STATX_DIOALIGN, &stx) != 0) {
+  if (::syscall(SYS_statx, dirfd, path, flags, mask, &stx) != 0) {
     const int err = errno;
     // A seccomp filter that predates statx (older container runtimes) answers ENOSYS or EPERM:
     // fstat has the same facts but the direct-I/O alignment.
     struct stat st {};
-    if ((err != ENOSYS && err != EPERM) || ::fstat(fd, &st) != 0) return -err;
+    if ((err != ENOSYS && err != EPERM) || ::fstatat(dirfd, path, &st, flags) != 0) return -err;
     stx.stx_mask = STATX_BASIC_STATS;
     stx.stx_mode = static_cast<std::uint16_t>(st.st_mode);
     stx.stx_size = static_cast<std::uint64_t>(st.st_size);
     stx.stx_blksize = st.st_blksize > 0 ? static_cast<std::uint32_t>(st.st_blksize) : 0;
+    stx.stx_dev_major = major(st.st_dev);
+    stx.stx_dev_minor = minor(st.st_dev);
+    stx.stx_ino = st.st_ino;
   }
   facts.mode = stx.stx_mode;
   facts.type = type_of(stx.stx_mode);
   facts.block_size = stx.stx_blksize;
   facts.size = static_cast<std::int64_t>(stx.stx_size);
+  facts.device = makedev(stx.stx_dev_major, stx.stx_dev_minor);
+  facts.inode = stx.stx_ino;
+  return 0;
+}
+
+}  // namespace
+
+int path_facts(const std::string& path, FileFacts& facts) noexcept {
+  struct statx stx {};
+  return basic_facts(AT_FDCWD, path.c_str(), 0, STATX_TYPE | STATX_MODE | STATX_SIZE | STATX_INO,
+                     stx, facts);
+}
+
+int file_facts(int fd, FileFacts& facts) {
+  struct statx stx {};
+  if (const int rc = basic_facts(fd, "", AT_EMPTY_PATH,
+                                 STATX_TYPE | STATX_MODE | STATX_SIZE | STATX_INO | STATX_DIOALIGN,
+                                 stx, facts);
+      rc < 0) {
+    return rc;
+  }
   if (facts.type == FileType::Block) {
     std::uint64_t bytes = 0;
     facts.size = ::ioctl(fd, BLKGETSIZE64, &bytes) == 0 ? static_cast<std::int64_t>(bytes) : -errno;

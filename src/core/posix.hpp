@@ -47,10 +47,23 @@ struct FileFacts {
   // Direct-I/O alignment: statx's DIO fields where the kernel reports them, else st_blksize as a
   // conservative stand-in. `supported` is false when the file system refuses O_DIRECT.
   DirectIoInfo direct_io;
+  // Which file it is: a file replaced under the same name (or a descriptor number reused for
+  // another file) has another device or inode.
+  std::uint64_t device = 0;
+  std::uint64_t inode = 0;
+
+  bool same_file(const FileFacts& other) const noexcept {
+    return device == other.device && inode == other.inode;
+  }
 };
 
 // Fills `facts` for the file open as `fd`. Returns 0, or -errno when statx failed.
 int file_facts(int fd, FileFacts& facts);
+
+// What a file's name refers to now, from one statx of `path` (following symbolic links, as open
+// does): its type, mode, size (0 for a block device: ask its descriptor), device and inode. The
+// direct-I/O fields are left as they are. Returns 0, or -errno.
+int path_facts(const std::string& path, FileFacts& facts) noexcept;
 
 // Drops the clean page-cache pages of `path` in [offset, offset + length) (length 0: to the end of
 // the file) after writing back its dirty ones, so that the next buffered read comes from the

@@ -36,6 +36,7 @@
 #include "cuda/cufile.hpp"
 #include "cuda/device_ops.hpp"
 #include "engine/engine.hpp"
+#include "handle/files.hpp"
 #include "handle/operation.hpp"
 #include "handle/worker.hpp"
 #include "handle/worker_threads.hpp"
@@ -141,6 +142,7 @@ struct Handle::Impl {
   std::string engine_reason;
 
   detail::OperationQueue queue;
+  detail::FileCache files{options.direct};
 
   mutable std::mutex tickets_mutex;
   std::map<Ticket, JobPtr> tickets;
@@ -196,6 +198,8 @@ std::exception_ptr thread_start_error(unsigned index, unsigned count) {
 
 Handle::Impl::Impl(const Options& opts) : options(opts) {
   options.validate();
+  // Kept files are closed by an idle worker, so that an idle handle holds no file for long.
+  queue.set_idle_hook([this] { return files.release_unused(); }, detail::FileCache::kIdle);
   engine_kind = choose_engine(options.engine, engine_reason);
   if (options.gpu_direct == GpuDirect::On && !cuda::device_ops_override()) {
     // Asked for explicitly: say at once (and once per process) when it cannot be honoured.
@@ -257,133 +261,6 @@ Handle::Impl::~Impl() {
 
 namespace {
 
-// Access mode without O_DIRECT for a descriptor we open ourselves.
-int open_flags(Direction dir) { return dir == Direction::Read ? O_RDONLY : O_WRONLY | O_CREAT; }
-
-std::string fd_name(int fd) {
-  char target[512];
-  const std::string link = "/proc/self/fd/" + std::to_string(fd);
-  const ssize_t n = ::readlink(link.c_str(), target, sizeof(target) - 1);
-  if (n <= 0) return fmt::format("fd {}", fd);
-  return fmt::format("fd {} ({})", fd, std::string_view(target, static_cast<std::size_t>(n)));
-}
-
-// A read past the end of the file (or block device) whose facts `op.file` holds is refused up
-// front, with its size.
-void check_size(const Operation& op) {
-  const detail::FileFacts& facts = op.file->facts;
-  if (!op.is_read()) return;
-  if (facts.size < 0) {
-    throw_io_error(IoOp::Stat, op.path, op.offset, op.length, static_cast<int>(-facts.size),
-                   "the size of the block device (BLKGETSIZE64)");
-  }
-  if (op.end() > static_cast<std::uint64_t>(facts.size)) {
-    throw ShortFile(IoOp::Read, op.path, op.offset, op.length,
-                    static_cast<std::uint64_t>(facts.size));
-  }
-}
-
-// Checks what the descriptor refers to: directories are refused, and reads past the end of a
-// regular file or a block device are refused up front with its size. Keeps the facts on
-// `op.file`, for planning and for the other extents of a batch on the same file.
-void check_target(const Operation& op, int fd) {
-  detail::FileFacts& facts = op.file->facts;
-  if (const int rc = detail::file_facts(fd, facts); rc < 0) {
-    throw_io_error(IoOp::Stat, op.path, op.offset, op.length, -rc);
-  }
-  if (facts.type == detail::FileType::Directory) {
-    throw IsADirectory(op.direction == Direction::Read ? IoOp::Read : IoOp::Write, op.path,
-                       op.offset, op.length, EISDIR, "the path is a directory, not a file");
-  }
-  if (facts.type == detail::FileType::Other) {
-    // Pipes, sockets, character devices and anonymous inodes (an io_uring ring, an eventfd) have
-    // no file offsets; a read from some of them would never complete.
-    throw InvalidArgument(fmt::format("{}: not a regular file or block device (mode {:o})", op.path,
-                                      facts.mode & S_IFMT));
-  }
-  check_size(op);
-}
-
-// Uses the descriptors `first` opened for the same file of a batch, and its facts.
-void share_file(Operation& op, const Operation& first) {
-  op.file = first.file;
-  op.direct_fd = first.file->direct_fd;
-  op.buffered_fd = first.file->buffered_fd;
-  check_size(op);
-}
-
-// Opens `path` for `op` as the options ask: an O_DIRECT descriptor where allowed and supported,
-// and a buffered one for the unaligned edges (or for everything without direct I/O).
-void open_path(Operation& op, const std::string& path, DirectIo direct) {
-  op.file = std::make_shared<detail::OpenFile>();
-  const int flags = open_flags(op.direction);
-  bool direct_refused = false;
-  if (direct != DirectIo::Off) {
-    const int fd = detail::open_file(path, flags | O_DIRECT);
-    if (fd >= 0) {
-      op.file->direct = detail::FileDescriptor(fd);
-    } else if (fd == -EINVAL) {
-      direct_refused = true;
-    } else {
-      throw_io_error(IoOp::Open, path, op.offset, op.length, -fd);
-    }
-  }
-  const int fd = detail::open_file(path, flags);
-  if (fd < 0) throw_io_error(IoOp::Open, path, op.offset, op.length, -fd);
-  op.file->buffered = detail::FileDescriptor(fd);
-  op.buffered_fd = fd;
-  check_target(op, fd);
-  if (direct_refused) {
-    if (direct == DirectIo::On) {
-      throw IoError(IoOp::Open, path, op.offset, op.length, EINVAL,
-                    "the file system refuses O_DIRECT and direct=on was requested");
-    }
-    warn(fmt::format("O_DIRECT is not supported for '{}'; using buffered I/O", path), "no-direct");
-  }
-  if (op.file->direct) op.direct_fd = op.file->direct.get();
-}
-
-// For a caller's descriptor: use it as it is, and open a second descriptor to the same file
-// through /proc/self/fd for whichever of direct / buffered access the caller's one lacks.
-void adopt_fd(Operation& op, int fd, DirectIo direct) {
-  op.file = std::make_shared<detail::OpenFile>();
-  const int fl = ::fcntl(fd, F_GETFL);
-  if (fl < 0) {
-    throw_io_error(IoOp::Stat, op.path, op.offset, op.length, errno,
-                   "the file descriptor is not open");
-  }
-  check_target(op, fd);
-  if ((fl & O_APPEND) != 0 && op.direction == Direction::Write) {
-    // pwrite on an O_APPEND descriptor ignores the offset and appends: refuse rather than write
-    // the data somewhere other than where it was asked to go.
-    throw InvalidArgument(fmt::format(
-        "{}: the descriptor was opened with O_APPEND, which ignores write offsets; open it "
-        "without O_APPEND",
-        op.path));
-  }
-  const int access = fl & O_ACCMODE;
-  const std::string proc = "/proc/self/fd/" + std::to_string(fd);
-  if ((fl & O_DIRECT) != 0) {
-    op.direct_fd = fd;
-    const int other = detail::open_file(proc, access);
-    if (other >= 0) {
-      op.file->buffered = detail::FileDescriptor(other);
-      op.buffered_fd = other;
-    }
-    return;
-  }
-  op.buffered_fd = fd;
-  if (direct == DirectIo::Off) return;
-  const int other = detail::open_file(proc, access | O_DIRECT);
-  if (other >= 0) {
-    op.file->direct = detail::FileDescriptor(other);
-    op.direct_fd = other;
-  } else if (direct == DirectIo::On) {
-    throw_io_error(IoOp::Open, op.path, op.offset, op.length, -other,
-                   "could not reopen the descriptor with O_DIRECT and direct=on was requested");
-  }
-}
-
 void plan(Operation& op, std::size_t block_size, DirectIo direct) {
   bool use_direct = op.direct_fd >= 0;
   std::uint64_t align = 1;
@@ -443,18 +320,24 @@ OperationPtr Handle::Impl::prepare(Direction dir, std::byte* buf, std::size_t le
   if (std::exception_ptr dead = queue.worker_failure()) std::rethrow_exception(dead);
   auto op = std::make_shared<Operation>();
   op->direction = dir;
-  op->path = path != nullptr ? *path : fd_name(fd);
+  // A caller's descriptor is named for messages from /proc, which costs a readlink: only when a
+  // message needs it, or when FileCache sees the descriptor for the first time.
+  if (path != nullptr) op->path = *path;
+  auto name = [&]() -> const std::string& {
+    if (op->path.empty()) op->path = detail::fd_name(fd);
+    return op->path;
+  };
   op->buf = buf;
   op->offset = offset;
   op->length = length;
   op->write_options = wopts;
   if (buf == nullptr && length > 0) {
-    throw InvalidArgument(fmt::format("{}: buffer is null but length is {}", op->path, length));
+    throw InvalidArgument(fmt::format("{}: buffer is null but length is {}", name(), length));
   }
   if (offset > std::numeric_limits<std::uint64_t>::max() - length ||
       offset + length > static_cast<std::uint64_t>(std::numeric_limits<off_t>::max())) {
     throw InvalidArgument(fmt::format("{}: offset {} + length {} is past the largest file offset",
-                                      op->path, offset, length));
+                                      name(), offset, length));
   }
   op->memory = wopts.memory;
   if (op->memory == MemoryKind::Auto) op->memory = length > 0 ? memory_kind(buf) : MemoryKind::Host;
@@ -465,7 +348,7 @@ OperationPtr Handle::Impl::prepare(Direction dir, std::byte* buf, std::size_t le
       throw InvalidArgument(fmt::format(
           "{}: the buffer at {} was given as device memory, but CUDA does not know it as device "
           "memory",
-          op->path, static_cast<const void*>(buf)));
+          name(), static_cast<const void*>(buf)));
     }
     op->device = *device;
   } else {
@@ -479,20 +362,18 @@ OperationPtr Handle::Impl::prepare(Direction dir, std::byte* buf, std::size_t le
           fmt::format("file path '{}' holds a NUL byte at position {}", path->substr(0, nul), nul));
     }
     if (same_file != nullptr) {
-      share_file(*op, *same_file);
+      detail::share_file(*op, *same_file);
     } else {
-      open_path(*op, *path, options.direct);
+      files.open_path(*op);
     }
   } else {
     if (fd < 0) throw InvalidArgument(fmt::format("file descriptor {} is negative", fd));
     if (same_file != nullptr) {
-      share_file(*op, *same_file);
+      detail::share_file(*op, *same_file);
     } else {
-      adopt_fd(*op, fd, options.direct);
+      files.adopt_fd(*op, fd);
     }
   }
-  op->file->direct_fd = op->direct_fd;  // before planning, for the batch's other extents
-  op->file->buffered_fd = op->buffered_fd;
   plan(*op, options.block_size, options.direct);
   if (op->memory == MemoryKind::Device) prepare_device(*op);
   op->remaining.store(op->piece_count);
@@ -804,6 +685,10 @@ std::size_t Handle::pending() const {
   std::lock_guard lock(s.tickets_mutex);
   return s.tickets.size();
 }
+
+void Handle::close_files() { impl().files.clear(); }
+
+std::size_t Handle::open_files() const { return impl().files.size(); }
 
 // These facts are fixed when the handle is made and are the same in a forked child, so they are
 // read from whichever state is current without making a new one.

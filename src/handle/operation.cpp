@@ -40,6 +40,7 @@ void OperationQueue::push(const OperationPtr& op) {
     std::lock_guard lock(mutex_);
     refused = worker_error_;
     if (!refused) {
+      idle_armed_ = static_cast<bool>(idle_hook_);
       try {
         queue_.push_back(op);
       } catch (...) {  // std::bad_alloc
@@ -62,6 +63,11 @@ void OperationQueue::push(const OperationPtr& op) {
   cv_.notify_all();
 }
 
+void OperationQueue::set_idle_hook(std::function<bool()> hook, std::chrono::milliseconds period) {
+  idle_hook_ = std::move(hook);
+  idle_period_ = period;
+}
+
 bool OperationQueue::take_piece(OperationPtr& op, Piece& piece, bool bounce_ok, bool wait_for_work,
                                 std::size_t per_op_limit, std::size_t taken_from_op) {
   std::unique_lock lock(mutex_);
@@ -70,7 +76,16 @@ bool OperationQueue::take_piece(OperationPtr& op, Piece& piece, bool bounce_ok, 
       queue_.pop_front();
     }
     if (!queue_.empty() || stopping_ || !wait_for_work) break;
-    cv_.wait(lock);
+    if (!idle_armed_) {
+      cv_.wait(lock);
+    } else if (cv_.wait_for(lock, idle_period_) == std::cv_status::timeout && queue_.empty() &&
+               !stopping_) {
+      idle_armed_ = false;  // one worker runs the hook at a time
+      lock.unlock();
+      const bool again = idle_hook_();
+      lock.lock();
+      idle_armed_ = idle_armed_ || again;
+    }
   }
   if (queue_.empty()) return false;
   Operation& head = *queue_.front();

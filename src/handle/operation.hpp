@@ -3,11 +3,13 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -27,15 +29,16 @@ namespace nvio::detail {
 std::exception_ptr io_error_ptr(IoOp op, const std::string& path, std::uint64_t offset,
                                 std::uint64_t length, int err, const std::string& detail = {});
 
-// The descriptors an operation opened itself, and what one statx found about the file. Shared
-// by the operations of one batch on the same file (a batch of many extents of one file stats it
-// once), and closed when the last of them finishes.
+// The descriptors opened for a file, and what one statx found about it when they were opened.
+// Shared by the operations using it and by the handle's FileCache (handle/files.hpp), and closed
+// when the last of them lets go. Immutable once made.
 struct OpenFile {
+  std::string name;  // the path, or "fd N (target)"
   FileDescriptor direct;
   FileDescriptor buffered;
   int direct_fd = -1;    // as opened or adopted, before planning: -1 without direct I/O
   int buffered_fd = -1;  // -1 when none could be had
-  FileFacts facts;       // as the file was when it was opened
+  FileFacts facts;       // as the file was when it was opened (its size may have changed since)
 
   int any_fd() const { return buffered_fd >= 0 ? buffered_fd : direct_fd; }
 };
@@ -56,7 +59,8 @@ struct BatchFinish {
 struct Operation {
   engine::Direction direction = engine::Direction::Read;
   std::string path;                    // for messages: the file name, or "fd N (name)"
-  std::shared_ptr<OpenFile> file;      // descriptors opened for it (none for a caller's fd)
+  std::shared_ptr<OpenFile> file;      // its file's descriptors (a caller's fd is not owned)
+  std::int64_t checked_size = 0;       // a read: the file's size when it was prepared
   std::shared_ptr<BatchFinish> batch;  // set for the operations of a batch of writes
   int direct_fd = -1;                  // -1: no direct I/O for this operation
   int buffered_fd = -1;
@@ -137,6 +141,10 @@ class OperationQueue {
   std::exception_ptr worker_failure();
   // Blocks until `op` has finished.
   static void wait_finished(Operation& op);
+  // `hook` is called by a worker that has waited `period` for work in vain, outside the queue's
+  // lock, and again after each further `period` while it returns true; it is armed again when an
+  // operation is queued. Set before any worker starts (not synchronised).
+  void set_idle_hook(std::function<bool()> hook, std::chrono::milliseconds period);
   // Waits until no operation is alive, then wakes the workers to stop.
   void stop();
   // True once stop() was called and nothing is queued: a worker with nothing in flight exits.
@@ -148,6 +156,9 @@ class OperationQueue {
   std::deque<OperationPtr> queue_;
   bool stopping_ = false;
   std::exception_ptr worker_error_;  // set once, when a worker stops on an escaped exception
+  std::function<bool()> idle_hook_;
+  std::chrono::milliseconds idle_period_{0};
+  bool idle_armed_ = false;  // guarded by mutex_
 
   std::mutex live_mutex_;
   std::condition_variable live_cv_;

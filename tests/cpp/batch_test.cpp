@@ -65,11 +65,15 @@ TEST_P(Batch, WritesAndReadsManyExtentsOfSeveralFilesAsOneOperation) {
   w.durability = nvio::Durability::Data;
   // Once first: the workers open what they keep (the bounce copier's probe pipe) on first use.
   h.write_batch(writes, w);
+  EXPECT_EQ(h.open_files(), 2u) << "a and b, kept open for writing";
+  const int fds_kept = open_fd_count();
+  h.close_files();
   const int fds_before = open_fd_count();
+  EXPECT_LT(fds_before, fds_kept);
   const nvio::Ticket t = h.submit_write_batch(writes, w);
   EXPECT_EQ(h.pending(), 1u);
   run_within(60s, "a write batch", [&] { h.wait(t); });
-  EXPECT_EQ(open_fd_count(), fds_before) << "descriptors leaked";
+  EXPECT_EQ(open_fd_count(), fds_kept) << "descriptors leaked";
   const auto a = read_file(file("a"));
   const auto b = read_file(file("b"));
   for (const Layout& l : lay) {
@@ -90,7 +94,10 @@ TEST_P(Batch, WritesAndReadsManyExtentsOfSeveralFilesAsOneOperation) {
         << "extent " << i;
     EXPECT_TRUE(bufs[i]->guards_intact()) << "extent " << i;
   }
-  EXPECT_EQ(open_fd_count(), fds_before);
+  EXPECT_EQ(h.open_files(), 4u) << "a and b, for writing and for reading";
+  h.close_files();
+  EXPECT_EQ(h.open_files(), 0u);
+  EXPECT_EQ(open_fd_count(), fds_before) << "descriptors leaked";
 }
 
 TEST_P(Batch, ExtentsByDescriptor) {

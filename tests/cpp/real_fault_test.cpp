@@ -167,7 +167,9 @@ TEST_P(RealFaults, NoSpace) {
       // file system), and pieces written out of order can leave the file in more extents than
       // its inode holds, needing an extent index block that the full file system no longer has
       // (then the last piece fails with ENOSPC, rightly: see kFsBytes).
-      // Synced first, so that no block of small.bin is still only reserved (delayed allocation).
+      // Synced first, so that no block of small.bin is still only reserved (delayed allocation),
+      // and let go of by the handle, which would keep it open with ext4's preallocation.
+      h.close_files();
       m->sync();
       const std::uint64_t left = m->available_bytes();
       ASSERT_GT(left, 2 * MiB);
@@ -218,6 +220,7 @@ TEST_P(RealFaults, NoSpace) {
       // file holds only its own data or zeros.
       ASSERT_EQ(::unlink(exact.c_str()), 0);
       ASSERT_EQ(::unlink(more.c_str()), 0);
+      h.close_files();  // the removed files' space comes back when nothing holds them open
       m->sync();
       const std::uint64_t freed = m->available_bytes();
       ASSERT_GT(freed, 2 * MiB);
@@ -241,6 +244,7 @@ TEST_P(RealFaults, NoSpace) {
       // before any is waited for when async: each is either done, and then reads back exactly,
       // or a NoSpace; both happen.
       ASSERT_EQ(::unlink(big.c_str()), 0);
+      h.close_files();
       m->sync();
       const std::uint64_t room = m->available_bytes();
       const std::size_t each = MiB + 7;

@@ -1,0 +1,94 @@
+// Opening the file of an operation, and the files a handle keeps open between operations.
+// Internal to the library.
+//
+// Opening is most of what a small operation costs: by path, two opens (O_DIRECT and buffered),
+// a statx and two closes; by a caller's descriptor, a reopen through /proc for the access it
+// lacks. A handle therefore keeps the files it opened (FileCache): the next operation on the same
+// name costs one statx of the name, which also tells whether the name still refers to the same
+// file (device and inode). A file replaced or removed under its name is opened afresh; a caller's
+// descriptor number reused for another file likewise (its statx is made anyway, for the size).
+//
+// The price of keeping files open: a file removed while the handle holds it keeps its disk space
+// until the handle lets it go, and ext4 keeps a written file's block preallocation. So the handle
+// lets go of a file soon: a file unused for kIdle (one second) is closed by an idle worker, a
+// removed one (no links left) is closed within kIdle while the handle is busy, and
+// Handle::close_files() closes all at once. At most kCapacity files are kept per table.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "handle/operation.hpp"
+#include "nvio/options.hpp"
+
+namespace nvio::detail {
+
+// "fd N (target)", for messages about a caller's descriptor.
+std::string fd_name(int fd);
+
+// Records `size` as op.checked_size. A read past the end of the file (or block device) is refused
+// up front, naming the size (or the errno of the ioctl that should have given a block device's
+// size, when `size` is negative).
+void check_size(Operation& op, std::int64_t size);
+
+// Uses the descriptors `first` (an earlier extent of the same batch) opened for the same file.
+void share_file(Operation& op, const Operation& first);
+
+// The open files of one handle, by name and access mode, and the reopened descriptors of callers'
+// descriptors. Thread-safe: one mutex guards the tables; opening and statx run outside it. An
+// entry is shared (shared_ptr) with the operations using it, so eviction never closes a
+// descriptor an operation in flight uses.
+class FileCache {
+ public:
+  static constexpr std::size_t kCapacity = 64;  // per table
+  static constexpr std::chrono::milliseconds kIdle{1000};
+
+  explicit FileCache(DirectIo direct) : direct_(direct) {}
+
+  // Opens `op`'s file by name (op.path, op.direction), or reuses the open one that the name still
+  // refers to; sets op.file, op.direct_fd and op.buffered_fd and checks a read's size. Throws
+  // IoError (open, stat), IsADirectory, InvalidArgument (not a file), ShortFile.
+  void open_path(Operation& op);
+  // The same for a caller's descriptor `fd`, used as it is for the access it has; a second
+  // descriptor to the same file (through /proc/self/fd) is opened, once, for the access it lacks
+  // (O_DIRECT, or buffered for unaligned edges) and kept while `fd` refers to the same file.
+  void adopt_fd(Operation& op, int fd);
+  // Lets go of every file kept (operations in flight keep theirs until they finish).
+  void clear();
+  // Lets go of the files unused for kIdle and of the removed ones. Returns whether any is still
+  // kept (then it wants to be called again after another kIdle).
+  bool release_unused();
+  // Files kept now (both tables), for tests.
+  std::size_t size() const;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Entry {
+    std::shared_ptr<OpenFile> file;
+    Clock::time_point last_used;
+  };
+  using Table = std::unordered_map<std::string, Entry>;
+
+  // Drops the entries of every table for which `drop` is true. Called with mutex_ held.
+  template <class Drop>
+  void drop_if(Drop drop);
+
+  std::shared_ptr<OpenFile> find(Table& table, const std::string& key);
+  void keep(Table& table, const std::string& key, std::shared_ptr<OpenFile> file);
+  std::shared_ptr<OpenFile> open_new(Operation& op);
+
+  const DirectIo direct_;
+  mutable std::mutex mutex_;
+  Table read_paths_;   // by name, opened for reading
+  Table write_paths_;  // by name, opened for writing
+  // By caller descriptor, its access mode and whether it has O_DIRECT: the second descriptor.
+  Table adopted_;
+  Clock::time_point last_sweep_ = Clock::now();  // of removed files, while busy
+};
+
+}  // namespace nvio::detail

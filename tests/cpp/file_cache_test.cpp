@@ -1,0 +1,166 @@
+// The files a handle keeps open between operations (handle/files.hpp): a name that now refers to
+// another file is opened afresh, a read sees the file's size now, a caller's descriptor number
+// reused for another file is not confused with the first, the cache is bounded, and a removed
+// file's descriptors are let go of (its space comes back) while busy and when idle.
+#include <dirent.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "handle/files.hpp"
+#include "test_util.hpp"
+
+namespace nvio_test {
+namespace {
+
+using namespace std::chrono_literals;
+
+// How many of this process's descriptors refer to a removed file ("... (deleted)").
+int deleted_fds() {
+  int count = 0;
+  DIR* d = ::opendir("/proc/self/fd");
+  if (d == nullptr) return -1;
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    char target[4096];
+    const std::string link = std::string("/proc/self/fd/") + e->d_name;
+    const ssize_t n = ::readlink(link.c_str(), target, sizeof(target) - 1);
+    if (n > 0 && std::string_view(target, static_cast<std::size_t>(n)).ends_with(" (deleted)")) {
+      ++count;
+    }
+  }
+  ::closedir(d);
+  return count;
+}
+
+class FileCache : public EngineTest {};
+
+// A file replaced under its name (written elsewhere, renamed over it) is read afresh: the kept
+// descriptor of the old file is not used.
+TEST_P(FileCache, ReplacedFileIsOpenedAfresh) {
+  nvio::Handle h(base_options());
+  const std::string f = file("f.bin");
+  write_pattern_file(f, 64 * KiB, 1);
+  GuardedBuffer buf(64 * KiB, BufKind::Aligned);
+  h.read(buf.data(), buf.size(), f, 0);
+  ASSERT_TRUE(buffer_has_pattern(buf.data(), buf.size(), 0, 1));
+  EXPECT_EQ(h.open_files(), 1u);
+  write_pattern_file(file("new.bin"), 64 * KiB, 2);
+  ASSERT_EQ(::rename(file("new.bin").c_str(), f.c_str()), 0);
+  h.read(buf.data(), buf.size(), f, 0);
+  EXPECT_TRUE(buffer_has_pattern(buf.data(), buf.size(), 0, 2)) << "read the replaced file";
+  EXPECT_EQ(h.open_files(), 1u) << "the old entry is replaced, not added to";
+}
+
+// A file removed after a write is created again by the next write by name (not written into the
+// removed inode through the kept descriptor).
+TEST_P(FileCache, RemovedFileIsCreatedAgainByTheNextWrite) {
+  nvio::Handle h(base_options());
+  const std::string f = file("w.bin");
+  GuardedBuffer buf(MiB + 123, BufKind::Plus3);
+  buf.fill_pattern(4096 + 7, 3);
+  h.write(buf.data(), buf.size(), f, 4096 + 7);
+  ASSERT_EQ(::unlink(f.c_str()), 0);
+  buf.fill_pattern(5, 4);
+  h.write(buf.data(), buf.size(), f, 5);
+  ASSERT_EQ(file_size(f), static_cast<std::int64_t>(5 + buf.size()));
+  EXPECT_TRUE(file_range_has_pattern(read_file(f), 5, buf.size(), 4));
+}
+
+// A read checks the size the file has now, not the size it had when it was first opened.
+TEST_P(FileCache, ReadSeesTheFileGrowAndShrink) {
+  nvio::Handle h(base_options());
+  const std::string f = file("g.bin");
+  write_pattern_file(f, 8 * KiB, 5);
+  GuardedBuffer buf(8 * KiB, BufKind::Plus1);
+  h.read(buf.data(), 4 * KiB, f, 0);
+  write_pattern_file(f + ".tmp", 64 * KiB + 3, 5);
+  // Grown in place (same inode): appended through another descriptor.
+  {
+    const auto grown = read_file(f + ".tmp");
+    const int fd = ::open(f.c_str(), O_WRONLY);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::pwrite(fd, grown.data() + 8 * KiB, grown.size() - 8 * KiB, 8 * KiB),
+              static_cast<ssize_t>(grown.size() - 8 * KiB));
+    ::close(fd);
+  }
+  h.read(buf.data(), 8 * KiB, f, 56 * KiB + 3);
+  EXPECT_TRUE(buffer_has_pattern(buf.data(), 8 * KiB, 56 * KiB + 3, 5));
+  ASSERT_EQ(::truncate(f.c_str(), 4 * KiB), 0);
+  EXPECT_THROW(h.read(buf.data(), 8 * KiB, f, 0), nvio::ShortFile);
+  // In a batch, every extent of the shrunk file is checked against its size now.
+  std::vector<nvio::ReadExtent> extents = {{buf.data(), 4 * KiB, 0, f, -1},
+                                           {buf.data() + 4 * KiB, 1, 4 * KiB, f, -1}};
+  EXPECT_THROW(h.read_batch(extents), nvio::ShortFile);
+}
+
+// A caller's descriptor: the reopened descriptor for the access it lacks is made once and kept;
+// the same number later open on another file reads that file.
+TEST_P(FileCache, CallerDescriptorNumberReusedForAnotherFile) {
+  nvio::Handle h(base_options());
+  write_pattern_file(file("a.bin"), 64 * KiB, 6);
+  write_pattern_file(file("b.bin"), 64 * KiB, 7);
+  GuardedBuffer buf(64 * KiB, BufKind::Aligned);
+  int fd = ::open(file("a.bin").c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  h.read(buf.data(), buf.size(), fd, 0);
+  ASSERT_TRUE(buffer_has_pattern(buf.data(), buf.size(), 0, 6));
+  const int fds = open_fd_count();
+  for (int i = 0; i < 20; ++i) h.read(buf.data(), buf.size(), fd, 0);
+  EXPECT_EQ(open_fd_count(), fds) << "the descriptor was reopened again";
+  ::close(fd);
+  const int again = ::open(file("b.bin").c_str(), O_RDONLY);
+  ASSERT_EQ(again, fd) << "the test needs the same descriptor number";
+  h.read(buf.data(), buf.size(), again, 0);
+  EXPECT_TRUE(buffer_has_pattern(buf.data(), buf.size(), 0, 7)) << "read the first file";
+  ::close(again);
+}
+
+// At most kCapacity names per access mode are kept; the least recently used go first.
+TEST_P(FileCache, Bounded) {
+  nvio::Handle h(base_options());
+  const std::size_t n = nvio::detail::FileCache::kCapacity + 10;
+  GuardedBuffer buf(4096, BufKind::Aligned);
+  buf.fill_pattern(0, 8);
+  for (std::size_t i = 0; i < n; ++i) h.write(buf.data(), buf.size(), file(std::to_string(i)), 0);
+  EXPECT_EQ(h.open_files(), nvio::detail::FileCache::kCapacity);
+  h.close_files();
+  EXPECT_EQ(h.open_files(), 0u);
+}
+
+// A removed file's descriptors are let go of: while the handle is busy with other files (within
+// about kIdle), and when it is idle (an idle worker closes what was unused for kIdle).
+TEST_P(FileCache, RemovedFileIsLetGoOf) {
+  nvio::Handle h(base_options());
+  GuardedBuffer buf(64 * KiB, BufKind::Aligned);
+  buf.fill_pattern(0, 9);
+  const int before = deleted_fds();
+  h.write(buf.data(), buf.size(), file("gone.bin"), 0);
+  ASSERT_EQ(::unlink(file("gone.bin").c_str()), 0);
+  EXPECT_GT(deleted_fds(), before) << "the handle should keep the written file open";
+  // Busy: operations on another file, more often than kIdle.
+  const auto until = std::chrono::steady_clock::now() + 3 * nvio::detail::FileCache::kIdle;
+  bool let_go = false;
+  while (!let_go && std::chrono::steady_clock::now() < until) {
+    h.write(buf.data(), buf.size(), file("busy.bin"), 0);
+    std::this_thread::sleep_for(20ms);
+    let_go = deleted_fds() == before;
+  }
+  EXPECT_TRUE(let_go) << "a busy handle kept a removed file open";
+  EXPECT_EQ(h.open_files(), 1u) << "busy.bin stays";
+  // Idle: nothing runs, and the kept file is closed after kIdle.
+  const auto idle_until = std::chrono::steady_clock::now() + 4 * nvio::detail::FileCache::kIdle;
+  while (h.open_files() > 0 && std::chrono::steady_clock::now() < idle_until) {
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_EQ(h.open_files(), 0u) << "an idle handle kept its files";
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, FileCache, NVIO_ALL_ENGINES, EngineParamName());
+
+}  // namespace
+}  // namespace nvio_test

@@ -45,6 +45,10 @@ namespace nvio_cli {
 
 namespace {
 
+// The most operations a --pattern random loop with --duration records per second of it: the
+// latency array is allocated before the timed loop, so it needs a bound.
+constexpr double kMaxOpsPerSecond = 2e6;
+
 // The flag of an option: its name with dashes ("--queue-depth"); intra_op_parallelism is also
 // --parallelism, the flag's established shorter name, which messages use.
 std::string flag_names(const nvio::OptionSpec& spec) {
@@ -118,32 +122,38 @@ void add_bench_options(CLI::App& app, BenchArgs& args) {
                  "percentiles")
       ->type_name("MODE")
       ->capture_default_str();
-  app.add_option("--offset", args.offset,
-                 "Sequential: the file offset the transfer starts at (default 0); an unaligned "
-                 "one (e.g. 4103) goes through the bounce path with the same page-aligned buffer")
-      ->type_name("BYTES");
-  app.add_option("--file-size", args.file_size,
-                 "Random: the bytes of the file the blocks are drawn from (default 1G); a file "
-                 "shorter than this is first filled with the pattern (untimed)")
-      ->type_name("BYTES");
-  app.add_option("--ops", args.ops,
-                 "Random: operations per loop (with --duration too, whichever ends first)")
-      ->type_name("N");
-  app.add_option("--duration", args.duration,
-                 "Random: seconds per loop (default 2 when --ops is not given). A loop records "
-                 "at most 2,000,000 operations per second of --duration and ends there")
-      ->type_name("S");
-  app.add_option("--outstanding", args.outstanding,
-                 "Random: operations kept in flight (default queue_depth x parallelism); a "
-                 "multiple of --batch")
-      ->type_name("N");
-  app.add_option("--batch", args.batch,
-                 "Random: operations per submission (default 1: one submit_read/submit_write "
-                 "by descriptor each; B > 1: one submit_read_batch/submit_write_batch of B "
-                 "extents, resubmitted as soon as it completes, and every extent gets its "
-                 "batch's latency). Latency is from submission to the completion being seen, "
-                 "collecting the oldest submission first")
-      ->type_name("B");
+  // The flags whose value stays as typed until make_plan parses it.
+  const struct {
+    const char* flag;
+    std::optional<std::string> BenchArgs::*value;
+    const char* type;
+    std::string help;
+  } optional_flags[] = {
+      {"--offset", &BenchArgs::offset, "BYTES",
+       "Sequential: the file offset the transfer starts at (default 0); an unaligned one (e.g. "
+       "4103) goes through the bounce path with the same page-aligned buffer"},
+      {"--file-size", &BenchArgs::file_size, "BYTES",
+       "Random: the bytes of the file the blocks are drawn from (default 1G); a file shorter "
+       "than this is first filled with the pattern (untimed)"},
+      {"--ops", &BenchArgs::ops, "N",
+       "Random: operations per loop (with --duration too, whichever ends first)"},
+      {"--duration", &BenchArgs::duration, "S",
+       fmt::format("Random: seconds per loop (default 2 when --ops is not given). A loop records "
+                   "at most {:.0f} operations per second of --duration and ends there",
+                   kMaxOpsPerSecond)},
+      {"--outstanding", &BenchArgs::outstanding, "N",
+       "Random: operations kept in flight (default queue_depth x parallelism); a multiple of "
+       "--batch"},
+      {"--batch", &BenchArgs::batch, "B",
+       "Random: operations per submission (default 1: one submit_read/submit_write by "
+       "descriptor each; B > 1: one submit_read_batch/submit_write_batch of B extents, "
+       "resubmitted as soon as it completes, and every extent gets its batch's latency). "
+       "Latency is from submission to the completion being seen, collecting the oldest "
+       "submission first"},
+  };
+  for (const auto& f : optional_flags) {
+    app.add_option(f.flag, args.*f.value, f.help)->type_name(f.type);
+  }
   app.add_option("--loops", args.loops, "Timed loops per operation")
       ->type_name("N")
       ->capture_default_str();
@@ -180,9 +190,6 @@ using Clock = std::chrono::steady_clock;
 enum class Op { Read, Write, Both };
 enum class Pattern { Sequential, Random };
 
-// The most operations a --duration loop records per second of it: the latency array is allocated
-// before the timed loop, so it needs a bound.
-constexpr double kMaxOpsPerSecond = 2e6;
 // The most operations one random loop may record (1 GiB of latencies).
 constexpr std::uint64_t kMaxOpsPerLoop = std::uint64_t{1} << 28;
 

@@ -27,6 +27,13 @@ What is measured:
   * for information, each tool's whole-process CPU time (from the script's RUSAGE_CHILDREN) is
     kept in the --json dump too; it includes set-up work that is not part of the I/O.
 
+--pattern random compares fio randread/randwrite (norandommap=1, randrepeat=0, time_based
+runtime or number_ios) with `nvio bench --pattern random` at the same block size (--block-size,
+default 4K), queue depth (= nvio --outstanding) and file (--size): IOPS and p50/p99/p99.9
+latency, fio's clat percentiles against nvio's submission-to-completion latency. --latency is
+the queue-depth-1 preset (one 4 KiB read in flight). --offset N compares `nvio bench` at offset 0
+with `nvio bench --offset N` instead of fio (the bounce path against the aligned one).
+
 --ramdisk (root only) runs everything on a RAM-backed block device instead of --dir: a tmpfs
 holding an image file, attached with `losetup --direct-io=on`, formatted ext4 and mounted;
 the device is always torn down afterwards, also on Ctrl-C or SIGTERM.
@@ -53,14 +60,18 @@ from pathlib import Path
 if str(Path(__file__).resolve().parent) not in sys.path:  # python3 -P leaves bench/ off sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import (Failure, error_exit, find_nvio, fmt, human, interrupt_on_sigterm, log,
-                      machine_info, parse_size, positive_int, run_cmd)
+                      machine_info, parse_size, positive_int, positive_seconds, run_cmd,
+                      size_type)
 
 ENGINES = ("io_uring", "libaio", "psync")
+parse_size_or_zero = size_type(allow_zero=True)
 OPS = ("read", "write")
 FILE_NAME = "nvio-fio-compare.dat"
 SLOW_RATIO = 0.95  # the acceptance bar: nvio >= 0.95 x fio throughput ...
 CPU_RATIO = 1.20  # ... and <= 1.2 x fio's CPU seconds per GB, at queue depth >= 32
 CHECKED_QD = 32
+RANDOM_RATIO = 0.90  # random: nvio >= 0.9 x fio IOPS at queue depth >= 32 ...
+LATENCY_RATIO = 1.20  # ... and a median latency <= 1.2 x fio's at queue depth 1
 
 
 # ---- small helpers ----------------------------------------------------------------------------
@@ -254,11 +265,36 @@ class RamDisk:
 FIO_EXTRA: list[str] = []  # --fio-arg, appended to every timed fio run
 
 
+PERCENTILES = (("p50", "50.000000"), ("p99", "99.000000"), ("p99.9", "99.900000"))
+
+
+def random_fio_args(args) -> list[str]:
+    """fio's options for a random run: offsets anywhere, not repeating between runs, and a time
+    or operation limit like nvio's --duration / --ops."""
+    extra = ["--norandommap=1", "--randrepeat=0"]
+    extra += [f"--number_ios={args.ios}"] if args.ios else ["--time_based=1",
+                                                            f"--runtime={args.runtime}s"]
+    if args.batch > 1:
+        extra.append(f"--iodepth_batch_submit={args.batch}")
+    return extra
+
+
+def random_nvio_args(args) -> list[str]:
+    """`nvio bench`'s options for the same random run (--outstanding = the queue depth)."""
+    extra = ["--pattern", "random", "--batch", str(args.batch)]
+    extra += ["--ops", str(args.ios)] if args.ios else ["--duration", str(args.runtime)]
+    return extra
+
+
 def run_fio(fio: str, path: Path, size: int, bs: int, op: str, engine: str, qd: int,
-            timeout: float) -> dict:
+            timeout: float, random: list[str] | None = None) -> dict:
+    """One fio run; random: the options of random_fio_args (op is then randread/randwrite and
+    IOPS and clat percentiles are kept)."""
+    rw = ("rand" + op) if random is not None else op
     cmd = [fio, "--name=nvio-compare", "--output-format=json", "--direct=1", f"--bs={bs}",
-           f"--iodepth={qd}", f"--rw={op}", f"--size={size}", f"--filename={path}",
-           f"--ioengine={engine}", "--numjobs=1", "--thread", "--group_reporting", *FIO_EXTRA]
+           f"--iodepth={qd}", f"--rw={rw}", f"--size={size}", f"--filename={path}",
+           f"--ioengine={engine}", "--numjobs=1", "--thread", "--group_reporting",
+           *(random or []), *FIO_EXTRA]
     cpu0 = children_cpu()
     proc = run_cmd(cmd, timeout=timeout, check=False)
     process_cpu = children_cpu() - cpu0
@@ -273,8 +309,18 @@ def run_fio(fio: str, path: Path, size: int, bs: int, op: str, engine: str, qd: 
         bw = float(side["bw_bytes"])
         runtime_s = float(job["job_runtime"]) / 1000.0
         cpu_s = (float(job["usr_cpu"]) + float(job["sys_cpu"])) / 100.0 * runtime_s
+        if random is not None:
+            pct = side["clat_ns"]["percentile"]
+            lat = {name: float(pct[key]) / 1e3 for name, key in PERCENTILES}
+            iops, ios = float(side["iops"]), int(side["total_ios"])
     except (ValueError, KeyError, IndexError) as e:
         return {"error": f"cannot parse fio JSON ({e}): {proc.stdout[:300]}", "cmd": cmd}
+    if random is not None:
+        if ios <= 0:
+            return {"error": "fio completed no operations", "cmd": cmd}
+        return {"iops": iops, "ops": ios, "lat_us": lat, "gb_per_s": bw / 1e9,
+                "cpu_s_per_gb": cpu_s / (io_bytes / 1e9), "cpu_s": cpu_s,
+                "job_runtime_ms": job["job_runtime"], "process_cpu_s": process_cpu, "cmd": cmd}
     if io_bytes != size:
         return {"error": f"fio moved {io_bytes} bytes, expected {size}", "cmd": cmd}
     return {
@@ -293,10 +339,17 @@ def run_fio(fio: str, path: Path, size: int, bs: int, op: str, engine: str, qd: 
 
 
 def run_nvio(nvio: str, path: Path, size: int, bs: int, op: str, engine: str, qd: int,
-             timeout: float) -> dict:
-    cmd = [nvio, "bench", "--file", str(path), "--size", str(size), "--op", op, "--engine", engine,
-           "--block-size", str(bs), "--queue-depth", str(qd), "--parallelism", "1", "--direct",
-           "on", "--loops", "1", "--json"]
+             timeout: float, random: list[str] | None = None, offset: int = 0) -> dict:
+    """One `nvio bench` run: sequential, of size bytes at offset (in bs pieces), or with random
+    (random_nvio_args) bs blocks over a size-byte file, keeping IOPS and latency percentiles."""
+    if random is not None:
+        shape = ["--file-size", str(size), "--size", str(bs), *random]
+    else:
+        shape = ["--size", str(size), "--block-size", str(bs)]
+        shape += ["--offset", str(offset)] if offset else []
+    cmd = [nvio, "bench", "--file", str(path), *shape, "--op", op, "--engine", engine,
+           "--queue-depth", str(qd), "--parallelism", "1", "--direct", "on", "--loops", "1",
+           "--json"]
     cpu0 = children_cpu()
     proc = run_cmd(cmd, timeout=timeout, check=False)
     process_cpu = children_cpu() - cpu0
@@ -311,6 +364,12 @@ def run_nvio(nvio: str, path: Path, size: int, bs: int, op: str, engine: str, qd
         return {"error": f"cannot parse nvio JSON ({e}): {proc.stdout[:300]}", "cmd": cmd}
     if got_engine != engine:
         return {"error": f"nvio ran engine {got_engine!r}, not {engine!r}", "cmd": cmd}
+    if random is not None:
+        return {"iops": float(r["iops"]), "ops": int(r["ops"]),
+                "lat_us": {"p50": r["lat_p50_us"], "p99": r["lat_p99_us"],
+                           "p99.9": r["lat_p999_us"]},
+                "gb_per_s": float(r["gb_per_s"]), "cpu_s_per_gb": float(r["cpu_s_per_gb"]),
+                "options": data.get("options"), "process_cpu_s": process_cpu, "cmd": cmd}
     if int(r["bytes"]) != size:
         return {"error": f"nvio moved {r['bytes']} bytes, expected {size}", "cmd": cmd}
     return {
@@ -347,14 +406,17 @@ def layout(fio: str, path: Path, size: int, bs: int, timeout: float) -> None:
         raise Failure(f"layout of {path} left {path.stat().st_size} bytes, expected {size}")
 
 
-def verify_nvio(nvio: str, path: Path, size: int, bs: int, engines, timeout: float) -> dict:
+def verify_nvio(nvio: str, path: Path, size: int, bs: int, engines, timeout: float,
+                shape: list[str] | None = None) -> dict:
     """An untimed `nvio bench --verify --op both` per engine on the same file: a correctness
-    check, so a fast figure cannot come from a run that moved the wrong bytes."""
+    check, so a fast figure cannot come from a run that moved the wrong bytes. shape: the
+    options saying what is moved (default: --size size --block-size bs)."""
     out = {}
+    shape = shape or ["--size", str(size), "--block-size", str(bs)]
     for engine in engines:
         qd = 1 if engine == "psync" else CHECKED_QD
-        cmd = [nvio, "bench", "--file", str(path), "--size", str(size), "--op", "both",
-               "--engine", engine, "--block-size", str(bs), "--queue-depth", str(qd),
+        cmd = [nvio, "bench", "--file", str(path), *shape, "--op", "both",
+               "--engine", engine, "--queue-depth", str(qd),
                "--parallelism", "1", "--direct", "on", "--loops", "1", "--verify", "--json"]
         proc = run_cmd(cmd, timeout=timeout, check=False)
         ok = proc.returncode == 0
@@ -371,17 +433,88 @@ def verify_nvio(nvio: str, path: Path, size: int, bs: int, engines, timeout: flo
     return out
 
 
+def medians(runs: list[dict], tool: str, key: str, sub: str | None = None):
+    """(median, min, max, count) of runs' tool[key] (or tool[key][sub]) over runs without an
+    error; Nones and 0 when there is none."""
+    vals = [r[tool][key] if sub is None else r[tool][key][sub] for r in runs
+            if "error" not in r[tool] and r[tool].get(key) is not None]
+    return (statistics.median(vals), min(vals), max(vals), len(vals)) if vals else (None, None, None, 0)
+
+
+def paired(runs: list[dict], a: str, b: str, key: str) -> dict:
+    """The range and median over rounds of a/b within the same round (a measure of the noise)."""
+    ratios = [r[a][key] / r[b][key] for r in runs
+              if "error" not in r[a] and "error" not in r[b] and r[b][key] > 0]
+    return {"paired_ratio_min": min(ratios) if ratios else None,
+            "paired_ratio_max": max(ratios) if ratios else None,
+            "paired_ratio_median": statistics.median(ratios) if ratios else None}
+
+
+def summarize_random(config: dict, runs: list[dict]) -> dict:
+    n_iops, n_lo, n_hi, n_n = medians(runs, "nvio", "iops")
+    f_iops, f_lo, f_hi, f_n = medians(runs, "fio", "iops")
+    ratio = n_iops / f_iops if n_iops and f_iops else None
+    out = {**config, "nvio_iops": n_iops, "nvio_iops_min": n_lo, "nvio_iops_max": n_hi,
+           "nvio_n": n_n, "fio_iops": f_iops, "fio_iops_min": f_lo, "fio_iops_max": f_hi,
+           "fio_n": f_n, "ratio": ratio, **paired(runs, "nvio", "fio", "iops")}
+    for tool in ("nvio", "fio"):
+        for name, _ in PERCENTILES:
+            out[f"{tool}_{name}_us"] = medians(runs, tool, "lat_us", name)[0]
+    p50_ratio = out["nvio_p50_us"] / out["fio_p50_us"] \
+        if out["nvio_p50_us"] and out["fio_p50_us"] else None
+    out["p50_ratio"] = p50_ratio
+    flags = []
+    if ratio is None:
+        flags.append("ERROR")
+    elif config["qd"] >= CHECKED_QD and ratio < RANDOM_RATIO:
+        flags.append("SLOW")
+    if config["qd"] == 1 and p50_ratio is not None and p50_ratio > LATENCY_RATIO:
+        flags.append("LAT")
+    checked = config["qd"] >= CHECKED_QD or config["qd"] == 1
+    out["verdict"] = "+".join(flags) if flags else ("ok" if checked else "n/a")
+    return out
+
+
+def table_random(summaries: list[dict]) -> str:
+    head = ("engine", "op", "qd", "nvio IOPS", "fio IOPS", "nvio/fio", "paired min-max",
+            "p50 us nvio/fio", "p99 us nvio/fio", "p99.9 us nvio/fio", "check")
+    rows = [head]
+    for s in summaries:
+        lat = [f"{fmt(s[f'nvio_{n}_us'], '.1f')}/{fmt(s[f'fio_{n}_us'], '.1f')}"
+               for n, _ in PERCENTILES]
+        rows.append((s["engine"], s["op"], str(s["qd"]), fmt(s["nvio_iops"], ".0f"),
+                     fmt(s["fio_iops"], ".0f"), fmt(s["ratio"], ".3f"),
+                     f"{fmt(s['paired_ratio_min'], '.2f')}-{fmt(s['paired_ratio_max'], '.2f')}",
+                     *lat, s["verdict"]))
+    return markdown(rows)
+
+
+def summarize_offset(config: dict, runs: list[dict]) -> dict:
+    a_gb = medians(runs, "aligned", "gb_per_s")[0]
+    o_gb = medians(runs, "offset", "gb_per_s")[0]
+    return {**config, "aligned_gb_per_s": a_gb, "offset_gb_per_s": o_gb,
+            "ratio": o_gb / a_gb if a_gb and o_gb else None,
+            **paired(runs, "offset", "aligned", "gb_per_s")}
+
+
+def table_offset(summaries: list[dict], offset: int) -> str:
+    rows = [("engine", "op", "qd", "aligned GB/s", f"offset {offset} GB/s", "offset/aligned",
+             "paired min-max")]
+    for s in summaries:
+        rows.append((s["engine"], s["op"], str(s["qd"]), fmt(s["aligned_gb_per_s"], ".3f"),
+                     fmt(s["offset_gb_per_s"], ".3f"), fmt(s["ratio"], ".3f"),
+                     f"{fmt(s['paired_ratio_min'], '.2f')}-{fmt(s['paired_ratio_max'], '.2f')}"))
+    return markdown(rows)
+
+
 def summarize(config: dict, runs: list[dict]) -> dict:
     def med(tool, key):
-        vals = [r[tool][key] for r in runs if "error" not in r[tool] and r[tool].get(key) is not None]
-        return (statistics.median(vals), min(vals), max(vals), len(vals)) if vals else (None, None, None, 0)
+        return medians(runs, tool, key)
 
     n_gb, n_lo, n_hi, n_n = med("nvio", "gb_per_s")
     f_gb, f_lo, f_hi, f_n = med("fio", "gb_per_s")
     n_cpu = med("nvio", "cpu_s_per_gb")[0]
     f_cpu = med("fio", "cpu_s_per_gb")[0]
-    paired = [r["nvio"]["gb_per_s"] / r["fio"]["gb_per_s"] for r in runs
-              if "error" not in r["nvio"] and "error" not in r["fio"] and r["fio"]["gb_per_s"] > 0]
     ratio = n_gb / f_gb if n_gb and f_gb else None
     cpu_ratio = n_cpu / f_cpu if n_cpu is not None and f_cpu else None
     checked = config["qd"] >= CHECKED_QD
@@ -400,9 +533,7 @@ def summarize(config: dict, runs: list[dict]) -> dict:
         "nvio_gb_per_s": n_gb, "nvio_gb_per_s_min": n_lo, "nvio_gb_per_s_max": n_hi, "nvio_n": n_n,
         "fio_gb_per_s": f_gb, "fio_gb_per_s_min": f_lo, "fio_gb_per_s_max": f_hi, "fio_n": f_n,
         "ratio": ratio,
-        "paired_ratio_min": min(paired) if paired else None,
-        "paired_ratio_max": max(paired) if paired else None,
-        "paired_ratio_median": statistics.median(paired) if paired else None,
+        **paired(runs, "nvio", "fio", "gb_per_s"),
         "nvio_cpu_s_per_gb": n_cpu, "fio_cpu_s_per_gb": f_cpu, "cpu_ratio": cpu_ratio,
         "verdict": verdict,
     }
@@ -418,6 +549,12 @@ def table(summaries: list[dict]) -> str:
                      f"{fmt(s['paired_ratio_min'], '.2f')}-{fmt(s['paired_ratio_max'], '.2f')}",
                      fmt(s["nvio_cpu_s_per_gb"], ".4f"), fmt(s["fio_cpu_s_per_gb"], ".4f"),
                      fmt(s["cpu_ratio"], ".2f"), s["verdict"]))
+    return markdown(rows)
+
+
+def markdown(rows: list[tuple]) -> str:
+    """A markdown table: the first row is the head; the first three columns left-aligned."""
+    head = rows[0]
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = []
     for n, r in enumerate(rows):
@@ -429,56 +566,100 @@ def table(summaries: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def runners(args, nvio: str, fio: str, path: Path, timeout: float) -> dict:
+    """The two things each round runs, by name, each a function of a configuration: nvio and fio,
+    or for --offset nvio aligned and nvio at the offset."""
+    def nvio_at(offset):
+        return lambda c: run_nvio(nvio, path, args.size, args.block_size, c["op"], c["engine"],
+                                  c["qd"], timeout, offset=offset)
+
+    if args.offset:
+        return {"aligned": nvio_at(0), "offset": nvio_at(args.offset)}
+    rn = random_nvio_args(args) if args.pattern == "random" else None
+    rf = random_fio_args(args) if args.pattern == "random" else None
+    return {
+        "nvio": lambda c: run_nvio(nvio, path, args.size, args.block_size, c["op"], c["engine"],
+                                   c["qd"], timeout, random=rn),
+        "fio": lambda c: run_fio(fio, path, args.size, args.block_size, c["op"], c["engine"],
+                                 c["qd"], timeout, random=rf),
+    }
+
+
+def round_line(entry: dict) -> str:
+    """One tool's figures in a round, for the progress log."""
+    parts = []
+    for tool, r in entry.items():
+        if not isinstance(r, dict):
+            continue
+        if "iops" in r:
+            parts.append(f"{tool} {r['iops']:.0f} IOPS p50 {r['lat_us']['p50']:.1f} us")
+        else:
+            parts.append(f"{tool} {fmt(r.get('gb_per_s'), '.3f')} GB/s "
+                         f"{fmt(r.get('cpu_s_per_gb'), '.4f')} s/GB")
+    return " | ".join(parts)
+
+
 def benchmark(args, directory: Path, nvio: str, fio: str, where: str) -> dict:
     directory.mkdir(parents=True, exist_ok=True)
     check_direct_io(directory)
     path = directory / FILE_NAME
+    # --offset: the offset run reads and writes [offset, offset + size), past the aligned one's.
+    file_size = args.size + (-(-args.offset // (1 << 20)) << 20 if args.offset else 0)
     free = shutil.disk_usage(directory).free
     existing = path.stat().st_size if path.exists() else 0
-    if free + existing < args.size + (64 << 20):
-        raise Failure(f"{directory}: {human(free)} free, the {human(args.size)} file does not fit")
+    if free + existing < file_size + (64 << 20):
+        raise Failure(f"{directory}: {human(free)} free, the {human(file_size)} file does not fit")
     # Generous per-run limit: 1 GiB at 20 MB/s is ~54 s.
     timeout = max(120.0, args.size / 20e6 * 2)
     info = machine_info(nvio, directory, fio=fio, full=True)
     info["where"] = where
     configs = configurations(args.engines, args.ops, args.qds)
+    tools = runners(args, nvio, fio, path, timeout)
     log(f"nvio {info['nvio_version']} ({nvio}), {info['fio_version']}, {where}: {directory}")
-    log(f"{len(configs)} configurations x {args.rounds} rounds x 2 tools, {human(args.size)} each")
-    layout(fio, path, args.size, args.block_size, timeout)
+    log(f"{len(configs)} configurations x {args.rounds} rounds x {' and '.join(tools)}, "
+        f"{args.pattern}, {human(args.size)} file, {human(args.block_size)} blocks")
+    layout(fio, path, file_size, max(args.block_size, 1 << 20), timeout)
     runs: dict[int, list[dict]] = {i: [] for i in range(len(configs))}
     started = time.monotonic()
     try:
         for rnd in range(args.rounds):
-            order = ("nvio", "fio") if rnd % 2 == 0 else ("fio", "nvio")
+            order = list(tools) if rnd % 2 == 0 else list(reversed(tools))
             for i, c in enumerate(configs):
                 entry = {"round": rnd + 1, "first": order[0]}
                 for tool in order:
-                    runner = run_nvio if tool == "nvio" else run_fio
-                    exe = nvio if tool == "nvio" else fio
-                    entry[tool] = runner(exe, path, args.size, args.block_size, c["op"],
-                                         c["engine"], c["qd"], timeout)
+                    entry[tool] = tools[tool](c)
                     if "error" in entry[tool]:
                         log(f"  round {rnd + 1} {c['engine']} {c['op']} qd {c['qd']}: {tool} "
                             f"ERROR {entry[tool]['error']}")
                 runs[i].append(entry)
-                n, f = entry["nvio"], entry["fio"]
                 log(f"  round {rnd + 1}/{args.rounds} {c['engine']:8} {c['op']:5} qd {c['qd']:3}: "
-                    f"nvio {fmt(n.get('gb_per_s'), '.3f')} GB/s {fmt(n.get('cpu_s_per_gb'), '.4f')} "
-                    f"s/GB | fio {fmt(f.get('gb_per_s'), '.3f')} GB/s "
-                    f"{fmt(f.get('cpu_s_per_gb'), '.4f')} s/GB  ({order[0]} first)")
-        verify = verify_nvio(nvio, path, args.size, args.block_size, args.engines, timeout) \
-            if args.verify else None
+                    f"{round_line({t: entry[t] for t in tools})}  ({order[0]} first)")
+        shape = None
+        if args.pattern == "random":
+            shape = ["--pattern", "random", "--file-size", str(args.size), "--size",
+                     str(args.block_size), "--ops", "2000"]
+        elif args.offset:
+            shape = ["--size", str(args.size), "--block-size", str(args.block_size),
+                     "--offset", str(args.offset)]
+        verify = verify_nvio(nvio, path, args.size, args.block_size, args.engines, timeout,
+                             shape) if args.verify else None
     finally:
         if not args.keep:
             path.unlink(missing_ok=True)
-    summaries = [summarize(c, runs[i]) for i, c in enumerate(configs)]
+    if args.offset:
+        summaries = [summarize_offset(c, runs[i]) for i, c in enumerate(configs)]
+    elif args.pattern == "random":
+        summaries = [summarize_random(c, runs[i]) for i, c in enumerate(configs)]
+    else:
+        summaries = [summarize(c, runs[i]) for i, c in enumerate(configs)]
     return {
         "machine": info,
         "settings": {"size": args.size, "block_size": args.block_size, "rounds": args.rounds,
                      "engines": args.engines, "ops": args.ops, "qds": args.qds, "direct": True,
                      "nvio_parallelism": 1, "fio_numjobs": 1, "file": str(path),
                      "fio_extra_args": list(FIO_EXTRA),
-                     "ramdisk": args.ramdisk},
+                     "ramdisk": args.ramdisk, "pattern": args.pattern, "offset": args.offset,
+                     "runtime_s": args.runtime, "ios": args.ios, "batch": args.batch},
         "elapsed_s": time.monotonic() - started,
         "summary": summaries,
         "runs": [{"config": c, "rounds": runs[i]} for i, c in enumerate(configs)],
@@ -495,8 +676,13 @@ def main(argv=None) -> int:
                     "psync is compared at queue depth 1 only (fio's psync ignores iodepth).",
         epilog="Examples:  bench/fio_compare.py --dir /tmp/nvio-bench --size 1G --rounds 5\n"
                "           sudo bench/fio_compare.py --ramdisk --size 1G --rounds 5 --json out.json\n"
+               "           sudo bench/fio_compare.py --ramdisk --pattern random --qds 32,128 "
+               "--engines io_uring,libaio --rounds 5\n"
+               "           sudo bench/fio_compare.py --ramdisk --latency --rounds 5\n"
+               "           bench/fio_compare.py --dir /tmp/nvio-bench --offset 4103 --engines io_uring\n"
                "check column (queue depth >= 32 only): ok, SLOW (nvio < 0.95 x fio GB/s), "
-               "CPU (nvio > 1.2 x fio CPU s/GB); n/a below queue depth 32.",
+               "CPU (nvio > 1.2 x fio CPU s/GB); n/a below queue depth 32. Random: SLOW (nvio < "
+               "0.9 x fio IOPS at queue depth >= 32), LAT (nvio p50 > 1.2 x fio's at queue depth 1).",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", type=Path, default=Path("/tmp/nvio-bench"),
                     help="directory for the shared test file (default: %(default)s; made if missing)")
@@ -505,12 +691,33 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=positive_int, default=5, help="rounds (default: %(default)s)")
     ap.add_argument("--engines", type=parse_list(ENGINES), default=list(ENGINES),
                     help="comma-separated engines (default: io_uring,libaio,psync)")
-    ap.add_argument("--qds", type=parse_list(None, positive_int), default=[8, 32, 128],
-                    help="comma-separated queue depths (default: 8,32,128; psync always runs at 1)")
+    ap.add_argument("--qds", type=parse_list(None, positive_int),
+                    help="comma-separated queue depths (default: 8,32,128, for --pattern random "
+                         "1,32,128; psync always runs at 1)")
     ap.add_argument("--ops", type=parse_list(OPS), default=list(OPS),
                     help="comma-separated ops (default: read,write)")
-    ap.add_argument("--block-size", type=parse_size, default=1 << 20,
-                    help="block size for both tools (default: 1M)")
+    ap.add_argument("--block-size", type=parse_size,
+                    help="block size for both tools (default: 1M, for --pattern random 4K)")
+    ap.add_argument("--pattern", choices=("sequential", "random"), default="sequential",
+                    help="random: fio randread/randwrite (norandommap, randrepeat=0) against "
+                         "`nvio bench --pattern random` with --outstanding = the queue depth, "
+                         "comparing IOPS and p50/p99/p99.9 latency (fio: clat percentiles); "
+                         "--size is then the file the blocks are drawn from")
+    ap.add_argument("--runtime", type=positive_seconds, default=2.0,
+                    help="random: seconds per run (fio time_based runtime, nvio --duration; "
+                         "default: %(default)s)")
+    ap.add_argument("--ios", type=positive_int,
+                    help="random: operations per run instead of --runtime (fio number_ios, "
+                         "nvio --ops)")
+    ap.add_argument("--batch", type=positive_int, default=1,
+                    help="random: operations per nvio submission (nvio --batch; fio "
+                         "iodepth_batch_submit when > 1; default: 1)")
+    ap.add_argument("--latency", action="store_true",
+                    help="the latency preset: --pattern random --block-size 4K --qds 1 --ops read "
+                         "--engines io_uring,libaio (one 4 KiB read in flight)")
+    ap.add_argument("--offset", type=parse_size_or_zero, default=0,
+                    help="sequential: instead of fio, compare `nvio bench` at file offset 0 with "
+                         "`nvio bench --offset N` (e.g. 4103), printing offset/aligned GB/s")
     ap.add_argument("--nvio", help="nvio binary (default: build/bin/nvio in the repo, else `nvio` on PATH)")
     ap.add_argument("--fio", default="fio", help="fio binary (default: fio on PATH)")
     ap.add_argument("--fio-arg", action="append", default=[], metavar="ARG",
@@ -526,6 +733,20 @@ def main(argv=None) -> int:
                     help="dump everything (machine, settings, every run, summary) as JSON to FILE, "
                          "or to stdout instead of the table when FILE is - or omitted")
     args = ap.parse_args(argv)
+    if args.latency:
+        args.pattern, args.block_size, args.qds, args.ops = "random", 4096, [1], ["read"]
+        if "--engines" not in (argv if argv is not None else sys.argv[1:]):
+            args.engines = ["io_uring", "libaio"]
+    random = args.pattern == "random"
+    if args.offset and random:
+        ap.error("--offset compares sequential transfers; it does not go with --pattern random")
+    if args.block_size is None:
+        args.block_size = 4096 if random else 1 << 20
+    if args.qds is None:
+        args.qds = [1, 32, 128] if random else [8, 32, 128]
+    if random and (args.block_size % 512 or args.size < args.block_size):
+        ap.error("--pattern random needs a --block-size that is a multiple of 512 and a --size "
+                 "(the file) of at least one block")
 
     interrupt_on_sigterm()
     FIO_EXTRA[:] = args.fio_arg
@@ -545,8 +766,16 @@ def main(argv=None) -> int:
         return error_exit("fio_compare.py", e)
 
     m = result["machine"]
-    header = (f"nvio vs fio, {human(args.size)} file, {human(args.block_size)} blocks, O_DIRECT, "
-              f"1 worker each, {args.rounds} rounds alternating; medians, GB = 1e9 bytes\n"
+    if args.offset:
+        what = f"nvio at offset 0 vs nvio --offset {args.offset}, {human(args.size)} transfers"
+    elif random:
+        limit = f"{args.ios} ops" if args.ios else f"{args.runtime:g} s"
+        what = (f"nvio vs fio, random {human(args.block_size)} blocks over a {human(args.size)} "
+                f"file, {limit} per run, batch {args.batch}, latency in us (fio: clat)")
+    else:
+        what = f"nvio vs fio, {human(args.size)} file, {human(args.block_size)} blocks"
+    header = (f"{what}, O_DIRECT, 1 worker each, {args.rounds} rounds alternating; medians, "
+              f"GB = 1e9 bytes\n"
               f"{m['where']}: {m['dir']} on {m['filesystem']}"
               + (f" (loop dio={m['ramdisk']['loop_dio']})" if args.ramdisk else "") + "\n"
               f"{m['nproc']} CPUs ({m['cpu']}), Linux {m['kernel']}, {m['fio_version']}, "
@@ -558,11 +787,16 @@ def main(argv=None) -> int:
         print(json.dumps(result, indent=2))
     else:
         print(header)
-        print(table(result["summary"]))
+        if args.offset:
+            print(table_offset(result["summary"], args.offset))
+        elif random:
+            print(table_random(result["summary"]))
+        else:
+            print(table(result["summary"]))
         if result.get("verify"):
             print("nvio --verify on the same file: " + ", ".join(
                 f"{e} {'ok' if v['ok'] else 'FAILED'}" for e, v in result["verify"].items()))
-    bad = [s for s in result["summary"] if s["verdict"] == "ERROR"]
+    bad = [s for s in result["summary"] if s.get("ratio") is None]
     if bad or (result.get("verify") and not all(v["ok"] for v in result["verify"].values())):
         return 1
     return 0

@@ -96,7 +96,8 @@ def test_version_matches_report(tmp_path):
     "args, expected",
     [
         ([], ["bench", "report"]),
-        (["bench"], ["--queue-depth", "--block-size", "--verify", "--file", "--no-overlap-events"]),
+        (["bench"], ["--queue-depth", "--block-size", "--verify", "--file", "--no-overlap-events",
+                     "--pattern", "--offset", "--ops", "--duration", "--outstanding", "--batch"]),
         (["report"], ["--dir", "--json"]),
     ],
 )
@@ -130,6 +131,19 @@ def test_help_exits_zero(args, expected):
         (["bench", "--dir", "{d}", "--loops", "0"], "--loops"),
         (["bench", "--dir", "{d}", "--seed", "x1"], "x1"),
         (["bench", "--size", "1M"], "--dir"),
+        (["bench", "--dir", "{d}", "--pattern", "bogus"], "bogus"),
+        (["bench", "--dir", "{d}", "--pattern", "random", "--size", "0"], "--size"),
+        (["bench", "--dir", "{d}", "--pattern", "random", "--size", "1000"], "multiple of 512"),
+        (["bench", "--dir", "{d}", "--pattern", "random", "--size", "256"], "multiple of 512"),
+        (["bench", "--dir", "{d}", "--pattern", "random", "--file-size", "2K"], "--file-size"),
+        (["bench", "--dir", "{d}", "--pattern", "random", "--ops", "0"], "--ops"),
+        (["bench", "--dir", "{d}", "--pattern", "random", "--duration", "0"], "--duration"),
+        (["bench", "--dir", "{d}", "--pattern", "random", "--duration", "x"], "'x'"),
+        (["bench", "--dir", "{d}", "--pattern", "random", "--outstanding", "6", "--batch", "4"],
+         "--batch 4"),
+        (["bench", "--dir", "{d}", "--pattern", "random", "--offset", "7"], "--offset"),
+        (["bench", "--dir", "{d}", "--ops", "5"], "--pattern random"),
+        (["bench", "--dir", "{d}", "--offset", "x"], "--offset"),
         (["report", "--bogus"], "--bogus"),
     ],
 )
@@ -319,6 +333,144 @@ def test_verify_of_an_existing_file_needs_its_seed(tmp_path):
         assert "--seed" in line and str(f) in line
         assert "verify failed" not in r.stderr
         assert fingerprint(f) == before
+
+
+# ---- --offset and --pattern random -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [4103, ODD_SIZE])
+@pytest.mark.parametrize("direct", ["on", "off"])
+def test_offset_round_trip_verifies(tmp_path, size, direct):
+    if direct == "on" and not report(str(tmp_path))["dir"]["direct_io"]:
+        pytest.skip(f"O_DIRECT unsupported in {tmp_path}")
+    offset = 4096 + 7
+    f = tmp_path / "off.bin"
+    out = bench_json("--file", f, "--offset", offset, "--size", size, "--loops", 2, "--verify",
+                     "--direct", direct, "--keep")
+    assert out["pattern"] == "sequential" and out["offset"] == offset
+    assert [r["verified"] for r in out["results"]] == [True, True]
+    assert all(r["bytes"] == size for r in out["results"])
+    data = f.read_bytes()
+    assert len(data) == offset + size  # written exactly at [offset, offset + size)
+    assert data[:offset] == b"\0" * offset
+
+
+def test_offset_read_only_run_of_a_short_existing_file_is_refused(tmp_path):
+    f = tmp_path / "mine.bin"
+    f.write_bytes(b"x" * 8192)
+    r = nvio("bench", "--op", "read", "--file", f, "--offset", 4103, "--size", 4096)
+    line = assert_one_error_line(r)
+    assert "--offset 4103 plus --size 4096" in line and "8192 bytes" in line
+
+
+RANDOM = ["--pattern", "random", "--file-size", "1M"]
+
+
+def assert_random_result(r, ops, block=4096):
+    assert r["block_bytes"] == block
+    assert r["ops"] == ops and r["ops_all"] == [ops] * r["loops"]
+    assert r["bytes"] == ops * block
+    assert len(r["iops_all"]) == len(r["lat_us_all"]) == len(r["seconds_all"]) == r["loops"]
+    assert r["iops"] > 0 and r["gb_per_s"] > 0
+    assert r["iops"] == pytest.approx(median(r["iops_all"]))
+    assert r["gb_per_s"] == pytest.approx(r["iops"] * block / 1e9)
+    for p50, p99, p999 in r["lat_us_all"]:
+        assert 0 < p50 <= p99 <= p999
+    assert 0 < r["lat_p50_us"] <= r["lat_p99_us"] <= r["lat_p999_us"]
+    # Latency cannot exceed the loop: every operation was submitted and completed inside it.
+    assert r["lat_p999_us"] <= max(r["seconds_all"]) * 1e6
+
+
+def test_random_json(tmp_path):
+    out = bench_json("--dir", tmp_path, *RANDOM, "--ops", 300, "--loops", 3, "--outstanding", 8)
+    assert out["pattern"] == "random" and out["size"] == 4096  # the random default block size
+    assert out["file_size"] == 1 << 20 and out["ops_limit"] == 300
+    assert out["duration_s"] is None
+    assert out["outstanding"] == 8 and out["batch"] == 1
+    assert [r["op"] for r in out["results"]] == ["write", "read"]
+    for r in out["results"]:
+        assert_random_result(r, 300)
+        assert r["verified"] is None
+    assert list(tmp_path.iterdir()) == []  # the scratch file is removed
+
+
+def test_random_default_outstanding_is_queue_depth_times_parallelism(tmp_path):
+    out = bench_json("--dir", tmp_path, *RANDOM, "--ops", 50, "--loops", 1, "--op", "read",
+                     "--queue-depth", 3, "--parallelism", 2)
+    assert out["outstanding"] == 6
+    assert_random_result(out["results"][0], 50)
+
+
+def test_random_duration_ends_the_loop(tmp_path):
+    out = bench_json("--dir", tmp_path, *RANDOM, "--duration", "0.2", "--loops", 1, "--op",
+                     "read", "--outstanding", 4)
+    assert out["ops_limit"] is None and out["duration_s"] == 0.2
+    r = out["results"][0]
+    assert r["ops"] > 0
+    assert 0.2 <= r["seconds"] < 5
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("engine", ENGINES)
+def test_random_verify_passes(tmp_path, engine, batch):
+    require_engine(engine, tmp_path)
+    out = bench_json("--dir", tmp_path, *RANDOM, "--ops", 203, "--loops", 2, "--verify",
+                     "--engine", engine, "--outstanding", 8, "--batch", batch, "--size", "8K")
+    assert out["engine"] == engine and out["batch"] == batch
+    for r in out["results"]:
+        assert_random_result(r, 203, 8192)  # 203: the last batch of each loop is short
+        assert r["verified"] is True
+
+
+@pytest.mark.parametrize("op", ["read", "write"])
+def test_random_verify_single_op(tmp_path, op):
+    out = bench_json("--dir", tmp_path, *RANDOM, "--op", op, "--ops", 100, "--loops", 1,
+                     "--verify", "--size", "512", "--direct", "off")
+    assert [r["op"] for r in out["results"]] == [op]
+    assert out["results"][0]["verified"] is True
+
+
+def test_random_verify_catches_a_flipped_byte(tmp_path):
+    f = tmp_path / "data.bin"
+    seed = "4242"
+    size = 65536  # 16 blocks of 4 KiB: 2000 random reads read every one of them
+    r = nvio("bench", "--op", "write", "--keep", "--file", f, "--seed", seed, "--size", size,
+             "--loops", 1)
+    assert r.returncode == 0, r.stderr
+    args = ["bench", "--pattern", "random", "--op", "read", "--verify", "--file", f, "--seed",
+            seed, "--file-size", size, "--ops", 2000, "--loops", 1, "--outstanding", 4]
+    r = nvio(*args)
+    assert r.returncode == 0, r.stderr  # clean before the flip: the failure below is the flip's
+
+    bad_offset = 40_000 + 3
+    data = bytearray(f.read_bytes())
+    data[bad_offset] ^= 0x10
+    f.write_bytes(bytes(data))
+    r = nvio(*args, "--json")
+    assert r.returncode == 1, r.stderr
+    assert f"verify failed: first bad byte at file offset {bad_offset} " in r.stderr
+    assert json.loads(r.stdout)["results"][0]["verified"] is False
+    assert f.read_bytes() == bytes(data)
+
+
+def test_random_read_only_run_of_a_short_existing_file_is_refused(tmp_path):
+    f = tmp_path / "mine.bin"
+    f.write_bytes(b"x" * 8192)
+    before = fingerprint(f)
+    r = nvio("bench", "--pattern", "random", "--op", "read", "--file", f, "--file-size", "1M")
+    line = assert_one_error_line(r)
+    assert "--file-size 1048576" in line and "8192 bytes" in line
+    assert fingerprint(f) == before
+
+
+def test_random_human_output(tmp_path):
+    r = nvio("bench", "--dir", tmp_path, *RANDOM, "--ops", 64, "--loops", 1, "--batch", 2,
+             "--outstanding", 4)
+    assert r.returncode == 0, r.stderr
+    assert "IOPS" in r.stdout and "p99.9 us" in r.stdout and "batch's" in r.stdout
+    rows = [line.split() for line in r.stdout.splitlines() if line.split()[:1] in (["write"], ["read"])]
+    assert [row[0] for row in rows] == ["write", "read"]
+    assert all(row[1] == "64" for row in rows)
 
 
 # ---- files --------------------------------------------------------------------------------------

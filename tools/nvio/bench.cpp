@@ -4,17 +4,21 @@
 // getrusage(RUSAGE_SELF), which includes the library's worker threads (they live in this process).
 // Reported figures are medians over loops, so one slow loop (a flush, a noisy neighbour) does not
 // skew the result.
+#include <fcntl.h>
 #include <fmt/core.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <csignal>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -40,6 +44,10 @@
 namespace nvio_cli {
 
 namespace {
+
+// The most operations a --pattern random loop with --duration records per second of it: the
+// latency array is allocated before the timed loop, so it needs a bound.
+constexpr double kMaxOpsPerSecond = 2e6;
 
 // The flag of an option: its name with dashes ("--queue-depth"); intra_op_parallelism is also
 // --parallelism, the flag's established shorter name, which messages use.
@@ -100,11 +108,52 @@ void add_bench_options(CLI::App& app, BenchArgs& args) {
                  "explicitly (that overwrites its first --size bytes); --op read only reads it and "
                  "refuses a --size larger than the file")
       ->type_name("PATH");
-  app.add_option("--size", args.size, "Bytes per operation; K/M/G suffixes are powers of 1024")
-      ->type_name("BYTES")
-      ->capture_default_str();
+  app.add_option("--size", args.size,
+                 "Bytes per operation; K/M/G suffixes are powers of 1024 (default 1G; with "
+                 "--pattern random the block size of each operation, a multiple of 512, default "
+                 "4K)")
+      ->type_name("BYTES");
   app.add_option("--op", args.op, "read, write or both (write first); default both")
       ->type_name("OP");
+  app.add_option("--pattern", args.pattern,
+                 "sequential: one transfer of --size bytes per loop; random: --size blocks at "
+                 "random offsets (aligned to --size, uniform over --file-size, chosen from "
+                 "--seed) with --outstanding operations in flight, reporting IOPS and latency "
+                 "percentiles")
+      ->type_name("MODE")
+      ->capture_default_str();
+  // The flags whose value stays as typed until make_plan parses it.
+  const struct {
+    const char* flag;
+    std::optional<std::string> BenchArgs::*value;
+    const char* type;
+    std::string help;
+  } optional_flags[] = {
+      {"--offset", &BenchArgs::offset, "BYTES",
+       "Sequential: the file offset the transfer starts at (default 0); an unaligned one (e.g. "
+       "4103) goes through the bounce path with the same page-aligned buffer"},
+      {"--file-size", &BenchArgs::file_size, "BYTES",
+       "Random: the bytes of the file the blocks are drawn from (default 1G); a file shorter "
+       "than this is first filled with the pattern (untimed)"},
+      {"--ops", &BenchArgs::ops, "N",
+       "Random: operations per loop (with --duration too, whichever ends first)"},
+      {"--duration", &BenchArgs::duration, "S",
+       fmt::format("Random: seconds per loop (default 2 when --ops is not given). A loop records "
+                   "at most {:.0f} operations per second of --duration and ends there",
+                   kMaxOpsPerSecond)},
+      {"--outstanding", &BenchArgs::outstanding, "N",
+       "Random: operations kept in flight (default queue_depth x parallelism); a multiple of "
+       "--batch"},
+      {"--batch", &BenchArgs::batch, "B",
+       "Random: operations per submission (default 1: one submit_read/submit_write by "
+       "descriptor each; B > 1: one submit_read_batch/submit_write_batch of B extents, "
+       "resubmitted as soon as it completes, and every extent gets its batch's latency). "
+       "Latency is from submission to the completion being seen, collecting the oldest "
+       "submission first"},
+  };
+  for (const auto& f : optional_flags) {
+    app.add_option(f.flag, args.*f.value, f.help)->type_name(f.type);
+  }
   app.add_option("--loops", args.loops, "Timed loops per operation")
       ->type_name("N")
       ->capture_default_str();
@@ -116,7 +165,10 @@ void add_bench_options(CLI::App& app, BenchArgs& args) {
   app.add_flag("--verify", args.verify,
                "Check every byte read back against the pattern; exit 1 naming the first bad "
                "offset on a mismatch. Reading an existing --file needs the --seed it was written "
-               "with (--op write --keep --seed N)");
+               "with (--op write --keep --seed N). Random: every block is checked (and every "
+               "written block filled) inside the timed loop, so timings with --verify are not "
+               "comparable with those without; without it, random writes store the buffer as "
+               "it is");
   app.add_flag("--keep", args.keep, "Keep the file the run wrote (default: remove it)");
   app.add_flag("--json", args.json, "Print one JSON object instead of a table");
   app.add_flag("--gpu", args.gpu,
@@ -136,6 +188,20 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 enum class Op { Read, Write, Both };
+enum class Pattern { Sequential, Random };
+
+// The most operations one random loop may record (1 GiB of latencies).
+constexpr std::uint64_t kMaxOpsPerLoop = std::uint64_t{1} << 28;
+
+// --pattern random: what the timed loops do.
+struct RandomPlan {
+  std::uint64_t file_size = 0;
+  std::optional<std::uint64_t> ops;  // per loop
+  std::optional<double> duration;    // seconds per loop
+  std::uint64_t capacity = 0;        // the most operations a loop records
+  unsigned outstanding = 0;
+  unsigned batch = 1;
+};
 
 // Everything a run needs, parsed and validated before any file is touched.
 struct Plan {
@@ -144,6 +210,9 @@ struct Plan {
   // The size of a --file that existed before the run: the user's data, not ours.
   std::optional<std::uint64_t> existing_size;
   std::size_t size = 0;
+  Pattern pattern = Pattern::Sequential;
+  std::uint64_t offset = 0;  // sequential: where the transfer starts
+  RandomPlan random;
   Op op = Op::Both;
   unsigned loops = 0;
   std::uint64_t seed = 0;
@@ -153,6 +222,11 @@ struct Plan {
   enum class Memory { Host, Device, H2dOnly } memory = Memory::Host;
   int device = 0;
   nvio::EffectiveOptions options;
+
+  // The end of the bytes of the file the run reads or writes.
+  std::uint64_t end() const {
+    return pattern == Pattern::Random ? random.file_size : offset + size;
+  }
 };
 
 const char* memory_name(const Plan& plan) {
@@ -167,6 +241,11 @@ const char* memory_name(const Plan& plan) {
 struct Sample {
   double seconds = 0;
   double cpu_seconds = 0;
+  // Random loops only: operations completed, and latency percentiles in microseconds.
+  std::uint64_t ops = 0;
+  double p50_us = 0;
+  double p99_us = 0;
+  double p999_us = 0;
 };
 
 struct OpResult {
@@ -184,6 +263,25 @@ Op parse_op(const std::string& text) {
   if (text == "write") return Op::Write;
   if (text == "both") return Op::Both;
   throw UsageError("--op: expected read, write or both, got '" + text + "'");
+}
+
+Pattern parse_pattern(const std::string& text) {
+  if (text == "sequential") return Pattern::Sequential;
+  if (text == "random") return Pattern::Random;
+  throw UsageError("--pattern: expected sequential or random, got '" + text + "'");
+}
+
+// A positive, finite number of seconds ("2", "0.5").
+double parse_seconds(const std::string& text, const char* flag) {
+  char* end = nullptr;
+  errno = 0;
+  const double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || errno != 0 || !std::isfinite(value) ||
+      value <= 0) {
+    throw UsageError(
+        fmt::format("{}: expected a positive number of seconds, got '{}'", flag, text));
+  }
+  return value;
 }
 
 std::uint64_t parse_seed(const std::string& text) {
@@ -264,17 +362,91 @@ void check_existing_file(const BenchArgs& args, Plan& plan) {
         plan.path, size));
   }
   if (plan.op != Op::Read) return;  // an explicit instruction to write it
-  if (size < plan.size) {
+  if (size < plan.end()) {
+    const std::string wanted =
+        plan.pattern == Pattern::Random ? fmt::format("--file-size {}", plan.end())
+        : plan.offset != 0 ? fmt::format("--offset {} plus --size {}", plan.offset, plan.size)
+                           : fmt::format("--size {}", plan.size);
+    const std::string fix = plan.pattern == Pattern::Random ? "--file-size"
+                            : plan.offset != 0              ? "--offset plus --size"
+                                                            : "--size";
     throw UsageError(fmt::format(
-        "--size {} is larger than --file {} ({} bytes): a read-only run never writes an existing "
-        "file; give --size {} or less",
-        plan.size, plan.path, size, size));
+        "{} is larger than --file {} ({} bytes): a read-only run never writes an existing file; "
+        "give {} {} or less",
+        wanted, plan.path, size, fix, size));
   }
   if (plan.verify && !args.seed) {
     throw UsageError(fmt::format(
         "--verify of the existing --file {} needs --seed, the seed it was written with (nvio "
         "bench --op write --keep --seed N); a file nvio did not write holds no pattern to check",
         plan.path));
+  }
+}
+
+// The flags of one pattern are refused with the other, rather than silently ignored; --offset
+// and the random flags are parsed here, the random ones' defaults in plan_random.
+void check_pattern_flags(const BenchArgs& args, Plan& plan) {
+  if (plan.pattern == Pattern::Sequential) {
+    const std::pair<const char*, const std::optional<std::string>*> random_only[] = {
+        {"--file-size", &args.file_size},
+        {"--ops", &args.ops},
+        {"--duration", &args.duration},
+        {"--outstanding", &args.outstanding},
+        {"--batch", &args.batch}};
+    for (const auto& [flag, value] : random_only) {
+      if (*value) throw UsageError(fmt::format("{} applies to --pattern random only", flag));
+    }
+    if (args.offset) plan.offset = nvio::parse_size(args.offset.value(), "--offset");
+    return;
+  }
+  if (args.offset) {
+    throw UsageError(
+        "--offset applies to --pattern sequential only (random offsets are aligned "
+        "to --size)");
+  }
+  if (args.gpu) throw UsageError("--pattern random moves host memory only (no --gpu)");
+  if (plan.size < 512 || plan.size % 512 != 0) {
+    throw UsageError(fmt::format(
+        "--size: a --pattern random block must be a multiple of 512 bytes (4K and up for direct "
+        "I/O on most drives), got {}",
+        plan.size));
+  }
+}
+
+// The random plan's numbers; the default --outstanding needs the resolved options.
+void plan_random(const BenchArgs& args, Plan& plan) {
+  RandomPlan& r = plan.random;
+  r.file_size = nvio::parse_size(args.file_size.value_or("1G"), "--file-size");
+  if (r.file_size < plan.size) {
+    throw UsageError(
+        fmt::format("--file-size {} is smaller than --size {}: the file must hold at "
+                    "least one block",
+                    r.file_size, plan.size));
+  }
+  if (args.ops) {
+    r.ops = nvio::parse_count(*args.ops, "--ops");
+    if (*r.ops == 0) throw UsageError("--ops: must be at least 1");
+  }
+  if (args.duration) r.duration = parse_seconds(*args.duration, "--duration");
+  if (!r.ops && !r.duration) r.duration = 2.0;
+  r.capacity = r.ops ? *r.ops : kMaxOpsPerLoop;
+  if (r.duration) {
+    r.capacity = std::min<std::uint64_t>(
+        r.capacity, static_cast<std::uint64_t>(std::ceil(*r.duration * kMaxOpsPerSecond)));
+  }
+  if (r.capacity > kMaxOpsPerLoop) {
+    throw UsageError(fmt::format("{}: at most {} operations per loop",
+                                 r.ops ? "--ops" : "--duration", kMaxOpsPerLoop));
+  }
+  const nvio::Options& o = plan.options.values;
+  r.outstanding = args.outstanding ? parse_unsigned(*args.outstanding, "--outstanding")
+                                   : o.queue_depth * o.intra_op_parallelism;
+  r.batch = args.batch ? parse_unsigned(*args.batch, "--batch") : 1;
+  if (r.outstanding == 0) throw UsageError("--outstanding: must be at least 1");
+  if (r.batch == 0) throw UsageError("--batch: must be at least 1");
+  if (r.outstanding % r.batch != 0) {
+    throw UsageError(
+        fmt::format("--outstanding {} is not a multiple of --batch {}", r.outstanding, r.batch));
   }
 }
 
@@ -290,8 +462,11 @@ Plan make_plan(const BenchArgs& args) {
     plan.memory = args.h2d_only ? Plan::Memory::H2dOnly : Plan::Memory::Device;
     plan.device = static_cast<int>(parse_unsigned(args.device, "--device"));
   }
-  plan.size = nvio::parse_size(args.size, "--size");
+  plan.pattern = parse_pattern(args.pattern);
+  const bool random = plan.pattern == Pattern::Random;
+  plan.size = nvio::parse_size(args.size.value_or(random ? "4K" : "1G"), "--size");
   if (plan.size == 0) throw UsageError("--size: must be at least 1 byte");
+  check_pattern_flags(args, plan);
   plan.op = parse_op(args.op.value_or("both"));
   plan.loops = parse_unsigned(args.loops, "--loops");
   if (plan.loops == 0) throw UsageError("--loops: must be at least 1");
@@ -316,6 +491,7 @@ Plan make_plan(const BenchArgs& args) {
   }
   plan.options = nvio::resolve_options(overrides, {}, config_dir);
   if (bad_flag) throw *bad_flag;
+  if (random) plan_random(args, plan);
   if (args.gpu) {
     // Checked after the options, so that a bad flag is reported first; exit 2 like a bad flag.
     const nvio::GpuInfo& gpu = nvio::gpu_info();
@@ -456,11 +632,22 @@ double median_seconds(const OpResult& r) {
   return median(v);
 }
 
-double median_cpu_s_per_gb(const OpResult& r) {
+// The bytes one loop moved: the buffer for a sequential loop, its operations' blocks for a
+// random one (whose loops may differ in length when --duration ends them).
+double loop_bytes(const OpResult& r, const Sample& s) {
+  return static_cast<double>(r.bytes) * static_cast<double>(s.ops != 0 ? s.ops : 1);
+}
+
+// The median over loops of a figure of each loop.
+template <typename Fn>
+double median_of(const OpResult& r, Fn&& figure) {
   std::vector<double> v;
-  const double gigabytes = static_cast<double>(r.bytes) / 1e9;
-  for (const Sample& s : r.samples) v.push_back(s.cpu_seconds / gigabytes);
+  for (const Sample& s : r.samples) v.push_back(figure(s));
   return median(v);
+}
+
+double median_cpu_s_per_gb(const OpResult& r) {
+  return median_of(r, [&](const Sample& s) { return s.cpu_seconds / (loop_bytes(r, s) / 1e9); });
 }
 
 // ---- the operations -----------------------------------------------------------------------------
@@ -500,31 +687,32 @@ struct Buffers {
 // Records whether the buffer holds the pattern, and where it first does not.
 void check_pattern(Buffers& buf, const Plan& plan, OpResult& result) {
   buf.pull();
-  result.bad_offset = nvio::pattern::first_mismatch(buf.host.data(), plan.size, 0, plan.seed);
+  result.bad_offset =
+      nvio::pattern::first_mismatch(buf.host.data(), plan.size, plan.offset, plan.seed);
   result.verified = !result.bad_offset;
 }
 
 OpResult run_writes(nvio::Handle& handle, Buffers& buf, const Plan& plan, Progress& progress) {
   OpResult result{"write", plan.size, {}, std::nullopt, std::nullopt};
-  nvio::pattern::fill(buf.host.data(), plan.size, 0, plan.seed);
+  nvio::pattern::fill(buf.host.data(), plan.size, plan.offset, plan.seed);
   buf.push();
   for (unsigned i = 0; i < plan.loops; ++i) {
     progress.set(fmt::format("write loop {}/{}", i + 1, plan.loops));
-    result.samples.push_back(
-        time_once([&] { handle.write(buf.io(), plan.size, plan.path, 0, buf.write_options()); }));
+    result.samples.push_back(time_once(
+        [&] { handle.write(buf.io(), plan.size, plan.path, plan.offset, buf.write_options()); }));
   }
   return result;
 }
 
 // A read-only run needs a file to read: write the pattern first (untimed) if the run's own file is
-// missing or shorter than --size.
+// missing or shorter than --offset + --size.
 void ensure_readable(nvio::Handle& handle, Buffers& buf, const Plan& plan) {
   if (plan.existing_size) return;  // the user's file: make_plan checked that it is long enough
   auto size = file_size(plan.path);
-  if (size && *size >= plan.size) return;
-  nvio::pattern::fill(buf.host.data(), plan.size, 0, plan.seed);
+  if (size && *size >= plan.end()) return;
+  nvio::pattern::fill(buf.host.data(), plan.size, plan.offset, plan.seed);
   buf.push();
-  handle.write(buf.io(), plan.size, plan.path, 0, buf.write_options());
+  handle.write(buf.io(), plan.size, plan.path, plan.offset, buf.write_options());
 }
 
 OpResult run_reads(nvio::Handle& handle, Buffers& buf, const Plan& plan, Progress& progress) {
@@ -539,8 +727,8 @@ OpResult run_reads(nvio::Handle& handle, Buffers& buf, const Plan& plan, Progres
     // So that a buffered read really reads the device. Best effort: a failure only makes the read
     // look faster, and the read itself reports real errors (missing file, permissions).
     nvio::detail::evict_page_cache(plan.path);
-    result.samples.push_back(
-        time_once([&] { handle.read(buf.io(), plan.size, plan.path, 0, buf.read_options()); }));
+    result.samples.push_back(time_once(
+        [&] { handle.read(buf.io(), plan.size, plan.path, plan.offset, buf.read_options()); }));
     // Every loop's data is checked (untimed); the first failure is the one reported.
     if (plan.verify && result.verified != false) check_pattern(buf, plan, result);
   }
@@ -551,7 +739,7 @@ OpResult run_reads(nvio::Handle& handle, Buffers& buf, const Plan& plan, Progres
 void verify_written(nvio::Handle& handle, const Plan& plan, OpResult& result) {
   Buffers back(plan);
   nvio::detail::evict_page_cache(plan.path);
-  handle.read(back.io(), plan.size, plan.path, 0, back.read_options());
+  handle.read(back.io(), plan.size, plan.path, plan.offset, back.read_options());
   check_pattern(back, plan, result);
 }
 
@@ -594,30 +782,355 @@ std::vector<OpResult> run_ops(nvio::Handle& handle, const Plan& plan) {
   return results;
 }
 
+// ---- random I/O ---------------------------------------------------------------------------------
+
+// Uniform block-aligned offsets below file_size, like fio's randread with norandommap: a
+// splitmix64 stream, scaled to the block count by a 128-bit multiply (no modulo bias worth
+// naming). Not thread-safe; one per loop.
+class BlockPicker {
+ public:
+  BlockPicker(std::uint64_t seed, std::uint64_t file_size, std::size_t block)
+      : state_(seed), blocks_(file_size / block), block_(block) {}
+  std::uint64_t next() {
+    state_ += 0x9e3779b97f4a7c15ULL;
+    std::uint64_t z = state_;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    z ^= z >> 31;
+    const auto index =
+        static_cast<std::uint64_t>((static_cast<unsigned __int128>(z) * blocks_) >> 64);
+    return index * block_;
+  }
+
+ private:
+  std::uint64_t state_;
+  std::uint64_t blocks_;
+  std::size_t block_;
+};
+
+// The submissions in flight, oldest first. Completions are collected through wait_one() only, so
+// that a way to collect whichever finishes first replaces one function. Owns no buffers; not
+// thread-safe.
+class InFlight {
+ public:
+  explicit InFlight(std::size_t capacity) : ring_(capacity) {}
+  void push(std::size_t group, nvio::Ticket ticket) {
+    ring_[(head_ + size_) % ring_.size()] = {group, ticket};
+    ++size_;
+  }
+  bool empty() const { return size_ == 0; }
+  // Waits until a submission has completed and returns its group; throws the operation's error.
+  std::size_t wait_one(nvio::Handle& handle) {
+    const Entry e = ring_[head_];
+    head_ = (head_ + 1) % ring_.size();
+    --size_;
+    handle.wait(e.ticket);
+    return e.group;
+  }
+
+ private:
+  struct Entry {
+    std::size_t group = 0;
+    nvio::Ticket ticket = 0;
+  };
+  std::vector<Entry> ring_;
+  std::size_t head_ = 0;
+  std::size_t size_ = 0;
+};
+
+// Waits for every operation of the handle on every way out of a random loop (an I/O error raised
+// by one wait leaves the others in flight), so that none outlives the buffers and the descriptor
+// declared before it. Errors here are dropped: the first one is already on its way out.
+class DrainOnExit {
+ public:
+  explicit DrainOnExit(nvio::Handle& handle) : handle_(handle) {}
+  ~DrainOnExit() {
+    try {
+      handle_.wait();
+    } catch (...) {  // NOLINT(bugprone-empty-catch): see the class comment
+    }
+  }
+  DrainOnExit(const DrainOnExit&) = delete;
+  DrainOnExit& operator=(const DrainOnExit&) = delete;
+
+ private:
+  nvio::Handle& handle_;
+};
+
+// The file opened once for a random run, O_DIRECT where the options allow and the file system
+// supports it, and handed to the handle by descriptor; read-only for a read-only run of an existing
+// file (which may not be writable).
+nvio::detail::FileDescriptor open_for_random(const Plan& plan) {
+  const int access = plan.existing_size && plan.op == Op::Read ? O_RDONLY : O_RDWR | O_CREAT;
+  if (plan.options.values.direct != nvio::DirectIo::Off) {
+    const int fd = nvio::detail::open_file(plan.path, access | O_DIRECT);
+    if (fd >= 0) return nvio::detail::FileDescriptor(fd);
+    if (fd != -EINVAL || plan.options.values.direct == nvio::DirectIo::On) {
+      nvio::throw_io_error(nvio::IoOp::Open, plan.path, 0, 0, -fd);
+    }
+  }
+  const int fd = nvio::detail::open_file(plan.path, access);
+  if (fd < 0) nvio::throw_io_error(nvio::IoOp::Open, plan.path, 0, 0, -fd);
+  return nvio::detail::FileDescriptor(fd);
+}
+
+// Untimed chunks of the pattern: written over, or read back and checked against, [0, end).
+constexpr std::size_t kLayoutChunk = std::size_t{8} << 20;
+
+void lay_out(nvio::Handle& handle, int fd, const Plan& plan) {
+  nvio::AlignedBuffer chunk(std::min<std::uint64_t>(kLayoutChunk, plan.end()));
+  for (std::uint64_t at = 0; at < plan.end(); at += chunk.size()) {
+    const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(chunk.size(), plan.end() - at));
+    nvio::pattern::fill(chunk.data(), n, at, plan.seed);
+    handle.write(chunk.data(), n, fd, at, {.memory = nvio::MemoryKind::Host});
+  }
+}
+
+void check_file(nvio::Handle& handle, int fd, const Plan& plan, OpResult& result) {
+  nvio::AlignedBuffer chunk(std::min<std::uint64_t>(kLayoutChunk, plan.end()));
+  for (std::uint64_t at = 0; at < plan.end(); at += chunk.size()) {
+    const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(chunk.size(), plan.end() - at));
+    handle.read(chunk.data(), n, fd, at, {.memory = nvio::MemoryKind::Host});
+    result.bad_offset = nvio::pattern::first_mismatch(chunk.data(), n, at, plan.seed);
+    if (result.bad_offset) break;
+  }
+  result.verified = !result.bad_offset;
+}
+
+// The p-quantile (nearest rank) of `v`, in microseconds; reorders v.
+double percentile_us(std::vector<std::uint32_t>& v, std::size_t n, double p) {
+  if (n == 0) return 0;
+  auto rank = static_cast<std::size_t>(std::ceil(p * static_cast<double>(n)));
+  rank = std::clamp<std::size_t>(rank, 1, n) - 1;
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(rank),
+                   v.begin() + static_cast<std::ptrdiff_t>(n));
+  return v[rank] / 1e3;
+}
+
+// Everything a random loop uses, allocated before the timed part: one buffer slot of --size bytes
+// per operation in flight, the extents of each group (a group is the `batch` operations submitted
+// together), the offsets in flight (for --verify) and one latency per operation.
+struct RandomState {
+  RandomState(const Plan& plan, int fd)
+      : slots(std::size_t{plan.random.outstanding} * plan.size),
+        groups(plan.random.outstanding / plan.random.batch),
+        reads(plan.random.outstanding),
+        writes(plan.random.outstanding),
+        offsets(plan.random.outstanding),
+        latency_ns(plan.random.capacity),
+        inflight(plan.random.outstanding / plan.random.batch) {
+    for (unsigned i = 0; i < plan.random.outstanding; ++i) {
+      reads[i].buf = slot(i, plan);
+      reads[i].length = plan.size;
+      reads[i].fd = fd;
+      writes[i].buf = slot(i, plan);
+      writes[i].length = plan.size;
+      writes[i].fd = fd;
+    }
+    // Without --verify a write stores what its slot holds: the pattern of offset 0 from here.
+    for (unsigned i = 0; i < plan.random.outstanding; ++i) {
+      nvio::pattern::fill(slot(i, plan), plan.size, 0, plan.seed);
+    }
+  }
+  std::byte* slot(std::size_t i, const Plan& plan) const { return slots.bytes() + i * plan.size; }
+
+  struct Group {
+    std::size_t count = 0;  // operations in it this time (the last may be short of --batch)
+    Clock::time_point submitted;
+  };
+  nvio::AlignedBuffer slots;
+  std::vector<Group> groups;
+  std::vector<nvio::ReadExtent> reads;
+  std::vector<nvio::WriteExtent> writes;
+  std::vector<std::uint64_t> offsets;
+  std::vector<std::uint32_t> latency_ns;  // saturates at 4.29 s
+  InFlight inflight;
+};
+
+// One timed loop of random reads or writes (Op::Read or Op::Write); `loop` varies the offsets.
+Sample random_loop(nvio::Handle& handle, int fd, RandomState& st, const Plan& plan, Op op,
+                   unsigned loop, OpResult& result) {
+  const RandomPlan& rp = plan.random;
+  const bool read = op == Op::Read;
+  BlockPicker picker(
+      plan.seed ^ (std::uint64_t{loop} << 1 | (read ? 1 : 0)) * 0x2545f4914f6cdd1dULL, rp.file_size,
+      plan.size);
+  const nvio::ReadOptions read_options{.memory = nvio::MemoryKind::Host};
+  const nvio::WriteOptions write_options{.memory = nvio::MemoryKind::Host};
+  std::uint64_t submitted = 0;
+  std::uint64_t done = 0;
+  Clock::time_point deadline = Clock::time_point::max();
+
+  // Submits group g's next operations, unless the loop is over; returns whether it did.
+  auto submit = [&](std::size_t g, Clock::time_point now) {
+    if (submitted >= rp.capacity || now >= deadline) return false;
+    const std::size_t first = g * rp.batch;
+    const auto count =
+        static_cast<std::size_t>(std::min<std::uint64_t>(rp.batch, rp.capacity - submitted));
+    for (std::size_t k = first; k < first + count; ++k) {
+      const std::uint64_t offset = picker.next();
+      st.offsets[k] = offset;
+      st.reads[k].offset = offset;
+      st.writes[k].offset = offset;
+      if (!plan.verify) continue;
+      if (read) {
+        std::memset(st.slot(k, plan), 0xA5, plan.size);  // a read that moved nothing must fail
+      } else {
+        nvio::pattern::fill(st.slot(k, plan), plan.size, offset, plan.seed);
+      }
+    }
+    st.groups[g] = {count, Clock::now()};
+    nvio::Ticket ticket = 0;
+    if (rp.batch == 1) {
+      ticket = read ? handle.submit_read(st.reads[first].buf, plan.size, fd, st.offsets[first],
+                                         read_options)
+                    : handle.submit_write(st.writes[first].buf, plan.size, fd, st.offsets[first],
+                                          write_options);
+    } else if (read) {
+      ticket = handle.submit_read_batch(std::span(st.reads).subspan(first, count), read_options);
+    } else {
+      ticket = handle.submit_write_batch(std::span(st.writes).subspan(first, count), write_options);
+    }
+    st.inflight.push(g, ticket);
+    submitted += count;
+    return true;
+  };
+
+  Sample sample;
+  const double cpu0 = nvio::detail::process_cpu_seconds();
+  const Clock::time_point t0 = Clock::now();
+  if (rp.duration) {
+    deadline = t0 + std::chrono::duration_cast<Clock::duration>(
+                        std::chrono::duration<double>(*rp.duration));
+  }
+  Clock::time_point now = t0;
+  std::size_t started = 0;
+  while (started < st.groups.size() && submit(started, t0)) ++started;
+  while (!st.inflight.empty()) {
+    const std::size_t g = st.inflight.wait_one(handle);
+    now = Clock::now();
+    const RandomState::Group& group = st.groups[g];
+    const auto ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(now - group.submitted).count();
+    const auto latency = static_cast<std::uint32_t>(
+        std::min<std::int64_t>(ns, std::numeric_limits<std::uint32_t>::max()));
+    const std::size_t first = g * rp.batch;
+    for (std::size_t k = first; k < first + group.count; ++k) {
+      st.latency_ns[done++] = latency;
+      if (plan.verify && read && result.verified != false) {
+        result.bad_offset =
+            nvio::pattern::first_mismatch(st.slot(k, plan), plan.size, st.offsets[k], plan.seed);
+        if (result.bad_offset) result.verified = false;
+      }
+    }
+    submit(g, now);
+  }
+  sample.seconds = std::chrono::duration<double>(now - t0).count();
+  sample.cpu_seconds = nvio::detail::process_cpu_seconds() - cpu0;
+  sample.ops = done;
+  sample.p50_us = percentile_us(st.latency_ns, done, 0.50);
+  sample.p99_us = percentile_us(st.latency_ns, done, 0.99);
+  sample.p999_us = percentile_us(st.latency_ns, done, 0.999);
+  return sample;
+}
+
+OpResult random_op(nvio::Handle& handle, int fd, RandomState& st, const Plan& plan, Op op,
+                   Progress& progress) {
+  const bool read = op == Op::Read;
+  OpResult result{read ? "read" : "write", plan.size, {}, std::nullopt, std::nullopt};
+  for (unsigned i = 0; i < plan.loops; ++i) {
+    progress.set(fmt::format("random {} loop {}/{}", result.op, i + 1, plan.loops));
+    // So that buffered reads (direct off) really read the device; best effort, as for sequential.
+    if (read) nvio::detail::evict_page_cache(plan.path);
+    result.samples.push_back(random_loop(handle, fd, st, plan, op, i, result));
+  }
+  if (plan.verify && read && result.verified != false) result.verified = true;
+  return result;
+}
+
+// The random counterpart of run_ops: the file is opened once and laid out with the pattern when it
+// is shorter than --file-size (and, for --verify of writes, always, so that every block read back
+// holds the pattern); a write-only --verify reads the whole file back afterwards (untimed).
+std::vector<OpResult> run_random(nvio::Handle& handle, const Plan& plan) {
+  const nvio::detail::FileDescriptor file = open_for_random(plan);
+  RandomState state(plan, file.get());
+  const DrainOnExit drain(handle);
+  Progress progress(::isatty(STDERR_FILENO) == 1);
+  const auto size = file_size(plan.path);
+  if (!size || *size < plan.end() || (plan.verify && plan.op != Op::Read)) {
+    progress.set("laying out the file");
+    lay_out(handle, file.get(), plan);
+  }
+  std::vector<OpResult> results;
+  if (plan.op != Op::Read) {
+    results.push_back(random_op(handle, file.get(), state, plan, Op::Write, progress));
+  }
+  if (plan.op != Op::Write) {
+    results.push_back(random_op(handle, file.get(), state, plan, Op::Read, progress));
+  }
+  if (!plan.verify) return results;
+  if (plan.op == Op::Write) {
+    check_file(handle, file.get(), plan, results[0]);
+  } else if (plan.op == Op::Both) {
+    results[0].verified = results[1].verified;  // the reads checked what the writes stored
+  }
+  return results;
+}
+
 // ---- output -------------------------------------------------------------------------------------
 
-nlohmann::json result_json(const OpResult& r, const nvio::Handle& handle) {
+// A random result's own keys: the medians over loops of the operations, the rates and the latency
+// percentiles, and each loop's figures.
+void add_random_json(nlohmann::json& j, const OpResult& r) {
+  nlohmann::json ops = nlohmann::json::array();
+  nlohmann::json iops = nlohmann::json::array();
+  nlohmann::json latency = nlohmann::json::array();
+  for (const Sample& s : r.samples) {
+    ops.push_back(s.ops);
+    iops.push_back(static_cast<double>(s.ops) / s.seconds);
+    latency.push_back({s.p50_us, s.p99_us, s.p999_us});
+  }
+  const double median_ops = median_of(r, [](const Sample& s) { return s.ops; });
+  j["block_bytes"] = r.bytes;
+  j["bytes"] = static_cast<std::uint64_t>(std::llround(median_ops)) * r.bytes;
+  j["ops"] = std::llround(median_ops);
+  j["ops_all"] = ops;
+  j["iops"] = median_of(r, [](const Sample& s) { return static_cast<double>(s.ops) / s.seconds; });
+  j["iops_all"] = iops;
+  j["gb_per_s"] = median_of(r, [&](const Sample& s) { return loop_bytes(r, s) / s.seconds / 1e9; });
+  j["gib_per_s"] =
+      median_of(r, [&](const Sample& s) { return loop_bytes(r, s) / s.seconds / (1 << 30); });
+  j["lat_p50_us"] = median_of(r, [](const Sample& s) { return s.p50_us; });
+  j["lat_p99_us"] = median_of(r, [](const Sample& s) { return s.p99_us; });
+  j["lat_p999_us"] = median_of(r, [](const Sample& s) { return s.p999_us; });
+  j["lat_us_all"] = latency;
+}
+
+nlohmann::json result_json(const OpResult& r, const nvio::Handle& handle, const Plan& plan) {
   double seconds = median_seconds(r);
   double bytes = static_cast<double>(r.bytes);
   nlohmann::json all = nlohmann::json::array();
   for (const Sample& s : r.samples) all.push_back(s.seconds);
-  return {{"op", r.op},
-          {"engine", nvio::to_string(handle.engine())},
-          {"bytes", r.bytes},
-          {"seconds", seconds},
-          {"gb_per_s", seconds > 0 ? bytes / seconds / 1e9 : 0.0},
-          {"gib_per_s", seconds > 0 ? bytes / seconds / (1024.0 * 1024 * 1024) : 0.0},
-          {"cpu_s_per_gb", median_cpu_s_per_gb(r)},
-          {"verified", r.verified ? nlohmann::json(*r.verified) : nlohmann::json(nullptr)},
-          {"loops", r.samples.size()},
-          {"seconds_all", all}};
+  nlohmann::json j = {
+      {"op", r.op},
+      {"engine", nvio::to_string(handle.engine())},
+      {"bytes", r.bytes},
+      {"seconds", seconds},
+      {"gb_per_s", seconds > 0 ? bytes / seconds / 1e9 : 0.0},
+      {"gib_per_s", seconds > 0 ? bytes / seconds / (1024.0 * 1024 * 1024) : 0.0},
+      {"cpu_s_per_gb", median_cpu_s_per_gb(r)},
+      {"verified", r.verified ? nlohmann::json(*r.verified) : nlohmann::json(nullptr)},
+      {"loops", r.samples.size()},
+      {"seconds_all", all}};
+  if (plan.pattern == Pattern::Random) add_random_json(j, r);
+  return j;
 }
 
 void print_json(const std::vector<OpResult>& results, const nvio::Handle& handle,
                 const Plan& plan) {
   nlohmann::json out;
   out["results"] = nlohmann::json::array();
-  for (const OpResult& r : results) out["results"].push_back(result_json(r, handle));
+  for (const OpResult& r : results) out["results"].push_back(result_json(r, handle, plan));
   out["options"] = options_to_json(handle.options());
   out["engine"] = nvio::to_string(handle.engine());
   out["engine_reason"] = handle.engine_reason();
@@ -625,6 +1138,17 @@ void print_json(const std::vector<OpResult>& results, const nvio::Handle& handle
   out["config"] = config_to_json(plan.options);
   out["file"] = plan.path;
   out["size"] = plan.size;
+  out["pattern"] = plan.pattern == Pattern::Random ? "random" : "sequential";
+  if (plan.pattern == Pattern::Sequential) {
+    out["offset"] = plan.offset;
+  } else {
+    const RandomPlan& r = plan.random;
+    out["file_size"] = r.file_size;
+    out["ops_limit"] = r.ops ? nlohmann::json(*r.ops) : nlohmann::json(nullptr);
+    out["duration_s"] = r.duration ? nlohmann::json(*r.duration) : nlohmann::json(nullptr);
+    out["outstanding"] = r.outstanding;
+    out["batch"] = r.batch;
+  }
   out["memory"] = memory_name(plan);
   if (plan.memory != Plan::Memory::Host) {
     const nvio::GpuInfo& gpu = nvio::gpu_info();
@@ -637,11 +1161,44 @@ void print_json(const std::vector<OpResult>& results, const nvio::Handle& handle
   fmt::print("{}\n", out.dump(2));
 }
 
+void print_random_rows(const std::vector<OpResult>& results, const nvio::Handle& handle,
+                       const Plan& plan) {
+  fmt::print(
+      "GB/s = 1e9 bytes/s; latency = submission to completion seen, oldest first, in us{}; all "
+      "figures are medians over loops\n\n",
+      plan.random.batch > 1 ? " (each operation of a batch gets the batch's)" : "");
+  fmt::print("{:<6} {:>10} {:>8} {:>10} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9}\n", "op", "ops",
+             "seconds", "IOPS", "GB/s", "p50 us", "p99 us", "p99.9 us", "CPU s/GB", "verified");
+  for (const OpResult& r : results) {
+    nlohmann::json j = result_json(r, handle, plan);
+    std::string verified = r.verified ? (*r.verified ? "yes" : "NO") : "-";
+    fmt::print(
+        "{:<6} {:>10} {:>8.3f} {:>10.0f} {:>8.3f} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.4f} {:>9}\n",
+        r.op, j["ops"].get<std::int64_t>(), j["seconds"].get<double>(), j["iops"].get<double>(),
+        j["gb_per_s"].get<double>(), j["lat_p50_us"].get<double>(), j["lat_p99_us"].get<double>(),
+        j["lat_p999_us"].get<double>(), j["cpu_s_per_gb"].get<double>(), verified);
+  }
+}
+
 void print_table(const std::vector<OpResult>& results, const nvio::Handle& handle,
                  const Plan& plan) {
   const nvio::Options& o = handle.options();
-  fmt::print("nvio bench: {} ({} bytes), {} loop(s), file {}\n", human_bytes(plan.size), plan.size,
-             plan.loops, plan.path);
+  if (plan.pattern == Pattern::Random) {
+    const RandomPlan& r = plan.random;
+    const std::string until = r.ops && r.duration
+                                  ? fmt::format("{} ops or {} s", *r.ops, *r.duration)
+                              : r.ops ? fmt::format("{} ops", *r.ops)
+                                      : fmt::format("{} s", *r.duration);
+    fmt::print(
+        "nvio bench: random {} ({} bytes) blocks over {} of file {}, {} in flight, {} per "
+        "submission, {} loop(s) of {}\n",
+        human_bytes(plan.size), plan.size, human_bytes(r.file_size), plan.path, r.outstanding,
+        r.batch, plan.loops, until);
+  } else {
+    fmt::print("nvio bench: {} ({} bytes){}, {} loop(s), file {}\n", human_bytes(plan.size),
+               plan.size, plan.offset ? fmt::format(" at offset {}", plan.offset) : "", plan.loops,
+               plan.path);
+  }
   // The engine in use (never auto) and why, then every other option as resolved.
   std::string settings;
   for (const nvio::OptionSpec& spec : nvio::option_specs()) {
@@ -665,11 +1222,15 @@ void print_table(const std::vector<OpResult>& results, const nvio::Handle& handl
                gpu.devices.at(static_cast<std::size_t>(plan.device)).name,
                nvio::to_string(gpu.gds_mode), gpu.gds_reason);
   }
+  if (plan.pattern == Pattern::Random) {
+    print_random_rows(results, handle, plan);
+    return;
+  }
   fmt::print("GB/s = 1e9 bytes/s, GiB/s = 2^30 bytes/s; seconds and CPU s/GB are medians\n\n");
   fmt::print("{:<6} {:>14} {:>10} {:>9} {:>9} {:>10} {:>9}\n", "op", "bytes", "seconds", "GB/s",
              "GiB/s", "CPU s/GB", "verified");
   for (const OpResult& r : results) {
-    nlohmann::json j = result_json(r, handle);
+    nlohmann::json j = result_json(r, handle, plan);
     std::string verified = r.verified ? (*r.verified ? "yes" : "NO") : "-";
     fmt::print("{:<6} {:>14} {:>10.4f} {:>9.3f} {:>9.3f} {:>10.4f} {:>9}\n", r.op, r.bytes,
                j["seconds"].get<double>(), j["gb_per_s"].get<double>(),
@@ -707,7 +1268,8 @@ int run_bench(const BenchArgs& args) {
   }
   FileCleanup cleanup(plan.path, !plan.keep && (plan.scratch || !plan.existing_size));
 
-  std::vector<OpResult> results = run_ops(handle, plan);
+  std::vector<OpResult> results =
+      plan.pattern == Pattern::Random ? run_random(handle, plan) : run_ops(handle, plan);
   if (plan.json) {
     print_json(results, handle, plan);
   } else {

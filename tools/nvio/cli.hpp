@@ -34,8 +34,16 @@ class UsageError : public std::runtime_error {
 struct BenchArgs {
   std::optional<std::string> dir;
   std::optional<std::string> file;
-  std::string size = "1G";
-  std::optional<std::string> op;  // unset: both, but an existing --file then is not overwritten
+  std::optional<std::string> size;  // unset: 1G for --pattern sequential, 4K for random
+  std::optional<std::string> op;    // unset: both, but an existing --file then is not overwritten
+  std::string pattern = "sequential";
+  std::optional<std::string> offset;  // sequential: the file offset the transfer starts at
+  // --pattern random only: the file's size, when to stop, operations in flight and per submission.
+  std::optional<std::string> file_size;
+  std::optional<std::string> ops;
+  std::optional<std::string> duration;
+  std::optional<std::string> outstanding;
+  std::optional<std::string> batch;
   std::string loops = "3";
   std::optional<std::string> seed;
   // Handle options given on the command line, keyed by option name (one flag per row of the option

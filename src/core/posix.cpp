@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <linux/fs.h>
 #include <linux/stat.h>
+#include <pthread.h>
 #include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -10,6 +11,7 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 
 #include "core/retry.hpp"
@@ -123,6 +125,21 @@ int file_facts(int fd, FileFacts& facts) {
     facts.direct_io.source = "statx";
   }
   return 0;
+}
+
+namespace {
+
+std::atomic<pid_t> g_pid{0};
+
+}  // namespace
+
+pid_t current_pid() noexcept {
+  static const bool cached = [] {
+    g_pid.store(::getpid(), std::memory_order_relaxed);
+    return ::pthread_atfork(nullptr, nullptr,
+                            [] { g_pid.store(::getpid(), std::memory_order_relaxed); }) == 0;
+  }();
+  return cached ? g_pid.load(std::memory_order_relaxed) : ::getpid();
 }
 
 int evict_page_cache(const std::string& path, std::uint64_t offset, std::uint64_t length) noexcept {

@@ -5,6 +5,8 @@
 // was working on.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <string>
 
@@ -70,6 +72,12 @@ int path_facts(const std::string& path, FileFacts& facts) noexcept;
 // drive. Returns 0, or -errno.
 int evict_page_cache(const std::string& path, std::uint64_t offset = 0,
                      std::uint64_t length = 0) noexcept;
+
+// getpid() without a system call each time (a syscall costs about a microsecond in a VM, and the
+// handle asks on every call to tell a forked child): cached, and refreshed in a child by a
+// pthread_atfork handler. A child made without running the fork handlers (a raw clone) sees its
+// parent's pid, as it would see the parent's whole state. Thread-safe.
+pid_t current_pid() noexcept;
 
 // The CPU time of this process, user and system, in seconds: all its threads (the handle's
 // workers included).

@@ -509,12 +509,12 @@ void install_fork_handlers() {
 }  // namespace
 
 Handle::Impl& Handle::impl() const {
-  if (owner_pid_.load(std::memory_order_acquire) == ::getpid()) return *impl_;
+  if (owner_pid_.load(std::memory_order_acquire) == detail::current_pid()) return *impl_;
   return renew_after_fork();
 }
 
 Handle::Impl& Handle::renew_after_fork() const {
-  const pid_t pid = ::getpid();
+  const pid_t pid = detail::current_pid();
   Options options;
   {
     std::lock_guard lock(g_fork_mutex);
@@ -540,13 +540,13 @@ Handle::Impl& Handle::renew_after_fork() const {
 
 Handle::Handle() : Handle(resolve_options().values) {}
 Handle::Handle(const Options& options)
-    : impl_(std::make_unique<Impl>(options)), owner_pid_(::getpid()) {
+    : impl_(std::make_unique<Impl>(options)), owner_pid_(detail::current_pid()) {
   install_fork_handlers();
 }
 
 Handle::~Handle() {
   // In a forked child that never used the handle, the state is the parent's (see impl()).
-  if (owner_pid_.load(std::memory_order_acquire) != ::getpid()) (void)impl_.release();
+  if (owner_pid_.load(std::memory_order_acquire) != detail::current_pid()) (void)impl_.release();
 }
 
 namespace {

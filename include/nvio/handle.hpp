@@ -35,6 +35,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <span>
 #include <string>
@@ -63,6 +64,12 @@ struct WriteOptions {
 
 // Identifies one asynchronous operation (or batch) of one handle. 0 is never a valid ticket.
 using Ticket = std::uint64_t;
+
+// A finished asynchronous operation, as wait_some collects it: its failure, or null.
+struct Completion {
+  Ticket ticket = 0;
+  std::exception_ptr error;
+};
 
 // One extent of a batch: `length` bytes of `buf` at `offset` of the file named by `path`, or,
 // when `path` is empty, of the open descriptor `fd` (which nvio does not close).
@@ -138,6 +145,12 @@ class Handle {
   // Waits for every outstanding asynchronous operation and returns how many completed (0 when
   // none). If any failed, all are still waited for, then the first failure is thrown.
   std::size_t wait();
+  // Completions in bulk, in the order the operations finished: waits until at least `min_count`
+  // of the outstanding asynchronous operations have finished (or until none that could is left:
+  // fewer when fewer are outstanding), collects those finished, at most out.size(), into `out`
+  // and returns how many. Failures are not thrown: each is in its Completion. A collected ticket
+  // is gone, as after wait(ticket). min_count 0 collects what has finished without waiting.
+  std::size_t wait_some(std::span<Completion> out, std::size_t min_count = 1);
   // Operations submitted and not yet collected by a wait.
   std::size_t pending() const;
 

@@ -86,6 +86,8 @@ using engine::Direction;
 // Immutable once made; each operation's outcome is guarded by its own mutex.
 struct Job {
   std::vector<OperationPtr> ops;
+  Ticket ticket = 0;                       // 0 for a blocking call's
+  std::atomic<std::size_t> unfinished{0};  // operations not finished yet (asynchronous jobs)
 
   void wait() const {
     for (const OperationPtr& op : ops) detail::OperationQueue::wait_finished(*op);
@@ -115,7 +117,7 @@ JobPtr single(OperationPtr op) {
 
 }  // namespace
 
-struct Handle::Impl {
+struct Handle::Impl final : detail::FinishListener {
   explicit Impl(const Options& opts);
   ~Impl();
 
@@ -136,6 +138,8 @@ struct Handle::Impl {
   // `collecting` until the wait calls end_collect.
   JobPtr find_ticket(Ticket ticket, bool collect);
   void end_collect(const std::vector<JobPtr>& jobs);
+  // A job's last operation finished: its ticket joins `finished` for wait_some.
+  void operation_finished(const detail::Operation& op) noexcept override;
 
   Options options;
   EngineKind engine_kind;
@@ -150,6 +154,11 @@ struct Handle::Impl {
   // wait for them (see the rule in handle.hpp). Guarded by tickets_mutex.
   std::map<const Job*, JobPtr> collecting;
   Ticket next_ticket = 1;
+  // Tickets whose job finished, in the order they did, for wait_some; entries that another wait
+  // collected meanwhile are skipped (and pruned). Guarded by tickets_mutex; finished_cv is
+  // notified when one is added.
+  std::vector<Ticket> finished;
+  std::condition_variable finished_cv;
 
   std::vector<std::thread> workers;
 };
@@ -465,13 +474,38 @@ void Handle::Impl::run_blocking(const JobPtr& job) {
 
 Ticket Handle::Impl::register_async(const JobPtr& job) {
   Ticket t;
+  job->unfinished.store(job->ops.size(), std::memory_order_relaxed);
+  for (const OperationPtr& op : job->ops) {
+    op->listener = this;
+    op->job = job.get();
+  }
   {
     std::lock_guard lock(tickets_mutex);
     t = next_ticket++;
+    job->ticket = t;
     tickets.emplace(t, job);
+    // Room for every ticket to finish without `finished` growing in operation_finished, which
+    // must not throw: below 2 * tickets + 64 entries it is not pruned, then it holds at most the
+    // live tickets.
+    const std::size_t room = 2 * tickets.size() + 65;
+    if (finished.capacity() < room) finished.reserve(std::max(room, 2 * finished.capacity()));
   }
   for (const OperationPtr& op : job->ops) queue.push(op);
   return t;
+}
+
+void Handle::Impl::operation_finished(const detail::Operation& op) noexcept {
+  auto* job = static_cast<Job*>(op.job);
+  if (job->unfinished.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  {
+    std::lock_guard lock(tickets_mutex);
+    if (finished.size() >= 2 * tickets.size() + 64) {
+      // Mostly tickets that wait() or wait(ticket) collected: drop those.
+      std::erase_if(finished, [&](Ticket t) { return !tickets.contains(t); });
+    }
+    finished.push_back(job->ticket);  // within the capacity register_async reserved
+  }
+  finished_cv.notify_all();
 }
 
 JobPtr Handle::Impl::find_ticket(Ticket ticket, bool collect) {
@@ -650,6 +684,38 @@ void Handle::wait(Ticket ticket) {
   job->wait();
   s.end_collect({job});
   if (std::exception_ptr e = job->error()) std::rethrow_exception(e);
+}
+
+std::size_t Handle::wait_some(std::span<Completion> out, std::size_t min_count) {
+  Impl& s = impl();
+  std::vector<JobPtr> mine;
+  {
+    std::unique_lock lock(s.tickets_mutex);
+    for (;;) {
+      // The entries looked at are removed before the lock is let go (operation_finished prunes
+      // the list, which would move them).
+      std::size_t next = 0;
+      for (; next < s.finished.size() && mine.size() < out.size(); ++next) {
+        auto it = s.tickets.find(s.finished[next]);
+        if (it == s.tickets.end()) continue;  // collected by another wait
+        s.collecting.emplace(it->second.get(), it->second);
+        mine.push_back(std::move(it->second));
+        s.tickets.erase(it);
+      }
+      s.finished.erase(s.finished.begin(), s.finished.begin() + static_cast<std::ptrdiff_t>(next));
+      // Fewer than asked for can only come when no more are outstanding.
+      const std::size_t want = std::min({min_count, out.size(), mine.size() + s.tickets.size()});
+      if (mine.size() >= want) break;
+      s.finished_cv.wait(lock);
+    }
+  }
+  // Their last operation is finishing (its listener ran): wait() covers the last few steps.
+  for (std::size_t i = 0; i < mine.size(); ++i) {
+    mine[i]->wait();
+    out[i] = Completion{mine[i]->ticket, mine[i]->error()};
+  }
+  s.end_collect(mine);
+  return mine.size();
 }
 
 bool Handle::done(Ticket ticket) const { return impl().find_ticket(ticket, false)->done(); }

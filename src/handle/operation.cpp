@@ -129,6 +129,12 @@ void OperationQueue::finish_piece(Operation& op, std::size_t count) {
     op.cufile = cuda::CuFileHandle();  // deregistered before its descriptor closes
     op.file.reset();
     op.batch.reset();
+  }
+  // Before `finished`: a wait that collects the ticket (and may drop the listener's record of it)
+  // waits for `finished`, so the listener's record is alive during the call.
+  if (op.listener != nullptr) op.listener->operation_finished(op);
+  {
+    std::lock_guard lock(op.mutex);
     op.finished = true;
   }
   op.finished_cv.notify_all();

@@ -53,6 +53,19 @@ struct BatchFinish {
   std::vector<std::shared_ptr<OpenFile>> files;  // distinct files, kept open until synced
 };
 
+struct Operation;
+
+// Told when an operation finishes (after its finishing steps, before its waiters wake), for the
+// handle's wait_some. Called on the thread that finished it (a worker, or a submitter whose
+// operation never started); must not throw or block for long.
+class FinishListener {
+ public:
+  virtual void operation_finished(const Operation& op) noexcept = 0;
+
+ protected:
+  ~FinishListener() = default;
+};
+
 // One read or write request. The submitting thread fills in everything above `next_piece` before
 // the operation is queued; afterwards those fields are read-only. `next_piece` is guarded by the
 // queue's mutex; the outcome fields by `mutex`.
@@ -78,6 +91,10 @@ struct Operation {
   std::uint32_t mem_align = 1;
   Plan plan;
   std::size_t piece_count = 0;
+  // Asynchronous operations: told when this one finishes, with `job` (the listener's own record
+  // of the ticket it belongs to, which outlives the call).
+  FinishListener* listener = nullptr;
+  void* job = nullptr;
 
   std::size_t next_piece = 0;
 

@@ -5,7 +5,10 @@
 
 #include <atomic>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <set>
+#include <thread>
 #include <vector>
 
 #include "engine/engine.hpp"
@@ -217,6 +220,89 @@ TEST_P(Batch, AFailingExtentFailsTheBatchNamingIt) {
   // The extents before the bad one were read in full.
   EXPECT_TRUE(buffer_has_pattern(bufs[0].data(), MiB, 0, 23));
   EXPECT_TRUE(buffer_has_pattern(bufs[1].data(), MiB, MiB, 23));
+}
+
+// wait_some: every ticket is collected exactly once, in bulk, with its own failure and without
+// a throw; the others' bytes are right. Operations of very different sizes, so that completions
+// come out of submission order.
+TEST_P(Batch, WaitSomeCollectsEachCompletionOnceWithItsOwnFailure) {
+  ScopedEngineFactory factory([](nvio::EngineKind k, unsigned qd) {
+    return std::unique_ptr<nvio::engine::Engine>(
+        new FailingRangeEngine(nvio::engine::make_backend_engine(k, qd)));
+  });
+  nvio::Handle h(options());
+  write_pattern_file(file("src"), 4 * MiB, 29);
+  struct Read {
+    std::uint64_t offset;
+    std::size_t length;
+  };
+  std::vector<Read> plan;
+  for (std::uint64_t off = 0; off + MiB <= 4 * MiB; off += MiB) plan.push_back({off, MiB});
+  for (std::uint64_t off = 7; off < MiB; off += 64 * KiB + 5) plan.push_back({off, 4095});
+  std::vector<std::unique_ptr<GuardedBuffer>> bufs;
+  std::map<nvio::Ticket, std::size_t> index;
+  for (std::size_t i = 0; i < plan.size(); ++i) {
+    bufs.push_back(std::make_unique<GuardedBuffer>(plan[i].length, kAllBufKinds[i % 5]));
+    index[h.submit_read(bufs[i]->data(), plan[i].length, file("src"), plan[i].offset)] = i;
+  }
+  std::vector<nvio::Completion> out(5);
+  std::set<nvio::Ticket> seen;
+  std::size_t failures = 0;
+  run_within(60s, "collecting with wait_some", [&] {
+    while (seen.size() < plan.size()) {
+      const std::size_t n = h.wait_some(out, 2);
+      ASSERT_GE(n, std::min<std::size_t>(2, plan.size() - seen.size()));
+      ASSERT_LE(n, out.size());
+      for (std::size_t k = 0; k < n; ++k) {
+        ASSERT_TRUE(index.contains(out[k].ticket)) << out[k].ticket;
+        ASSERT_TRUE(seen.insert(out[k].ticket).second) << "collected twice: " << out[k].ticket;
+        const Read& r = plan[index[out[k].ticket]];
+        const bool bad = r.offset <= kBadBegin && kBadBegin < r.offset + r.length;
+        if (bad) {
+          ++failures;
+          ASSERT_TRUE(out[k].error);
+          EXPECT_THROW(std::rethrow_exception(out[k].error), nvio::IoError);
+        } else {
+          EXPECT_FALSE(out[k].error) << "read at " << r.offset;
+          EXPECT_TRUE(
+              buffer_has_pattern(bufs[index[out[k].ticket]]->data(), r.length, r.offset, 29));
+        }
+      }
+    }
+  });
+  EXPECT_EQ(failures, 1u) << "the read over the bad range";
+  EXPECT_EQ(h.pending(), 0u);
+  EXPECT_EQ(h.wait_some(out, 1), 0u) << "nothing outstanding: returns at once";
+  EXPECT_EQ(h.wait(), 0u);
+  // A collected ticket is gone.
+  EXPECT_THROW(h.wait(index.begin()->first), nvio::InvalidArgument);
+}
+
+// wait_some beside wait(): two threads collecting the same handle's operations get each ticket
+// exactly once between them, and neither hangs.
+TEST_P(Batch, WaitSomeBesideWaitCollectsEachTicketOnce) {
+  nvio::Handle h(options());
+  write_pattern_file(file("src"), MiB, 31);
+  std::vector<unsigned char> sink(4096 * 64);
+  std::atomic<std::size_t> by_some{0};
+  std::size_t by_wait = 0;
+  std::size_t submitted = 0;
+  run_within(60s, "wait_some beside wait", [&] {
+    for (int round = 0; round < 20; ++round) {
+      for (int i = 0; i < 64; ++i) {
+        h.submit_read(sink.data() + 4096 * i, 4096, file("src"), 4096 * ((round * 7 + i) % 256));
+        ++submitted;
+      }
+      std::thread other([&] {
+        std::vector<nvio::Completion> out(16);
+        for (int k = 0; k < 3; ++k) by_some += h.wait_some(out, 4);
+      });
+      by_wait += h.wait();
+      other.join();
+      by_wait += h.wait();
+    }
+  });
+  EXPECT_EQ(by_some + by_wait, submitted);
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, Batch, NVIO_ALL_ENGINES, EngineParamName());

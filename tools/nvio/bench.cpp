@@ -148,8 +148,8 @@ void add_bench_options(CLI::App& app, BenchArgs& args) {
        "Random: operations per submission (default 1: one submit_read/submit_write by "
        "descriptor each; B > 1: one submit_read_batch/submit_write_batch of B extents, "
        "resubmitted as soon as it completes, and every extent gets its batch's latency). "
-       "Latency is from submission to the completion being seen, collecting the oldest "
-       "submission first"},
+       "Latency is from submission to the completion being seen (Handle::wait_some collects "
+       "whichever finished)"},
   };
   for (const auto& f : optional_flags) {
     app.add_option(f.flag, args.*f.value, f.help)->type_name(f.type);
@@ -808,24 +808,34 @@ class BlockPicker {
   std::size_t block_;
 };
 
-// The submissions in flight, oldest first. Completions are collected through wait_one() only, so
-// that a way to collect whichever finishes first replaces one function. Owns no buffers; not
-// thread-safe.
+// The submissions in flight, and their completions collected in bulk as they finish. Owns no
+// buffers; not thread-safe.
 class InFlight {
  public:
-  explicit InFlight(std::size_t capacity) : ring_(capacity) {}
-  void push(std::size_t group, nvio::Ticket ticket) {
-    ring_[(head_ + size_) % ring_.size()] = {group, ticket};
-    ++size_;
+  explicit InFlight(std::size_t capacity) : completions_(capacity) {
+    entries_.reserve(capacity);
+    groups_.reserve(capacity);
   }
-  bool empty() const { return size_ == 0; }
-  // Waits until a submission has completed and returns its group; throws the operation's error.
-  std::size_t wait_one(nvio::Handle& handle) {
-    const Entry e = ring_[head_];
-    head_ = (head_ + 1) % ring_.size();
-    --size_;
-    handle.wait(e.ticket);
-    return e.group;
+  void push(std::size_t group, nvio::Ticket ticket) { entries_.push_back({group, ticket}); }
+  bool empty() const { return entries_.empty(); }
+  // Waits until at least one submission has completed and returns the groups of all that have,
+  // in the order they finished (Handle::wait_some); throws the first failure among them.
+  const std::vector<std::size_t>& wait_some(nvio::Handle& handle) {
+    groups_.clear();
+    const std::size_t n = handle.wait_some(completions_, 1);
+    std::exception_ptr first;
+    for (std::size_t i = 0; i < n; ++i) {
+      const nvio::Completion& c = completions_[i];
+      // At most `capacity` entries: a linear search costs less than a hash map's allocations.
+      auto it = std::find_if(entries_.begin(), entries_.end(),
+                             [&](const Entry& e) { return e.ticket == c.ticket; });
+      groups_.push_back(it->group);
+      *it = entries_.back();
+      entries_.pop_back();
+      if (c.error && !first) first = c.error;
+    }
+    if (first) std::rethrow_exception(first);
+    return groups_;
   }
 
  private:
@@ -833,9 +843,9 @@ class InFlight {
     std::size_t group = 0;
     nvio::Ticket ticket = 0;
   };
-  std::vector<Entry> ring_;
-  std::size_t head_ = 0;
-  std::size_t size_ = 0;
+  std::vector<Entry> entries_;
+  std::vector<nvio::Completion> completions_;
+  std::vector<std::size_t> groups_;
 };
 
 // Waits for every operation of the handle on every way out of a random loop (an I/O error raised
@@ -1007,23 +1017,25 @@ Sample random_loop(nvio::Handle& handle, int fd, RandomState& st, const Plan& pl
   std::size_t started = 0;
   while (started < st.groups.size() && submit(started, t0)) ++started;
   while (!st.inflight.empty()) {
-    const std::size_t g = st.inflight.wait_one(handle);
+    const std::vector<std::size_t>& finished = st.inflight.wait_some(handle);
     now = Clock::now();
-    const RandomState::Group& group = st.groups[g];
-    const auto ns =
-        std::chrono::duration_cast<std::chrono::nanoseconds>(now - group.submitted).count();
-    const auto latency = static_cast<std::uint32_t>(
-        std::min<std::int64_t>(ns, std::numeric_limits<std::uint32_t>::max()));
-    const std::size_t first = g * rp.batch;
-    for (std::size_t k = first; k < first + group.count; ++k) {
-      st.latency_ns[done++] = latency;
-      if (plan.verify && read && result.verified != false) {
-        result.bad_offset =
-            nvio::pattern::first_mismatch(st.slot(k, plan), plan.size, st.offsets[k], plan.seed);
-        if (result.bad_offset) result.verified = false;
+    for (const std::size_t g : finished) {
+      const RandomState::Group& group = st.groups[g];
+      const auto ns =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(now - group.submitted).count();
+      const auto latency = static_cast<std::uint32_t>(
+          std::min<std::int64_t>(ns, std::numeric_limits<std::uint32_t>::max()));
+      const std::size_t first = g * rp.batch;
+      for (std::size_t k = first; k < first + group.count; ++k) {
+        st.latency_ns[done++] = latency;
+        if (plan.verify && read && result.verified != false) {
+          result.bad_offset =
+              nvio::pattern::first_mismatch(st.slot(k, plan), plan.size, st.offsets[k], plan.seed);
+          if (result.bad_offset) result.verified = false;
+        }
       }
+      submit(g, now);
     }
-    submit(g, now);
   }
   sample.seconds = std::chrono::duration<double>(now - t0).count();
   sample.cpu_seconds = nvio::detail::process_cpu_seconds() - cpu0;
@@ -1164,7 +1176,7 @@ void print_json(const std::vector<OpResult>& results, const nvio::Handle& handle
 void print_random_rows(const std::vector<OpResult>& results, const nvio::Handle& handle,
                        const Plan& plan) {
   fmt::print(
-      "GB/s = 1e9 bytes/s; latency = submission to completion seen, oldest first, in us{}; all "
+      "GB/s = 1e9 bytes/s; latency = submission to completion seen, in us{}; all "
       "figures are medians over loops\n\n",
       plan.random.batch > 1 ? " (each operation of a batch gets the batch's)" : "");
   fmt::print("{:<6} {:>10} {:>8} {:>10} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9}\n", "op", "ops",

@@ -33,6 +33,7 @@
 #include "core/fork.hpp"
 #include "core/posix.hpp"
 #include "core/retry.hpp"
+#include "core/spin.hpp"
 #include "cuda/cufile.hpp"
 #include "cuda/device_ops.hpp"
 #include "engine/engine.hpp"
@@ -159,6 +160,7 @@ struct Handle::Impl final : detail::FinishListener {
   // notified when one is added.
   std::vector<Ticket> finished;
   std::condition_variable finished_cv;
+  std::atomic<std::uint64_t> finished_count{0};  // jobs finished so far: wait_some polls it
 
   std::vector<std::thread> workers;
 };
@@ -504,6 +506,7 @@ void Handle::Impl::operation_finished(const detail::Operation& op) noexcept {
       std::erase_if(finished, [&](Ticket t) { return !tickets.contains(t); });
     }
     finished.push_back(job->ticket);  // within the capacity register_async reserved
+    finished_count.fetch_add(1, std::memory_order_release);
   }
   finished_cv.notify_all();
 }
@@ -706,7 +709,15 @@ std::size_t Handle::wait_some(std::span<Completion> out, std::size_t min_count) 
       // Fewer than asked for can only come when no more are outstanding.
       const std::size_t want = std::min({min_count, out.size(), mine.size() + s.tickets.size()});
       if (mine.size() >= want) break;
-      s.finished_cv.wait(lock);
+      // Poll before sleeping (core/spin.hpp): a small operation finishes within microseconds.
+      const std::uint64_t seen = s.finished_count.load(std::memory_order_acquire);
+      lock.unlock();
+      const bool more = detail::spin_until(
+          [&] { return s.finished_count.load(std::memory_order_acquire) != seen; });
+      lock.lock();
+      if (!more && s.finished_count.load(std::memory_order_acquire) == seen) {
+        s.finished_cv.wait(lock);
+      }
     }
   }
   // Their last operation is finishing (its listener ran): wait() covers the last few steps.

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include "core/spin.hpp"
+
 namespace nvio::detail {
 
 std::exception_ptr io_error_ptr(IoOp op, const std::string& path, std::uint64_t offset,
@@ -43,6 +45,7 @@ void OperationQueue::push(const OperationPtr& op) {
       idle_armed_ = static_cast<bool>(idle_hook_);
       try {
         queue_.push_back(op);
+        pushes_.fetch_add(1, std::memory_order_release);
       } catch (...) {  // std::bad_alloc
         refused = std::current_exception();
         try {
@@ -71,11 +74,22 @@ void OperationQueue::set_idle_hook(std::function<bool()> hook, std::chrono::mill
 bool OperationQueue::take_piece(OperationPtr& op, Piece& piece, bool bounce_ok, bool wait_for_work,
                                 std::size_t per_op_limit, std::size_t taken_from_op) {
   std::unique_lock lock(mutex_);
+  bool polled = false;
   for (;;) {
     while (!queue_.empty() && queue_.front()->next_piece >= queue_.front()->piece_count) {
       queue_.pop_front();
     }
     if (!queue_.empty() || stopping_ || !wait_for_work) break;
+    if (!polled) {
+      // The next submission often follows within microseconds (a caller waiting for each small
+      // operation before the next): poll for it before sleeping (core/spin.hpp).
+      polled = true;
+      const std::uint64_t seen = pushes_.load(std::memory_order_acquire);
+      lock.unlock();
+      spin_until([&] { return pushes_.load(std::memory_order_acquire) != seen; });
+      lock.lock();
+      continue;
+    }
     if (!idle_armed_) {
       cv_.wait(lock);
     } else if (cv_.wait_for(lock, idle_period_) == std::cv_status::timeout && queue_.empty() &&
@@ -136,6 +150,7 @@ void OperationQueue::finish_piece(Operation& op, std::size_t count) {
   {
     std::lock_guard lock(op.mutex);
     op.finished = true;
+    op.finished_flag.store(true, std::memory_order_release);
   }
   op.finished_cv.notify_all();
   {
@@ -182,6 +197,9 @@ std::exception_ptr OperationQueue::worker_failure() {
 }
 
 void OperationQueue::wait_finished(Operation& op) {
+  // A small operation usually finishes within microseconds: poll before sleeping. The finishing
+  // thread still holds a reference to `op` while it notifies, so returning here is safe.
+  if (spin_until([&] { return op.finished_flag.load(std::memory_order_acquire); })) return;
   std::unique_lock lock(op.mutex);
   op.finished_cv.wait(lock, [&] { return op.finished; });
 }

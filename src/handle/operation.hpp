@@ -103,6 +103,9 @@ struct Operation {
   std::mutex mutex;
   std::condition_variable finished_cv;
   bool finished = false;
+  // `finished`, for a waiter that polls before it sleeps (core/spin.hpp): stored (release) once
+  // the outcome is final, under `mutex`.
+  std::atomic<bool> finished_flag{false};
   std::exception_ptr error;
 
   std::uint64_t end() const { return offset + length; }
@@ -171,6 +174,8 @@ class OperationQueue {
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<OperationPtr> queue_;
+  // Operations queued so far: an idle worker polls it for a new one before it sleeps.
+  std::atomic<std::uint64_t> pushes_{0};
   bool stopping_ = false;
   std::exception_ptr worker_error_;  // set once, when a worker stops on an escaped exception
   std::function<bool()> idle_hook_;

@@ -36,10 +36,6 @@ class BufferRef(NamedTuple):
     device: bool = False  # CUDA device (or managed) memory
 
 
-def _torch():
-    return sys.modules.get("torch")  # only consult torch if the caller already imported it
-
-
 def _from_torch(t: Any, writable: bool) -> BufferRef:
     # is_cuda / is_cpu rather than t.device.type: building the device object costs more than
     # the rest of a small read's Python path.
@@ -110,7 +106,7 @@ def _from_numpy(a: Any, writable: bool) -> BufferRef:
 
 def resolve(obj: Any, writable: bool) -> BufferRef:
     """Returns the address and size of `obj`'s memory; `writable` for reads into it."""
-    torch = _torch()
+    torch = sys.modules.get("torch")  # only consult torch if the caller already imported it
     if torch is not None and isinstance(obj, torch.Tensor):
         return _from_torch(obj, writable)
     if type(obj).__module__ == "numpy" and hasattr(obj, "__array_interface__"):

@@ -34,26 +34,29 @@ class _Batch:
         self.owners: List[Any] = []
         self.nbytes = 0
         kinds = set()
+        # Per item: no text is formatted unless it is refused (a batch may hold thousands).
         for i, item in enumerate(items):
-            name = f"items[{i}]"
             if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
                 raise _args.InvalidType(
-                    f"nvio: {name} must be a (buffer, offset) or (buffer, offset, file) tuple, "
-                    f"got {type(item).__name__} {_short(item)}"
+                    f"nvio: items[{i}] must be a (buffer, offset) or (buffer, offset, file) "
+                    f"tuple, got {type(item).__name__} {_short(item)}"
                 )
             if len(item) == 3:
-                target = _args.file_target(item[2], f"{name} file")
+                target = _args.file_target(item[2], f"items[{i}] file")
             elif default is not None:
                 target = default
             else:
                 raise _args.InvalidType(
-                    f"nvio: {name} names no file: give it as (buffer, offset, file) or pass file="
+                    f"nvio: items[{i}] names no file: give it as (buffer, offset, file) or pass "
+                    "file="
                 )
-            offset = _args.offset(item[1], f"{name} offset")
+            offset = item[1]
+            if type(offset) is not int or not 0 <= offset <= _args.OFFSET_MAX:
+                offset = _args.offset(offset, f"items[{i}] offset")
             try:
                 ref = _buffers.resolve(item[0], writable=writable)
             except (_nvio.InvalidArgument, _args.InvalidType) as e:
-                raise type(e)(f"nvio: {name}: {str(e).removeprefix('nvio: ')}") from e
+                raise type(e)(f"nvio: items[{i}]: {str(e).removeprefix('nvio: ')}") from e
             kinds.add(ref.device)
             self.items.append((ref.address, ref.nbytes, offset, target))
             self.owners.append(ref.owner)

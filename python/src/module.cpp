@@ -288,18 +288,18 @@ std::optional<long long> plain_integer(py::handle value, long long lo, long long
   return v;
 }
 
-Target to_target(py::handle value) {
+// `name` is the argument as _args names it in its error ("file", "filename", "offsets[3]"...).
+Target to_target(py::handle value, py::handle name) {
   if (auto fd = plain_integer(value, 0, std::numeric_limits<int>::max())) {
     return static_cast<int>(*fd);
   }
   if (auto path = plain_path(value)) return std::move(*path);
-  py::object checked = args_module().attr("file_target")(value);  // raises for a bad value
+  py::object checked = args_module().attr("file_target")(value, name);  // raises for a bad value
   if (PyLong_Check(checked.ptr())) return checked.cast<int>();
   return checked.cast<std::string>();
 }
 
-// `name` is the argument as _args names it in its error ("offset", "offsets[3]").
-std::uint64_t to_offset(py::handle value, const char* name = "offset") {
+std::uint64_t to_offset(py::handle value, py::handle name) {
   if (auto v = plain_integer(value, 0, std::numeric_limits<long long>::max())) {
     return static_cast<std::uint64_t>(*v);
   }
@@ -363,18 +363,16 @@ std::vector<Extent> batch_extents(const std::vector<BatchItem>& items) {
 template <class Extent>
 std::vector<Extent> span_extents(std::uintptr_t address, const py::list& offsets, std::size_t size,
                                  py::handle file) {
-  const Target target = to_target(file);
+  const Target target = to_target(file, py::str("file"));
   const auto count = static_cast<std::size_t>(PyList_GET_SIZE(offsets.ptr()));
   std::vector<Extent> extents(count);
-  std::string name;
   for (std::size_t i = 0; i < count; ++i) {
     Extent& e = extents[i];
     const py::handle item = PyList_GET_ITEM(offsets.ptr(), static_cast<Py_ssize_t>(i));
     if (auto v = plain_integer(item, 0, std::numeric_limits<long long>::max())) {
       e.offset = static_cast<std::uint64_t>(*v);
     } else {
-      name = "offsets[" + std::to_string(i) + "]";
-      e.offset = to_offset(item, name.c_str());
+      e.offset = to_offset(item, py::str("offsets[" + std::to_string(i) + "]"));
     }
     e.buf = as_ptr(address + i * size);
     e.length = size;
@@ -514,38 +512,43 @@ PYBIND11_MODULE(_nvio, m) {
           return std::make_unique<nvio::Handle>(nvio::resolve_options(o, {}, config_dir).values);
         });
       }))
+      // The single calls take the file and offset as given (converted by to_target/to_offset);
+      // file_name and offset_name name them in an error (aio_handle: "filename", "file_offset").
       .def(
           "read",
           [](nvio::Handle& h, std::uintptr_t addr, std::size_t nbytes, py::handle file,
-             py::handle offset, bool device) {
-            const Target target = to_target(file);
-            const std::uint64_t off = to_offset(offset);
+             py::handle offset, bool device, py::handle file_name, py::handle offset_name) {
+            const Target target = to_target(file, file_name);
+            const std::uint64_t off = to_offset(offset, offset_name);
             const nvio::ReadOptions r = read_options(device);
             unlocked([&] {
               std::visit([&](const auto& t) { h.read(as_ptr(addr), nbytes, t, off, r); }, target);
             });
           },
           py::arg("address"), py::arg("nbytes"), py::arg("target"), py::arg("offset") = 0,
-          py::arg("device") = false)
+          py::arg("device") = false, py::arg("file_name") = "file",
+          py::arg("offset_name") = "offset")
       .def(
           "write",
           [](nvio::Handle& h, std::uintptr_t addr, std::size_t nbytes, py::handle file,
-             py::handle offset, bool truncate, bool sync, bool device) {
-            const Target target = to_target(file);
-            const std::uint64_t off = to_offset(offset);
+             py::handle offset, bool truncate, bool sync, bool device, py::handle file_name,
+             py::handle offset_name) {
+            const Target target = to_target(file, file_name);
+            const std::uint64_t off = to_offset(offset, offset_name);
             const nvio::WriteOptions w = write_options(truncate, sync, device);
             unlocked([&] {
               std::visit([&](const auto& t) { h.write(as_ptr(addr), nbytes, t, off, w); }, target);
             });
           },
           py::arg("address"), py::arg("nbytes"), py::arg("target"), py::arg("offset") = 0,
-          py::arg("truncate") = false, py::arg("sync") = false, py::arg("device") = false)
+          py::arg("truncate") = false, py::arg("sync") = false, py::arg("device") = false,
+          py::arg("file_name") = "file", py::arg("offset_name") = "offset")
       .def(
           "submit_read",
           [](nvio::Handle& h, std::uintptr_t addr, std::size_t nbytes, py::handle file,
-             py::handle offset, bool device) {
-            const Target target = to_target(file);
-            const std::uint64_t off = to_offset(offset);
+             py::handle offset, bool device, py::handle file_name, py::handle offset_name) {
+            const Target target = to_target(file, file_name);
+            const std::uint64_t off = to_offset(offset, offset_name);
             const nvio::ReadOptions r = read_options(device);
             return unlocked([&] {
               return std::visit(
@@ -554,13 +557,15 @@ PYBIND11_MODULE(_nvio, m) {
             });
           },
           py::arg("address"), py::arg("nbytes"), py::arg("target"), py::arg("offset") = 0,
-          py::arg("device") = false)
+          py::arg("device") = false, py::arg("file_name") = "file",
+          py::arg("offset_name") = "offset")
       .def(
           "submit_write",
           [](nvio::Handle& h, std::uintptr_t addr, std::size_t nbytes, py::handle file,
-             py::handle offset, bool truncate, bool sync, bool device) {
-            const Target target = to_target(file);
-            const std::uint64_t off = to_offset(offset);
+             py::handle offset, bool truncate, bool sync, bool device, py::handle file_name,
+             py::handle offset_name) {
+            const Target target = to_target(file, file_name);
+            const std::uint64_t off = to_offset(offset, offset_name);
             const nvio::WriteOptions w = write_options(truncate, sync, device);
             return unlocked([&] {
               return std::visit(
@@ -569,7 +574,8 @@ PYBIND11_MODULE(_nvio, m) {
             });
           },
           py::arg("address"), py::arg("nbytes"), py::arg("target"), py::arg("offset") = 0,
-          py::arg("truncate") = false, py::arg("sync") = false, py::arg("device") = false)
+          py::arg("truncate") = false, py::arg("sync") = false, py::arg("device") = false,
+          py::arg("file_name") = "file", py::arg("offset_name") = "offset")
       .def("wait_ticket", [](nvio::Handle& h, nvio::Ticket t) { unlocked([&] { h.wait(t); }); })
       .def("wait_all", [](nvio::Handle& h) { return unlocked([&] { return h.wait(); }); })
       .def("done", [](const nvio::Handle& h, nvio::Ticket t) { return h.done(t); })

@@ -238,3 +238,22 @@ def test_single_call_offsets_are_refused_as_before(tmp_path, offset, error, word
 def test_single_call_files_are_refused_as_before(file, error, words):
     with pytest.raises(error, match=words):
         nvio.Handle().read(torch.zeros(16, dtype=torch.uint8), file, 0)
+
+
+@pytest.mark.parametrize("validate", [False, True])
+@pytest.mark.parametrize("call", ["async_pread", "sync_pread", "async_pwrite"])
+def test_aio_handle_names_its_own_arguments_in_errors(tmp_path, call, validate):
+    path = write_file(tmp_path / "aio.bin", b"z" * 8192)
+    h = nvio.aio_handle()
+    buf = torch.zeros(16, dtype=torch.uint8)
+    method = getattr(h, call) if not validate else (
+        lambda b, f, off: getattr(h, "pread" if "read" in call else "pwrite")(b, f, True, True, off))
+    with pytest.raises(nvio.InvalidArgument, match="file_offset must be between 0 and .* got -1"):
+        method(buf, path, -1)
+    with pytest.raises(nvio.InvalidType, match="file_offset must be an integer, got float"):
+        method(buf, path, 1.0)
+    with pytest.raises(nvio.InvalidArgument, match="filename is empty"):
+        method(buf, "", 0)
+    with pytest.raises(nvio.InvalidArgument, match="filename -3 is not a file descriptor"):
+        method(buf, -3, 0)
+    assert h.wait() == 0  # nothing was queued

@@ -45,6 +45,14 @@ def _buffer(count: int, size: int) -> torch.Tensor:
     return torch.full((count * size + 9,), SENTINEL, dtype=torch.uint8)
 
 
+def _patterned(offsets, size: int) -> torch.Tensor:
+    """A _buffer whose slice i holds the pattern of the file bytes at offsets[i]."""
+    out = _buffer(len(offsets), size)
+    for i, offset in enumerate(offsets):
+        _fill(out[i * size:(i + 1) * size], offset)
+    return out
+
+
 def _check_slices(buf: torch.Tensor, offsets, size: int) -> None:
     for i, offset in enumerate(offsets):
         where = _mismatch(buf[i * size:(i + 1) * size], offset)
@@ -58,9 +66,7 @@ def test_round_trip_of_offsets_into_one_tensor(tmp_path, engine, size):
     count = 3 if size > 65536 else 17
     offsets = _offsets(count, size)
     path, end = _file_for(tmp_path, offsets, size)
-    out = _buffer(count, size)
-    for i, offset in enumerate(offsets):
-        _fill(out[i * size:(i + 1) * size], offset)
+    out = _patterned(offsets, size)
     h = nvio.Handle(engine=engine)
     assert h.write_batch(out, offsets=offsets, size=size, file=path) == count * size
     _check_file(path, sorted((o, size) for o in offsets), end)
@@ -74,9 +80,7 @@ def test_round_trip_of_offsets_into_one_tensor(tmp_path, engine, size):
 def test_offsets_may_be_any_sequence_of_integers(tmp_path, form):
     size, offsets = 4095, _offsets(9, 4095)
     path = write_file(tmp_path / "p.bin", b"")
-    out = _buffer(len(offsets), size)
-    for i, offset in enumerate(offsets):
-        _fill(out[i * size:(i + 1) * size], offset)
+    out = _patterned(offsets, size)
     h = nvio.Handle()
     h.write_batch(out, offsets=offsets, size=size, file=path)
     given = {"list": offsets, "tuple": tuple(offsets), "numpy": np.array(offsets, np.int64),
@@ -90,9 +94,7 @@ def test_offsets_may_be_any_sequence_of_integers(tmp_path, form):
 def test_async_forms_and_a_descriptor(tmp_path):
     size, offsets = 4096, _offsets(33, 4096)
     path = write_file(tmp_path / "a.bin", b"")
-    out = _buffer(len(offsets), size)
-    for i, offset in enumerate(offsets):
-        _fill(out[i * size:(i + 1) * size], offset)
+    out = _patterned(offsets, size)
     h = nvio.Handle()
     assert h.write_batch_async(out, offsets=offsets, size=size, file=pathlib.Path(path)).wait() \
         == len(offsets) * size

@@ -48,22 +48,11 @@ from benchlib import (REPO, Failure, error_exit, human, interrupt_on_sigterm, lo
                       machine_info, parse_size, positive_int, run_cmd)
 from fio_compare import RamDisk, check_direct_io, layout  # noqa: E402
 
-for _name in [k for k in os.environ if k.startswith("NVIO_")]:
-    del os.environ[_name]
-os.environ["NVIO_CONFIG"] = "none"
+# batch_bench clears the NVIO_* variables and sets NVIO_CONFIG=none when imported.
+from batch_bench import _import_nvio  # noqa: E402
 
 FORMS = ("fio", "async_path", "async_fd", "aio_pread", "batch_items", "batch_offsets")
 FILE_NAME = "nvio-random-python.dat"
-
-
-def _import_nvio():
-    try:
-        import nvio  # noqa: F401
-    except ImportError:
-        sys.path.insert(0, str(REPO / "build" / "python"))
-    import nvio
-
-    return nvio
 
 
 def run_fio_randread(fio: str, path: Path, args) -> float:

@@ -248,8 +248,9 @@ def test_aio_handle_names_its_own_arguments_in_errors(tmp_path, call, validate):
     path = write_file(tmp_path / "aio.bin", b"z" * 8192)
     h = nvio.aio_handle()
     buf = torch.zeros(16, dtype=torch.uint8)
+    full = getattr(h, "pread" if "read" in call else "pwrite")  # (buf, file, validate, async, off)
     method = getattr(h, call) if not validate else (
-        lambda b, f, off: getattr(h, "pread" if "read" in call else "pwrite")(b, f, True, True, off))
+        lambda b, f, off: full(b, f, True, True, off))
     with pytest.raises(nvio.InvalidArgument, match="file_offset must be between 0 and .* got -1"):
         method(buf, path, -1)
     with pytest.raises(nvio.InvalidType, match="file_offset must be an integer, got float"):

@@ -4,7 +4,7 @@
 Each round runs, in an order that rotates from one round to the next:
 
   fio            fio --rw=randread --ioengine=io_uring --direct=1 --iodepth QD --bs BS
-                 (--ops reads of the file; its IOPS)
+                 --number_ios OPS (bench/fio_compare.py's random run; its IOPS)
   async_path     nvio.Handle.read_async(buf, path, offset), QD outstanding: each new read waits
                  for the future of the read submitted QD calls earlier (a ring of QD buffers)
   async_fd       the same with an open descriptor instead of the path
@@ -45,8 +45,9 @@ from pathlib import Path
 if str(Path(__file__).resolve().parent) not in sys.path:  # python3 -P leaves bench/ off sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import (REPO, Failure, error_exit, human, interrupt_on_sigterm, log,  # noqa: E402
-                      machine_info, parse_size, positive_int, run_cmd)
-from fio_compare import RamDisk, check_direct_io, layout  # noqa: E402
+                      machine_info, parse_size, positive_int)
+from fio_compare import (RamDisk, check_direct_io, layout, random_fio_args,  # noqa: E402
+                         run_fio)
 
 # batch_bench clears the NVIO_* variables and sets NVIO_CONFIG=none when imported.
 from batch_bench import _import_nvio  # noqa: E402
@@ -56,14 +57,13 @@ FILE_NAME = "nvio-random-python.dat"
 
 
 def run_fio_randread(fio: str, path: Path, args) -> float:
-    """fio's IOPS for --ops random reads of the file (io_uring, O_DIRECT, one job)."""
-    cmd = [fio, "--name=nvio-random-python", "--output-format=json", "--direct=1",
-           f"--bs={args.bs}", f"--iodepth={args.qd}", "--rw=randread", f"--size={args.size}",
-           f"--io_size={args.ops * args.bs}", f"--filename={path}", "--ioengine=io_uring",
-           "--numjobs=1", "--thread"]
-    proc = run_cmd(cmd, timeout=600)
-    job = json.loads(proc.stdout[proc.stdout.index("{"):])["jobs"][0]
-    return float(job["read"]["iops"])
+    """fio's IOPS for --ops random reads of the file (io_uring, O_DIRECT, one job): the run of
+    `fio_compare.py --pattern random --ios N`."""
+    random = random_fio_args(argparse.Namespace(ios=args.ops, runtime=None, batch=1))
+    r = run_fio(fio, path, args.size, args.bs, "read", "io_uring", args.qd, 600, random)
+    if "error" in r:
+        raise Failure(r["error"])
+    return r["iops"]
 
 
 class PythonForms:

@@ -17,8 +17,9 @@ Each round runs, in an order that rotates from one round to the next:
 
 Offsets are random multiples of BS in the file (one fixed list, seeded by --seed, for every
 Python form; fio draws its own). The nvio handles run with queue_depth QD and the default other
-options (the NVIO_* variables are cleared and NVIO_CONFIG=none). Every buffer is allocated once,
-before the rounds. Reported: the median ops/s of each form over the rounds and its ratio to fio's.
+options (the NVIO_* variables are cleared and NVIO_CONFIG=none). Every buffer is allocated
+once, before the rounds, page-aligned (nvio.empty_locked). Reported: the median ops/s of each
+form over the rounds and its ratio to fio's.
 
 --ramdisk (root only) runs on a RAM-backed block device (tmpfs image, loop device with direct
 I/O, ext4: bench/fio_compare.py's RamDisk); else the file lives in --dir, which must support
@@ -79,8 +80,12 @@ class PythonForms:
         rng = random.Random(args.seed)
         blocks = args.size // args.bs
         self.offsets = [rng.randrange(blocks) * args.bs for _ in range(args.ops)]
-        self.ring = [torch.empty(args.bs, dtype=torch.uint8) for _ in range(args.qd)]
-        self.batch_buf = torch.empty(args.batch * args.bs, dtype=torch.uint8)
+        # Page-aligned memory (nvio.empty_locked), as fio's and the DeepSpeed-style callers' is:
+        # torch.empty gives 64-byte alignment, which O_DIRECT cannot take, so every read would
+        # go through nvio's bounce buffers.
+        ring = nvio.empty_locked(args.qd * args.bs, torch.uint8)
+        self.ring = [ring[i * args.bs:(i + 1) * args.bs] for i in range(args.qd)]
+        self.batch_buf = nvio.empty_locked(args.batch * args.bs, torch.uint8)
         self.views = [self.batch_buf[i * args.bs:(i + 1) * args.bs] for i in range(args.batch)]
         self.fd = os.open(self.path, os.O_RDONLY)
 

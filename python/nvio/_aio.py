@@ -153,18 +153,20 @@ class aio_handle:  # noqa: N801 - DeepSpeed's name
     def _io(self, is_read: bool, buffer: Any, file: Any, validate: bool, is_async: bool,
             file_offset: int) -> int:
         ref = _buffers.resolve(buffer, writable=is_read)
-        target = _args.file_target(file, "filename")
-        file_offset = _args.offset(file_offset, "file_offset")
         validate = _args.boolean(validate, "validate")
         is_async = _args.boolean(is_async, "async")
+        check = None
+        if validate:  # the check reads the file again: it needs the file and offset checked here
+            file = _args.file_target(file, "filename")
+            file_offset = _args.offset(file_offset, "file_offset")
+            check = functools.partial(_validate, ref, file, file_offset, is_read)
+        # Otherwise the core converts them (nvio/_args.py's errors, under these names).
         if is_read:
-            ticket = self._core.submit_read(ref.address, ref.nbytes, target, file_offset,
-                                            ref.device)
+            ticket = self._core.submit_read(ref.address, ref.nbytes, file, file_offset,
+                                            ref.device, "filename", "file_offset")
         else:
-            ticket = self._core.submit_write(ref.address, ref.nbytes, target, file_offset,
-                                             False, False, ref.device)
-        check = functools.partial(_validate, ref, target, file_offset, is_read) if validate \
-            else None
+            ticket = self._core.submit_write(ref.address, ref.nbytes, file, file_offset,
+                                             False, False, ref.device, "filename", "file_offset")
         future = Future(self._core, ticket, ref.nbytes, ref.owner, check)
         if is_async:
             self._pending.add(future)

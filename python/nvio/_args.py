@@ -23,7 +23,7 @@ class InvalidType(_nvio.Error, TypeError):
 
 
 _FD_MAX = 2**31 - 1  # descriptors are C ints
-_OFFSET_MAX = 2**63 - 1  # off_t
+OFFSET_MAX = 2**63 - 1  # off_t
 
 # The Python type of each handle option, from the core's option table (its one list of options).
 _KIND_OF_TYPE = {"boolean": bool, "integer": int, "choice": str}
@@ -115,6 +115,6 @@ def file_target(value: Any, name: str = "file") -> Union[bytes, int]:
 def offset(value: Any, name: str = "offset") -> int:
     """A file offset: an integer from 0 to 2**63 - 1."""
     n = integer(value, name)
-    if not 0 <= n <= _OFFSET_MAX:
-        raise _nvio.InvalidArgument(f"nvio: {name} must be between 0 and {_OFFSET_MAX}, got {n}")
+    if not 0 <= n <= OFFSET_MAX:
+        raise _nvio.InvalidArgument(f"nvio: {name} must be between 0 and {OFFSET_MAX}, got {n}")
     return n

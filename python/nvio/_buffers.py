@@ -16,6 +16,7 @@ pinned host memory (kDLCUDAHost) is host memory.
 from __future__ import annotations
 
 import re
+import sys
 from typing import Any, NamedTuple
 
 from . import _nvio
@@ -35,14 +36,11 @@ class BufferRef(NamedTuple):
     device: bool = False  # CUDA device (or managed) memory
 
 
-def _torch():
-    import sys
-
-    return sys.modules.get("torch")  # only consult torch if the caller already imported it
-
-
 def _from_torch(t: Any, writable: bool) -> BufferRef:
-    if t.device.type not in ("cpu", "cuda"):
+    # is_cuda / is_cpu rather than t.device.type: building the device object costs more than
+    # the rest of a small read's Python path.
+    cuda = t.is_cuda
+    if not cuda and not t.is_cpu:
         raise InvalidType(
             f"nvio: {t.device.type} tensors are not supported; use CPU or CUDA tensors"
         )
@@ -51,7 +49,7 @@ def _from_torch(t: Any, writable: bool) -> BufferRef:
             "nvio: the tensor is not contiguous; pass t.contiguous() "
             "(and copy the result back after a read)"
         )
-    return BufferRef(t.data_ptr(), t.numel() * t.element_size(), t, t.device.type == "cuda")
+    return BufferRef(t.data_ptr(), t.numel() * t.element_size(), t, cuda)
 
 
 def _typestr_itemsize(typestr: str) -> int:
@@ -108,7 +106,7 @@ def _from_numpy(a: Any, writable: bool) -> BufferRef:
 
 def resolve(obj: Any, writable: bool) -> BufferRef:
     """Returns the address and size of `obj`'s memory; `writable` for reads into it."""
-    torch = _torch()
+    torch = sys.modules.get("torch")  # only consult torch if the caller already imported it
     if torch is not None and isinstance(obj, torch.Tensor):
         return _from_torch(obj, writable)
     if type(obj).__module__ == "numpy" and hasattr(obj, "__array_interface__"):

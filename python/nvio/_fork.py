@@ -14,6 +14,10 @@ import weakref
 
 _live: "weakref.WeakSet[object]" = weakref.WeakSet()
 
+# This process's id, kept up to date here so that checking it (each nvio.Future's wait) costs no
+# system call. A child forked by os.fork() updates it before any other after-fork handler runs.
+pid = os.getpid()
+
 
 def track(obj: object) -> None:
     """Registers ``obj``, whose ``_after_fork_in_child()`` then runs in every forked child."""
@@ -21,6 +25,8 @@ def track(obj: object) -> None:
 
 
 def _reset_in_child() -> None:
+    global pid
+    pid = os.getpid()
     for obj in list(_live):
         obj._after_fork_in_child()  # type: ignore[attr-defined]
 

@@ -11,7 +11,6 @@ any number of waits (by any threads) each return the result or raise the error.
 from __future__ import annotations
 
 import enum
-import os
 import threading
 from typing import Any, Callable, Dict, List, Optional
 
@@ -50,11 +49,11 @@ class Future:
         self._finished = False  # set once, under _lock
         self._error: Optional[BaseException] = None
         self._lock = threading.Lock()  # held by the thread waiting for the ticket
-        self._pid = os.getpid()
+        self._pid = _fork.pid
 
     def _check_process(self) -> None:
         # Checked before taking the lock, which a thread of the parent may have held at the fork.
-        if os.getpid() != self._pid:
+        if _fork.pid != self._pid:
             raise _nvio.Error(
                 f"nvio: this operation was submitted by process {self._pid} before a fork; only "
                 "that process can wait for it (the child has its own copy of the buffer, which the "

@@ -34,26 +34,29 @@ class _Batch:
         self.owners: List[Any] = []
         self.nbytes = 0
         kinds = set()
+        # Per item: no text is formatted unless it is refused (a batch may hold thousands).
         for i, item in enumerate(items):
-            name = f"items[{i}]"
             if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
                 raise _args.InvalidType(
-                    f"nvio: {name} must be a (buffer, offset) or (buffer, offset, file) tuple, "
-                    f"got {type(item).__name__} {_short(item)}"
+                    f"nvio: items[{i}] must be a (buffer, offset) or (buffer, offset, file) "
+                    f"tuple, got {type(item).__name__} {_short(item)}"
                 )
             if len(item) == 3:
-                target = _args.file_target(item[2], f"{name} file")
+                target = _args.file_target(item[2], f"items[{i}] file")
             elif default is not None:
                 target = default
             else:
                 raise _args.InvalidType(
-                    f"nvio: {name} names no file: give it as (buffer, offset, file) or pass file="
+                    f"nvio: items[{i}] names no file: give it as (buffer, offset, file) or pass "
+                    "file="
                 )
-            offset = _args.offset(item[1], f"{name} offset")
+            offset = item[1]
+            if type(offset) is not int or not 0 <= offset <= _args.OFFSET_MAX:
+                offset = _args.offset(offset, f"items[{i}] offset")
             try:
                 ref = _buffers.resolve(item[0], writable=writable)
             except (_nvio.InvalidArgument, _args.InvalidType) as e:
-                raise type(e)(f"nvio: {name}: {str(e).removeprefix('nvio: ')}") from e
+                raise type(e)(f"nvio: items[{i}]: {str(e).removeprefix('nvio: ')}") from e
             kinds.add(ref.device)
             self.items.append((ref.address, ref.nbytes, offset, target))
             self.owners.append(ref.owner)
@@ -64,6 +67,39 @@ class _Batch:
                 "submit the host and the device buffers as two batches"
             )
         self.device = kinds == {True}
+
+
+class _Spans:
+    """``read_batch(buf, offsets=..., size=...)``: one buffer cut into ``len(offsets)`` slices of
+    ``size`` bytes, slice i moved at ``offsets[i]`` of one file. The buffer is resolved once, the
+    offsets handed to the core as one list (converted there: nvio/src/module.cpp)."""
+
+    __slots__ = ("ref", "offsets", "size", "file", "nbytes")
+
+    def __init__(self, buf: Any, file: Optional[PathOrFd], offsets: Any, size: Any,
+                 writable: bool) -> None:
+        if offsets is None or size is None:
+            raise _args.InvalidType("nvio: a batch of offsets into one buffer needs both offsets= "
+                                    "and size=")
+        if file is None:
+            raise _args.InvalidType("nvio: a batch of offsets into one buffer needs file=")
+        self.size = _args.integer(size, "size")
+        if self.size <= 0:
+            raise _nvio.InvalidArgument(f"nvio: size must be positive, got {self.size}")
+        if isinstance(offsets, (str, bytes)) or not hasattr(offsets, "__iter__"):
+            raise _args.InvalidType(
+                f"nvio: offsets must be a sequence of integers, got {type(offsets).__name__}"
+            )
+        # numpy arrays and torch tensors give plain ints (a float array gives floats: refused).
+        self.offsets = offsets.tolist() if hasattr(offsets, "tolist") else list(offsets)
+        self.ref = _buffers.resolve(buf, writable=writable)
+        self.nbytes = len(self.offsets) * self.size
+        if self.nbytes > self.ref.nbytes:
+            raise _nvio.InvalidArgument(
+                f"nvio: {len(self.offsets)} offsets x size {self.size} = {self.nbytes} bytes do "
+                f"not fit in the buffer of {self.ref.nbytes} bytes"
+            )
+        self.file = file
 
 
 def _short(value: Any) -> str:
@@ -126,8 +162,7 @@ class Handle:
     def read(self, buf: Any, file: PathOrFd, offset: int = 0) -> int:
         """Fills `buf` from `file` at `offset`; returns the number of bytes read."""
         ref = _buffers.resolve(buf, writable=True)
-        self._core.read(ref.address, ref.nbytes, _args.file_target(file), _args.offset(offset),
-                        ref.device)
+        self._core.read(ref.address, ref.nbytes, file, offset, ref.device)
         return ref.nbytes
 
     def write(
@@ -139,15 +174,13 @@ class Handle:
         makes the file end where the write ends. ``sync=True`` fdatasyncs before returning.
         """
         ref = _buffers.resolve(buf, writable=False)
-        self._core.write(ref.address, ref.nbytes, _args.file_target(file), _args.offset(offset),
-                         _args.boolean(truncate, "truncate"), _args.boolean(sync, "sync"),
-                         ref.device)
+        self._core.write(ref.address, ref.nbytes, file, offset, _args.boolean(truncate, "truncate"),
+                         _args.boolean(sync, "sync"), ref.device)
         return ref.nbytes
 
     def read_async(self, buf: Any, file: PathOrFd, offset: int = 0) -> Future:
         ref = _buffers.resolve(buf, writable=True)
-        ticket = self._core.submit_read(ref.address, ref.nbytes, _args.file_target(file),
-                                        _args.offset(offset), ref.device)
+        ticket = self._core.submit_read(ref.address, ref.nbytes, file, offset, ref.device)
         return self._pending.add(Future(self._core, ticket, ref.nbytes, ref.owner))
 
     def write_async(
@@ -155,59 +188,84 @@ class Handle:
     ) -> Future:
         ref = _buffers.resolve(buf, writable=False)
         ticket = self._core.submit_write(
-            ref.address, ref.nbytes, _args.file_target(file), _args.offset(offset),
-            _args.boolean(truncate, "truncate"), _args.boolean(sync, "sync"), ref.device
+            ref.address, ref.nbytes, file, offset, _args.boolean(truncate, "truncate"),
+            _args.boolean(sync, "sync"), ref.device
         )
         return self._pending.add(Future(self._core, ticket, ref.nbytes, ref.owner))
 
     # ---- batches: many (buffer, offset[, file]) extents as one operation ----------------------
 
-    def read_batch(self, items: Iterable[BatchItem], file: Optional[PathOrFd] = None) -> int:
+    def read_batch(self, items: Any, file: Optional[PathOrFd] = None, *, offsets: Any = None,
+                   size: Optional[int] = None) -> int:
         """Fills each buffer of ``items`` from its file at its offset, as one operation; returns
         the bytes read.
 
         Each item is ``(buffer, offset)``, reading from ``file``, or ``(buffer, offset, file)``.
+        Or, with ``offsets=`` and ``size=``, ``items`` is one buffer: ``size`` bytes are read at
+        each of ``offsets`` (a sequence of ints, a numpy array or a tensor) of ``file`` into
+        consecutive slices of the buffer (``offsets[i]`` into bytes ``i * size`` to
+        ``(i + 1) * size``); the buffer may be longer than ``len(offsets) * size``.
         Every item is checked, and every file opened and its size checked, before anything is
         read: a bad item, a missing file or a file too short raises and reads nothing. The items
         of one file share its descriptors. After a failure, every extent has still finished; the
         first failure in item order is raised.
         """
+        if offsets is not None or size is not None:
+            spans = _Spans(items, file, offsets, size, writable=True)
+            self._core.read_spans(spans.ref.address, spans.offsets, spans.size, spans.file,
+                                  spans.ref.device)
+            return spans.nbytes
         batch = _Batch(items, file, writable=True)
         self._core.read_batch(batch.items, batch.device)
         return batch.nbytes
 
-    def write_batch(
-        self, items: Iterable[BatchItem], file: Optional[PathOrFd] = None, *, sync: bool = False
-    ) -> int:
+    def write_batch(self, items: Any, file: Optional[PathOrFd] = None, *, offsets: Any = None,
+                    size: Optional[int] = None, sync: bool = False) -> int:
         """Writes each buffer of ``items`` to its file at its offset (creating the files), as one
         operation; returns the bytes written.
 
-        Items as for ``read_batch``; every item is checked and every file opened before anything
-        is written. ``sync=True`` fdatasyncs each file once, after its last extent. There is no
-        ``truncate``: the extents end in different places (truncate with a single write, or
-        ``os.truncate`` afterwards). Overlapping extents land in no defined order.
+        Items as for ``read_batch``, also the one buffer with ``offsets=`` and ``size=`` (slice i
+        is written at ``offsets[i]``); every item is checked and every file opened before
+        anything is written. ``sync=True`` fdatasyncs each file once, after its last extent.
+        There is no ``truncate``: the extents end in different places (truncate with a single
+        write, or ``os.truncate`` afterwards). Overlapping extents land in no defined order.
         """
+        sync = _args.boolean(sync, "sync")
+        if offsets is not None or size is not None:
+            spans = _Spans(items, file, offsets, size, writable=False)
+            self._core.write_spans(spans.ref.address, spans.offsets, spans.size, spans.file, sync,
+                                   spans.ref.device)
+            return spans.nbytes
         batch = _Batch(items, file, writable=False)
-        self._core.write_batch(batch.items, _args.boolean(sync, "sync"), batch.device)
+        self._core.write_batch(batch.items, sync, batch.device)
         return batch.nbytes
 
-    def read_batch_async(
-        self, items: Iterable[BatchItem], file: Optional[PathOrFd] = None
-    ) -> Future:
+    def read_batch_async(self, items: Any, file: Optional[PathOrFd] = None, *,
+                         offsets: Any = None, size: Optional[int] = None) -> Future:
         """``read_batch`` as one ``Future`` that keeps every buffer alive until it has finished.
         Argument errors, missing and short files raise here; I/O errors from its ``wait()``."""
+        if offsets is not None or size is not None:
+            spans = _Spans(items, file, offsets, size, writable=True)
+            ticket = self._core.submit_read_spans(spans.ref.address, spans.offsets, spans.size,
+                                                  spans.file, spans.ref.device)
+            return self._pending.add(Future(self._core, ticket, spans.nbytes, spans.ref.owner))
         batch = _Batch(items, file, writable=True)
         ticket = self._core.submit_read_batch(batch.items, batch.device)
         return self._pending.add(Future(self._core, ticket, batch.nbytes, batch.owners))
 
-    def write_batch_async(
-        self, items: Iterable[BatchItem], file: Optional[PathOrFd] = None, *, sync: bool = False
-    ) -> Future:
+    def write_batch_async(self, items: Any, file: Optional[PathOrFd] = None, *,
+                          offsets: Any = None, size: Optional[int] = None,
+                          sync: bool = False) -> Future:
         """``write_batch`` as one ``Future`` that keeps every buffer alive until it has finished.
         Argument errors and files that cannot be opened raise here; I/O errors from ``wait()``."""
+        sync = _args.boolean(sync, "sync")
+        if offsets is not None or size is not None:
+            spans = _Spans(items, file, offsets, size, writable=False)
+            ticket = self._core.submit_write_spans(spans.ref.address, spans.offsets, spans.size,
+                                                   spans.file, sync, spans.ref.device)
+            return self._pending.add(Future(self._core, ticket, spans.nbytes, spans.ref.owner))
         batch = _Batch(items, file, writable=False)
-        ticket = self._core.submit_write_batch(batch.items, _args.boolean(sync, "sync"),
-                                               batch.device)
+        ticket = self._core.submit_write_batch(batch.items, sync, batch.device)
         return self._pending.add(Future(self._core, ticket, batch.nbytes, batch.owners))
 
     def wait_all(self) -> int:

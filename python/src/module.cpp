@@ -8,6 +8,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <limits>
@@ -30,6 +31,9 @@ namespace {
 // and delivered by the next binding call on a Python thread.
 std::mutex g_warnings_mutex;
 std::deque<std::string> g_warnings;
+// Set when g_warnings may hold a message, so that a binding call with nothing to deliver (every
+// I/O call, thousands a second) does not take the mutex.
+std::atomic<bool> g_warnings_queued{false};
 
 std::mutex& warnings_mutex() { return g_warnings_mutex; }
 
@@ -58,10 +62,12 @@ void set_error(PyObject* type, const std::string& what) {
 }
 
 void deliver_warnings() {
+  if (!g_warnings_queued.load(std::memory_order_acquire)) return;
   std::deque<std::string> pending;
   {
     std::lock_guard lock(g_warnings_mutex);
     pending.swap(g_warnings);
+    g_warnings_queued.store(false, std::memory_order_relaxed);
   }
   for (const auto& msg : pending) {
     if (PyErr_WarnEx(PyExc_RuntimeWarning, ("nvio: " + msg).c_str(), 2) != 0) {
@@ -244,8 +250,61 @@ nvio::WriteOptions write_options(bool truncate, bool sync, bool device) {
   return w;
 }
 
-// A file is named by a path (str / os.PathLike resolved in Python) or an open descriptor.
+// A file is named by a path or an open descriptor.
 using Target = std::variant<std::string, int>;
+
+// nvio/_args.py, the one place where files and offsets are checked and refused: the converters
+// below take the plain cases (an int, a str or bytes path, as _args accepts them) without calling
+// into Python, and hand it everything else, so any value it refuses is refused with its error.
+// Imported on first use (nvio._args imports this module). Called with the GIL held.
+py::handle args_module() {
+  static py::handle module = py::module_::import("nvio._args").release();  // lives to the exit
+  return module;
+}
+
+// The path as os.fsencode() gives it, when it needs no check beyond "non-empty, no NUL".
+std::optional<std::string> plain_path(py::handle value) {
+  py::object encoded;
+  PyObject* bytes = value.ptr();
+  if (PyUnicode_CheckExact(bytes)) {
+    encoded = py::reinterpret_steal<py::object>(PyUnicode_EncodeFSDefault(bytes));
+    if (!encoded) throw py::error_already_set();
+    bytes = encoded.ptr();
+  } else if (!PyBytes_CheckExact(bytes)) {
+    return std::nullopt;
+  }
+  const std::string_view raw(PyBytes_AS_STRING(bytes),
+                             static_cast<std::size_t>(PyBytes_GET_SIZE(bytes)));
+  if (raw.empty() || raw.find('\0') != std::string_view::npos) return std::nullopt;
+  return std::string(raw);
+}
+
+// A plain Python int within [lo, hi], else nullopt.
+std::optional<long long> plain_integer(py::handle value, long long lo, long long hi) {
+  if (!PyLong_CheckExact(value.ptr())) return std::nullopt;
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
+  if (overflow != 0 || v < lo || v > hi) return std::nullopt;
+  return v;
+}
+
+// `name` is the argument as _args names it in its error ("file", "filename", "offsets[3]"...).
+Target to_target(py::handle value, py::handle name) {
+  if (auto fd = plain_integer(value, 0, std::numeric_limits<int>::max())) {
+    return static_cast<int>(*fd);
+  }
+  if (auto path = plain_path(value)) return std::move(*path);
+  py::object checked = args_module().attr("file_target")(value, name);  // raises for a bad value
+  if (PyLong_Check(checked.ptr())) return checked.cast<int>();
+  return checked.cast<std::string>();
+}
+
+std::uint64_t to_offset(py::handle value, py::handle name) {
+  if (auto v = plain_integer(value, 0, std::numeric_limits<long long>::max())) {
+    return static_cast<std::uint64_t>(*v);
+  }
+  return args_module().attr("offset")(value, name).cast<std::uint64_t>();
+}
 
 py::dict options_dict(const nvio::Options& o) {
   py::dict d;
@@ -296,9 +355,79 @@ std::vector<Extent> batch_extents(const std::vector<BatchItem>& items) {
   return extents;
 }
 
+// One buffer and many file offsets (nvio/_handle.py's `read_batch(buf, offsets=, size=)`): extent
+// i is the `size` bytes at address + i * size, moved at offsets[i] of the one file. _handle.py
+// has checked the size and that count x size fits in the buffer; each offset is converted here,
+// without a Python object per extent for a list of plain ints (others go through _args, which
+// names the item it refuses).
+template <class Extent>
+std::vector<Extent> span_extents(std::uintptr_t address, const py::list& offsets, std::size_t size,
+                                 py::handle file) {
+  const Target target = to_target(file, py::str("file"));
+  const auto count = static_cast<std::size_t>(PyList_GET_SIZE(offsets.ptr()));
+  std::vector<Extent> extents(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    Extent& e = extents[i];
+    const py::handle item = PyList_GET_ITEM(offsets.ptr(), static_cast<Py_ssize_t>(i));
+    if (auto v = plain_integer(item, 0, std::numeric_limits<long long>::max())) {
+      e.offset = static_cast<std::uint64_t>(*v);
+    } else {
+      e.offset = to_offset(item, py::str("offsets[" + std::to_string(i) + "]"));
+    }
+    e.buf = as_ptr(address + i * size);
+    e.length = size;
+    if (const auto* path = std::get_if<std::string>(&target)) {
+      e.path = *path;
+    } else {
+      e.fd = std::get<int>(target);
+    }
+  }
+  return extents;
+}
+
 // Every extent of a batch is moved with one memory kind (`device`): nvio/_handle.py refuses a
 // batch that mixes host and device buffers.
 void bind_batches(py::class_<nvio::Handle>& cls) {
+  cls.def(
+      "read_spans",
+      [](nvio::Handle& h, std::uintptr_t address, const py::list& offsets, std::size_t size,
+         py::handle file, bool device) {
+        const auto extents = span_extents<nvio::ReadExtent>(address, offsets, size, file);
+        const nvio::ReadOptions r = read_options(device);
+        unlocked([&] { h.read_batch(extents, r); });
+      },
+      py::arg("address"), py::arg("offsets"), py::arg("size"), py::arg("target"),
+      py::arg("device") = false);
+  cls.def(
+      "write_spans",
+      [](nvio::Handle& h, std::uintptr_t address, const py::list& offsets, std::size_t size,
+         py::handle file, bool sync, bool device) {
+        const auto extents = span_extents<nvio::WriteExtent>(address, offsets, size, file);
+        const nvio::WriteOptions w = write_options(false, sync, device);
+        unlocked([&] { h.write_batch(extents, w); });
+      },
+      py::arg("address"), py::arg("offsets"), py::arg("size"), py::arg("target"),
+      py::arg("sync") = false, py::arg("device") = false);
+  cls.def(
+      "submit_read_spans",
+      [](nvio::Handle& h, std::uintptr_t address, const py::list& offsets, std::size_t size,
+         py::handle file, bool device) {
+        const auto extents = span_extents<nvio::ReadExtent>(address, offsets, size, file);
+        const nvio::ReadOptions r = read_options(device);
+        return unlocked([&] { return h.submit_read_batch(extents, r); });
+      },
+      py::arg("address"), py::arg("offsets"), py::arg("size"), py::arg("target"),
+      py::arg("device") = false);
+  cls.def(
+      "submit_write_spans",
+      [](nvio::Handle& h, std::uintptr_t address, const py::list& offsets, std::size_t size,
+         py::handle file, bool sync, bool device) {
+        const auto extents = span_extents<nvio::WriteExtent>(address, offsets, size, file);
+        const nvio::WriteOptions w = write_options(false, sync, device);
+        return unlocked([&] { return h.submit_write_batch(extents, w); });
+      },
+      py::arg("address"), py::arg("offsets"), py::arg("size"), py::arg("target"),
+      py::arg("sync") = false, py::arg("device") = false);
   cls.def(
       "read_batch",
       [](nvio::Handle& h, const std::vector<BatchItem>& items, bool device) {
@@ -371,6 +500,7 @@ PYBIND11_MODULE(_nvio, m) {
   nvio::set_warning_sink([](const std::string& msg) {
     std::lock_guard lock(g_warnings_mutex);
     g_warnings.push_back(msg);
+    g_warnings_queued.store(true, std::memory_order_release);
   });
 
   py::class_<nvio::Handle> handle(m, "Handle");
@@ -382,35 +512,43 @@ PYBIND11_MODULE(_nvio, m) {
           return std::make_unique<nvio::Handle>(nvio::resolve_options(o, {}, config_dir).values);
         });
       }))
+      // The single calls take the file and offset as given (converted by to_target/to_offset);
+      // file_name and offset_name name them in an error (aio_handle: "filename", "file_offset").
       .def(
           "read",
-          [](nvio::Handle& h, std::uintptr_t addr, std::size_t nbytes, const Target& target,
-             long long offset, bool device) {
-            const std::uint64_t off = checked_offset(offset);
+          [](nvio::Handle& h, std::uintptr_t addr, std::size_t nbytes, py::handle file,
+             py::handle offset, bool device, py::handle file_name, py::handle offset_name) {
+            const Target target = to_target(file, file_name);
+            const std::uint64_t off = to_offset(offset, offset_name);
             const nvio::ReadOptions r = read_options(device);
             unlocked([&] {
               std::visit([&](const auto& t) { h.read(as_ptr(addr), nbytes, t, off, r); }, target);
             });
           },
           py::arg("address"), py::arg("nbytes"), py::arg("target"), py::arg("offset") = 0,
-          py::arg("device") = false)
+          py::arg("device") = false, py::arg("file_name") = "file",
+          py::arg("offset_name") = "offset")
       .def(
           "write",
-          [](nvio::Handle& h, std::uintptr_t addr, std::size_t nbytes, const Target& target,
-             long long offset, bool truncate, bool sync, bool device) {
-            const std::uint64_t off = checked_offset(offset);
+          [](nvio::Handle& h, std::uintptr_t addr, std::size_t nbytes, py::handle file,
+             py::handle offset, bool truncate, bool sync, bool device, py::handle file_name,
+             py::handle offset_name) {
+            const Target target = to_target(file, file_name);
+            const std::uint64_t off = to_offset(offset, offset_name);
             const nvio::WriteOptions w = write_options(truncate, sync, device);
             unlocked([&] {
               std::visit([&](const auto& t) { h.write(as_ptr(addr), nbytes, t, off, w); }, target);
             });
           },
           py::arg("address"), py::arg("nbytes"), py::arg("target"), py::arg("offset") = 0,
-          py::arg("truncate") = false, py::arg("sync") = false, py::arg("device") = false)
+          py::arg("truncate") = false, py::arg("sync") = false, py::arg("device") = false,
+          py::arg("file_name") = "file", py::arg("offset_name") = "offset")
       .def(
           "submit_read",
-          [](nvio::Handle& h, std::uintptr_t addr, std::size_t nbytes, const Target& target,
-             long long offset, bool device) {
-            const std::uint64_t off = checked_offset(offset);
+          [](nvio::Handle& h, std::uintptr_t addr, std::size_t nbytes, py::handle file,
+             py::handle offset, bool device, py::handle file_name, py::handle offset_name) {
+            const Target target = to_target(file, file_name);
+            const std::uint64_t off = to_offset(offset, offset_name);
             const nvio::ReadOptions r = read_options(device);
             return unlocked([&] {
               return std::visit(
@@ -419,12 +557,15 @@ PYBIND11_MODULE(_nvio, m) {
             });
           },
           py::arg("address"), py::arg("nbytes"), py::arg("target"), py::arg("offset") = 0,
-          py::arg("device") = false)
+          py::arg("device") = false, py::arg("file_name") = "file",
+          py::arg("offset_name") = "offset")
       .def(
           "submit_write",
-          [](nvio::Handle& h, std::uintptr_t addr, std::size_t nbytes, const Target& target,
-             long long offset, bool truncate, bool sync, bool device) {
-            const std::uint64_t off = checked_offset(offset);
+          [](nvio::Handle& h, std::uintptr_t addr, std::size_t nbytes, py::handle file,
+             py::handle offset, bool truncate, bool sync, bool device, py::handle file_name,
+             py::handle offset_name) {
+            const Target target = to_target(file, file_name);
+            const std::uint64_t off = to_offset(offset, offset_name);
             const nvio::WriteOptions w = write_options(truncate, sync, device);
             return unlocked([&] {
               return std::visit(
@@ -433,7 +574,8 @@ PYBIND11_MODULE(_nvio, m) {
             });
           },
           py::arg("address"), py::arg("nbytes"), py::arg("target"), py::arg("offset") = 0,
-          py::arg("truncate") = false, py::arg("sync") = false, py::arg("device") = false)
+          py::arg("truncate") = false, py::arg("sync") = false, py::arg("device") = false,
+          py::arg("file_name") = "file", py::arg("offset_name") = "offset")
       .def("wait_ticket", [](nvio::Handle& h, nvio::Ticket t) { unlocked([&] { h.wait(t); }); })
       .def("wait_all", [](nvio::Handle& h) { return unlocked([&] { return h.wait(); }); })
       .def("done", [](const nvio::Handle& h, nvio::Ticket t) { return h.done(t); })

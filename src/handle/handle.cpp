@@ -32,6 +32,7 @@
 
 #include "core/fork.hpp"
 #include "core/posix.hpp"
+#include "core/pool.hpp"
 #include "core/retry.hpp"
 #include "core/spin.hpp"
 #include "cuda/cufile.hpp"
@@ -86,7 +87,8 @@ using engine::Direction;
 // What one ticket stands for: one operation, or the operations of a batch in extent order.
 // Immutable once made; each operation's outcome is guarded by its own mutex.
 struct Job {
-  std::vector<OperationPtr> ops;
+  // A single operation's vector holds one element: a pooled block (core/pool.hpp).
+  std::vector<OperationPtr, detail::PoolAllocator<OperationPtr>> ops;
   Ticket ticket = 0;                       // 0 for a blocking call's
   std::atomic<std::size_t> unfinished{0};  // operations not finished yet (asynchronous jobs)
 
@@ -110,8 +112,10 @@ struct Job {
 };
 using JobPtr = std::shared_ptr<Job>;
 
+JobPtr make_job() { return std::allocate_shared<Job>(detail::PoolAllocator<Job>{}); }
+
 JobPtr single(OperationPtr op) {
-  auto job = std::make_shared<Job>();
+  JobPtr job = make_job();
   job->ops.push_back(std::move(op));
   return job;
 }
@@ -138,7 +142,7 @@ struct Handle::Impl final : detail::FinishListener {
   // The operation behind `ticket`; with `collect` a wait takes it: it moves from the table to
   // `collecting` until the wait calls end_collect.
   JobPtr find_ticket(Ticket ticket, bool collect);
-  void end_collect(const std::vector<JobPtr>& jobs);
+  void end_collect(std::span<const JobPtr> jobs);
   // A job's last operation finished: its ticket joins `finished` for wait_some.
   void operation_finished(const detail::Operation& op) noexcept override;
 
@@ -150,10 +154,13 @@ struct Handle::Impl final : detail::FinishListener {
   detail::FileCache files{options.direct};
 
   mutable std::mutex tickets_mutex;
-  std::map<Ticket, JobPtr> tickets;
+  std::map<Ticket, JobPtr, std::less<>, detail::PoolAllocator<std::pair<const Ticket, JobPtr>>>
+      tickets;
   // Operations a wait has taken from `tickets` and is waiting for: a concurrent wait() must still
   // wait for them (see the rule in handle.hpp). Guarded by tickets_mutex.
-  std::map<const Job*, JobPtr> collecting;
+  std::map<const Job*, JobPtr, std::less<>,
+           detail::PoolAllocator<std::pair<const Job* const, JobPtr>>>
+      collecting;
   Ticket next_ticket = 1;
   // Tickets whose job finished, in the order they did, for wait_some; entries that another wait
   // collected meanwhile are skipped (and pruned). Guarded by tickets_mutex; finished_cv is
@@ -329,7 +336,7 @@ OperationPtr Handle::Impl::prepare(Direction dir, std::byte* buf, std::size_t le
                                    const WriteOptions& wopts, const Operation* same_file) {
   // A handle whose worker died runs nothing more (see Worker::die in worker.cpp).
   if (std::exception_ptr dead = queue.worker_failure()) std::rethrow_exception(dead);
-  auto op = std::make_shared<Operation>();
+  auto op = std::allocate_shared<Operation>(detail::PoolAllocator<Operation>{});
   op->direction = dir;
   // A caller's descriptor is named for messages from /proc, which costs a readlink: only when a
   // message needs it, or when FileCache sees the descriptor for the first time.
@@ -429,7 +436,7 @@ JobPtr Handle::Impl::prepare_batch(Direction dir, std::span<const Extent> extent
         "truncate=at_end does not apply to a batch (its extents end in different places): "
         "truncate with a single write, or with ftruncate after the batch");
   }
-  auto job = std::make_shared<Job>();
+  JobPtr job = make_job();
   job->ops.reserve(extents.size());
   std::shared_ptr<detail::BatchFinish> finish;
   WriteOptions per_extent = wopts;
@@ -525,7 +532,7 @@ JobPtr Handle::Impl::find_ticket(Ticket ticket, bool collect) {
   return job;
 }
 
-void Handle::Impl::end_collect(const std::vector<JobPtr>& jobs) {
+void Handle::Impl::end_collect(std::span<const JobPtr> jobs) {
   std::lock_guard lock(tickets_mutex);
   for (const JobPtr& job : jobs) collecting.erase(job.get());
 }
@@ -685,7 +692,7 @@ void Handle::wait(Ticket ticket) {
   Impl& s = impl();
   JobPtr job = s.find_ticket(ticket, /*collect=*/true);
   job->wait();
-  s.end_collect({job});
+  s.end_collect(std::span(&job, 1));
   if (std::exception_ptr e = job->error()) std::rethrow_exception(e);
 }
 

@@ -1,0 +1,111 @@
+// Recycled memory for the objects every operation makes (its Operation, its Job, the node of its
+// ticket), so that a small operation costs no trip through malloc: blocks of one size are kept on
+// a free list when released and handed out again. Internal to the library.
+//
+// Thread-safety: a pool is shared by all threads (an operation is made by its submitter and
+// released by whichever thread lets go of it last); one mutex guards its free list, held across
+// fork() (core/fork.hpp). The lists are never returned to the system: at most kKeep blocks each.
+// Under AddressSanitizer the pool passes everything to operator new, so that a use after free is
+// still caught.
+#pragma once
+
+#include <cstddef>
+#include <mutex>
+#include <new>
+#include <vector>
+
+#include "core/fork.hpp"
+
+namespace nvio::detail {
+
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kPoolBlocks = false;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+inline constexpr bool kPoolBlocks = false;
+#else
+inline constexpr bool kPoolBlocks = true;
+#endif
+#else
+inline constexpr bool kPoolBlocks = true;
+#endif
+
+template <std::size_t Size, std::size_t Align>
+class BlockPool {
+ public:
+  static constexpr std::size_t kKeep = 4096;
+
+  static void* take() {
+    if constexpr (kPoolBlocks) {
+      BlockPool& p = instance();
+      std::lock_guard lock(p.mutex_);
+      if (!p.free_.empty()) {
+        void* block = p.free_.back();
+        p.free_.pop_back();
+        return block;
+      }
+    }
+    return ::operator new(Size, std::align_val_t{Align});
+  }
+
+  static void give(void* block) noexcept {
+    if constexpr (kPoolBlocks) {
+      BlockPool& p = instance();
+      std::lock_guard lock(p.mutex_);
+      if (p.free_.size() < p.free_.capacity()) {  // never grows here: no allocation, no throw
+        p.free_.push_back(block);
+        return;
+      }
+    }
+    ::operator delete(block, std::align_val_t{Align});
+  }
+
+ private:
+  BlockPool() {
+    try {
+      free_.reserve(kKeep);
+    } catch (const std::bad_alloc&) {  // then nothing is kept
+    }
+  }
+  static BlockPool& instance() {
+    // Leaked: blocks may be released by threads that outlive static destruction.
+    static BlockPool* pool = [] {
+      auto* p = new BlockPool;
+      hold_across_fork<&BlockPool::mutex_of>();
+      return p;
+    }();
+    return *pool;
+  }
+  static std::mutex& mutex_of() { return instance().mutex_; }
+
+  std::mutex mutex_;
+  std::vector<void*> free_;
+};
+
+// A standard allocator over BlockPool for single objects (arrays go to operator new), for
+// std::allocate_shared and node-based containers.
+template <class T>
+struct PoolAllocator {
+  using value_type = T;
+  PoolAllocator() noexcept = default;
+  template <class U>
+  PoolAllocator(const PoolAllocator<U>&) noexcept {}  // NOLINT(google-explicit-constructor)
+
+  T* allocate(std::size_t n) {
+    if (n == 1) return static_cast<T*>(BlockPool<sizeof(T), alignof(T)>::take());
+    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{alignof(T)}));
+  }
+  void deallocate(T* p, std::size_t n) noexcept {
+    if (n == 1) {
+      BlockPool<sizeof(T), alignof(T)>::give(p);
+    } else {
+      ::operator delete(p, std::align_val_t{alignof(T)});
+    }
+  }
+  template <class U>
+  bool operator==(const PoolAllocator<U>&) const noexcept {
+    return true;
+  }
+};
+
+}  // namespace nvio::detail

@@ -80,6 +80,7 @@ struct Slot {
   unsigned lane = kKernel;                 // the engine its requests go to
   std::byte* user = nullptr;               // the piece's bytes in the caller's buffer
   std::byte* bounce = nullptr;             // the aligned copy used for I/O, or null for zero-copy
+  int region = -1;                         // the kernel engine's region holding `bounce`, or -1
   RetryCounter retries{kTransferRetries};  // EINTR / EAGAIN / no progress, in a row
 };
 
@@ -167,6 +168,8 @@ class Worker {
   std::uint64_t tag(unsigned i) const { return (std::uint64_t{slots_[i].generation} << 32) | i; }
   engine::Request request_for(unsigned i) const;
   IoOp io_op(const Slot& s) const { return s.op->is_read() ? IoOp::Read : IoOp::Write; }
+  // The kernel engine's region (Engine::add_region) of bounce chunk `chunk`, or -1.
+  int region_of(const std::byte* chunk);
 
   // Transitions.
   void fill();
@@ -202,11 +205,12 @@ class Worker {
   OperationQueue& queue_;
   std::unique_ptr<WorkerMemory> memory_;
   std::vector<Slot> slots_;
-  std::vector<unsigned> free_;                 // Free slots
-  std::vector<unsigned> ready_;                // Ready slots, in the order their requests are due
-  std::vector<unsigned> copying_;              // device copies running, oldest first
-  std::vector<unsigned> host_copies_;          // host copies due, oldest first
-  std::size_t inflight_ = 0;                   // slots not Free
+  std::vector<unsigned> free_;         // Free slots
+  std::vector<unsigned> ready_;        // Ready slots, in the order their requests are due
+  std::vector<unsigned> copying_;      // device copies running, oldest first
+  std::vector<unsigned> host_copies_;  // host copies due, oldest first
+  std::vector<int> regions_;           // the kernel engine's region of each slab of the pool, or -1
+  std::size_t inflight_ = 0;           // slots not Free
   std::array<std::size_t, kLanes> on_disk_{};  // OnDisk slots, by engine
   std::vector<engine::Request> requests_;
   std::vector<engine::Completion> completions_;
@@ -235,6 +239,7 @@ Worker::Worker(const WorkerSettings& settings, OperationQueue& queue)
   ready_.reserve(qd);
   copying_.reserve(qd);
   host_copies_.reserve(qd);
+  regions_.reserve(64);  // more than the slabs of any pool: they double in size
   requests_.reserve(qd);
   completions_.resize(qd);
   no_memory_error_ = std::make_exception_ptr(MemoryError(
@@ -253,8 +258,20 @@ engine::Request Worker::request_for(unsigned i) const {
   if (s.lane == kCuFile) {
     r.file_handle = &s.op->cufile;
     r.device = s.op->device;
+  } else {
+    r.region = s.region;
   }
   return r;
+}
+
+int Worker::region_of(const std::byte* chunk) {
+  BouncePool& pool = memory_->pool;
+  // Each slab is offered to the kernel engine once, when a chunk of it is first used.
+  while (regions_.size() < pool.slab_count()) {
+    const std::span<std::byte> slab = pool.slab(regions_.size());
+    regions_.push_back(engine(kKernel).add_region(slab.data(), slab.size()));
+  }
+  return regions_[pool.slab_of(chunk)];
 }
 
 OperationPtr Worker::release(unsigned i) noexcept {
@@ -365,6 +382,7 @@ void Worker::start(const OperationPtr& op, const Piece& piece) {
   if (op->needs_bounce(piece)) {
     try {
       s.bounce = memory_->pool.acquire();
+      s.region = region_of(s.bounce);
     } catch (...) {
       retire_failed(i, std::current_exception());
       return;

@@ -17,6 +17,7 @@
 #include "nvio/options.hpp"
 
 struct io_uring;  // liburing's ring
+struct iovec;
 
 namespace nvio::engine {
 
@@ -34,6 +35,8 @@ struct Request {
   // kernel engines ignore both.
   const void* file_handle = nullptr;
   int device = -1;
+  // The region (see Engine::add_region) that [buf, buf + length) lies in, or -1 for none.
+  int region = -1;
 };
 
 struct Completion {
@@ -74,6 +77,18 @@ class Engine {
   // real result): the caller keeps reaping until it has them all before it reuses or frees the
   // memory they point into. Returns 0 or -errno; an engine with nothing to cancel returns 0.
   virtual int cancel() = 0;
+  // Memory that many requests will point into for as long as the engine lives (a worker's bounce
+  // slabs): the engine may prepare it once so that each request costs the kernel less (io_uring:
+  // registered buffers, used through READ_FIXED / WRITE_FIXED). Returns the index to put in
+  // Request::region of requests inside [base, base + bytes), or -1 when the engine makes no use
+  // of it or could not prepare it (RLIMIT_MEMLOCK, say): requests with region -1 work all the
+  // same, so a caller never needs to tell why. May be called with requests in flight. The
+  // default makes no use of it.
+  virtual int add_region(void* base, std::size_t bytes) noexcept {
+    (void)base;
+    (void)bytes;
+    return -1;
+  }
   virtual EngineKind kind() const noexcept = 0;
   // For messages: "io_uring", "libaio", "psync", "cuFile".
   virtual const char* name() const noexcept { return to_string(kind()); }
@@ -125,12 +140,18 @@ struct PsyncCalls {
 };
 PsyncCalls real_psync_calls() noexcept;
 
-// The call of the io_uring engine that hands prepared SQEs to the kernel, replaceable in tests
-// (e.g. a kernel that refuses with -EAGAIN or -EBUSY). Returns what io_uring_submit does: how
-// many SQEs the kernel took, or -errno. A replacement that takes SQEs must do so through
-// io_uring_submit: the engine learns what the kernel took from the ring itself.
+// The calls of the io_uring engine, replaceable in tests (start from real_io_uring_calls()).
+//   submit: hands prepared SQEs to the kernel (e.g. a kernel that refuses with -EAGAIN or -EBUSY).
+//     Returns what io_uring_submit does: how many SQEs the kernel took, or -errno. A replacement
+//     that takes SQEs must do so through io_uring_submit: the engine learns what the kernel took
+//     from the ring itself.
+//   register_buffers_sparse, register_buffers_update_tag: liburing's, for add_region() (e.g. a
+//     kernel that refuses with -ENOMEM under RLIMIT_MEMLOCK). Return what liburing's do.
 struct IoUringCalls {
   int (*submit)(io_uring* ring);
+  int (*register_buffers_sparse)(io_uring* ring, unsigned count);
+  int (*register_buffers_update_tag)(io_uring* ring, unsigned offset, const iovec* iovecs,
+                                     const unsigned long long* tags, unsigned count);
 };
 IoUringCalls real_io_uring_calls() noexcept;
 

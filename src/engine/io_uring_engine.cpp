@@ -53,6 +53,11 @@ constexpr std::uint64_t kCancelData = ~std::uint64_t{0};
 // engine then cancels each request by its user_data.
 constexpr int kCancelAllFlags = IORING_ASYNC_CANCEL_ALL | IORING_ASYNC_CANCEL_ANY;
 
+// Entries of the ring's table of registered buffers, made sparse on the first add_region() and
+// filled one region at a time. A worker's bounce pool grows in slabs of doubling size, so it has
+// a few dozen at the very most; regions beyond the table go without registration.
+constexpr unsigned kMaxRegions = 64;
+
 class IoUringEngine final : public Engine {
  public:
   // One SQE more than queue_depth: a cancel always finds room behind a full queue of requests.
@@ -73,10 +78,17 @@ class IoUringEngine final : public Engine {
       if (sqe == nullptr) break;
       const unsigned slot = free_.back();
       free_.pop_back();
-      if (r.direction == Direction::Read) {
-        io_uring_prep_read(sqe, r.fd, r.buf, static_cast<unsigned>(r.length), r.offset);
+      const auto length = static_cast<unsigned>(r.length);
+      if (r.region >= 0) {  // only ever an index add_region() returned
+        if (r.direction == Direction::Read) {
+          io_uring_prep_read_fixed(sqe, r.fd, r.buf, length, r.offset, r.region);
+        } else {
+          io_uring_prep_write_fixed(sqe, r.fd, r.buf, length, r.offset, r.region);
+        }
+      } else if (r.direction == Direction::Read) {
+        io_uring_prep_read(sqe, r.fd, r.buf, length, r.offset);
       } else {
-        io_uring_prep_write(sqe, r.fd, r.buf, static_cast<unsigned>(r.length), r.offset);
+        io_uring_prep_write(sqe, r.fd, r.buf, length, r.offset);
       }
       io_uring_sqe_set_data64(sqe, slot);
       tags_[slot] = r.tag;
@@ -149,6 +161,27 @@ class IoUringEngine final : public Engine {
     return rc < 0 && rc != -EAGAIN && rc != -EBUSY ? rc : 0;
   }
 
+  // Registers [base, base + bytes) as one fixed buffer of the ring. The kernel pins its pages
+  // (they count against RLIMIT_MEMLOCK without CAP_IPC_LOCK) and keeps them until the ring is
+  // closed, so the memory may even be freed before the engine. Any refusal leaves the region
+  // unregistered, and a refused table (kernels before 5.19) every later one too.
+  int add_region(void* base, std::size_t bytes) noexcept override {
+    if (!regions_usable_ || next_region_ >= kMaxRegions) return -1;
+    if (!regions_made_) {
+      if (calls_.register_buffers_sparse(ring_.get(), kMaxRegions) < 0) {
+        regions_usable_ = false;
+        return -1;
+      }
+      regions_made_ = true;
+    }
+    const iovec region{base, bytes};
+    const unsigned long long tag = 0;  // no notification when the kernel lets the region go
+    if (calls_.register_buffers_update_tag(ring_.get(), next_region_, &region, &tag, 1) != 1) {
+      return -1;
+    }
+    return static_cast<int>(next_region_++);
+  }
+
   EngineKind kind() const noexcept override { return EngineKind::IoUring; }
 
  private:
@@ -216,11 +249,17 @@ class IoUringEngine final : public Engine {
   std::deque<std::uint64_t> unsent_;  // user_data of the SQEs not taken by the kernel, in order
   bool cancel_all_ = true;            // false: the kernel cancels one request per SQE only
   bool recancel_ = false;             // a cancel-all was refused: cancel each request instead
+  bool regions_made_ = false;         // the sparse table of registered buffers exists
+  bool regions_usable_ = true;        // false: the kernel refused the table
+  unsigned next_region_ = 0;          // the table's next free entry
 };
 
 }  // namespace
 
-IoUringCalls real_io_uring_calls() noexcept { return IoUringCalls{::io_uring_submit}; }
+IoUringCalls real_io_uring_calls() noexcept {
+  return IoUringCalls{::io_uring_submit, ::io_uring_register_buffers_sparse,
+                      ::io_uring_register_buffers_update_tag};
+}
 
 std::unique_ptr<Engine> make_io_uring_engine(unsigned queue_depth, IoUringCalls calls) {
   return std::make_unique<IoUringEngine>(queue_depth, calls);

@@ -2,11 +2,16 @@
 //
 //   Free ──take a piece──► Ready ──engine accepted──► OnDisk ──completion──► (done / failed)
 //     ▲                      ▲  ▲                        │
-//     │     device write:    │  └── short transfer, ────┘
+//     │  bounced write:      │  └── short transfer, ────┘
 //     │   CopyingIn ─────────┘      EINTR / EAGAIN
-//     │   (device → chunk)
-//     │                                    device read: CopyingOut (chunk → device) ──► done
+//     │   (caller's memory → chunk)
+//     │                           bounced read: CopyingOut (chunk → caller's memory) ──► done
 //     └──────────────── retire: the chunk goes back to the pool, the generation moves on
+//
+// A device copy runs on the GPU (its event says when it is done). A host copy is made by the
+// worker itself, one chunk at a time between its calls of the engine (see run()): the request of
+// a chunk just filled is submitted before the next copy starts, and completions are reaped
+// without waiting between copies, so that the drive keeps its queue while the worker copies.
 //
 // A slot's requests go to one of the worker's engines: the kernel engine of the handle's options,
 // or, for device memory moved by GPUDirect Storage, the cuFile engine (psync-shaped: the transfer
@@ -56,10 +61,10 @@ constexpr unsigned kLanes = 2;
 
 enum class SlotState : std::uint8_t {
   Free,        // holds no piece
-  CopyingIn,   // device write: the copy device -> bounce chunk runs; its event says when done
+  CopyingIn,   // bounced write: the copy caller's memory -> bounce chunk is due or runs
   Ready,       // a request is due: waits in the ready list for the engine
   OnDisk,      // the engine accepted the request; its completion has not been reaped
-  CopyingOut,  // device read: the copy bounce chunk -> device runs; its event says when done
+  CopyingOut,  // bounced read: the copy bounce chunk -> caller's memory is due or runs
 };
 
 // A piece in flight on a worker, and where it stands after partial completions.
@@ -75,6 +80,7 @@ struct Slot {
   unsigned lane = kKernel;                 // the engine its requests go to
   std::byte* user = nullptr;               // the piece's bytes in the caller's buffer
   std::byte* bounce = nullptr;             // the aligned copy used for I/O, or null for zero-copy
+  int region = -1;                         // the kernel engine's region holding `bounce`, or -1
   RetryCounter retries{kTransferRetries};  // EINTR / EAGAIN / no progress, in a row
 };
 
@@ -162,6 +168,8 @@ class Worker {
   std::uint64_t tag(unsigned i) const { return (std::uint64_t{slots_[i].generation} << 32) | i; }
   engine::Request request_for(unsigned i) const;
   IoOp io_op(const Slot& s) const { return s.op->is_read() ? IoOp::Read : IoOp::Write; }
+  // The kernel engine's region (Engine::add_region) of bounce chunk `chunk`, or -1.
+  int region_of(const std::byte* chunk);
 
   // Transitions.
   void fill();
@@ -179,6 +187,10 @@ class Worker {
   void transfer_finished(unsigned i);
   void start_copy(unsigned i, bool to_device);
   std::size_t poll_copies(bool block_on_oldest);
+  // Queues slot i's host copy (the slot moves to `state`, CopyingIn or CopyingOut).
+  void queue_host_copy(unsigned i, SlotState state);
+  // Makes the oldest queued host copy; its slot becomes Ready (write) or retires (read).
+  void copy_next_host();
   bool copy_host(unsigned i);
   void engine_error(unsigned lane, int err);
   // Ends a slot: the piece is done (retire), or failed with `error` (retire_failed), or failed
@@ -193,10 +205,12 @@ class Worker {
   OperationQueue& queue_;
   std::unique_ptr<WorkerMemory> memory_;
   std::vector<Slot> slots_;
-  std::vector<unsigned> free_;                 // Free slots
-  std::vector<unsigned> ready_;                // Ready slots, in the order their requests are due
-  std::vector<unsigned> copying_;              // CopyingIn / CopyingOut slots, oldest first
-  std::size_t inflight_ = 0;                   // slots not Free
+  std::vector<unsigned> free_;         // Free slots
+  std::vector<unsigned> ready_;        // Ready slots, in the order their requests are due
+  std::vector<unsigned> copying_;      // device copies running, oldest first
+  std::vector<unsigned> host_copies_;  // host copies due, oldest first
+  std::vector<int> regions_;           // the kernel engine's region of each slab of the pool, or -1
+  std::size_t inflight_ = 0;           // slots not Free
   std::array<std::size_t, kLanes> on_disk_{};  // OnDisk slots, by engine
   std::vector<engine::Request> requests_;
   std::vector<engine::Completion> completions_;
@@ -224,6 +238,8 @@ Worker::Worker(const WorkerSettings& settings, OperationQueue& queue)
   for (unsigned i = qd; i > 0; --i) free_.push_back(i - 1);
   ready_.reserve(qd);
   copying_.reserve(qd);
+  host_copies_.reserve(qd);
+  regions_.reserve(64);  // more than the slabs of any pool: they double in size
   requests_.reserve(qd);
   completions_.resize(qd);
   no_memory_error_ = std::make_exception_ptr(MemoryError(
@@ -242,8 +258,20 @@ engine::Request Worker::request_for(unsigned i) const {
   if (s.lane == kCuFile) {
     r.file_handle = &s.op->cufile;
     r.device = s.op->device;
+  } else {
+    r.region = s.region;
   }
   return r;
+}
+
+int Worker::region_of(const std::byte* chunk) {
+  BouncePool& pool = memory_->pool;
+  // Each slab is offered to the kernel engine once, when a chunk of it is first used.
+  while (regions_.size() < pool.slab_count()) {
+    const std::span<std::byte> slab = pool.slab(regions_.size());
+    regions_.push_back(engine(kKernel).add_region(slab.data(), slab.size()));
+  }
+  return regions_[pool.slab_of(chunk)];
 }
 
 OperationPtr Worker::release(unsigned i) noexcept {
@@ -354,6 +382,7 @@ void Worker::start(const OperationPtr& op, const Piece& piece) {
   if (op->needs_bounce(piece)) {
     try {
       s.bounce = memory_->pool.acquire();
+      s.region = region_of(s.bounce);
     } catch (...) {
       retire_failed(i, std::current_exception());
       return;
@@ -363,10 +392,33 @@ void Worker::start(const OperationPtr& op, const Piece& piece) {
         start_copy(i, /*to_device=*/false);  // the request is due once the copy is done
         return;
       }
-      if (!copy_host(i)) return;
+      queue_host_copy(i, SlotState::CopyingIn);  // the request is due once the copy is made
+      return;
     }
   }
   make_ready(i);
+}
+
+void Worker::queue_host_copy(unsigned i, SlotState state) {
+  slots_[i].state = state;
+  host_copies_.push_back(i);
+}
+
+void Worker::copy_next_host() {
+  const unsigned i = host_copies_.front();
+  host_copies_.erase(host_copies_.begin());  // at most queue_depth entries: a short move
+  Slot& s = slots_[i];
+  if (s.op->failed.load(std::memory_order_acquire)) {
+    retire(i);  // the operation failed meanwhile: its bytes no longer matter
+    return;
+  }
+  const bool write = s.state == SlotState::CopyingIn;
+  if (!copy_host(i)) return;
+  if (write) {
+    make_ready(i);
+  } else {
+    retire(i);
+  }
 }
 
 bool Worker::copy_host(unsigned i) {
@@ -611,9 +663,10 @@ void Worker::transfer_finished(unsigned i) {
   if (s.bounce != nullptr && s.op->is_read()) {
     if (s.op->memory == MemoryKind::Device) {
       start_copy(i, /*to_device=*/true);  // done once the copy to the device is
-      return;
+    } else {
+      queue_host_copy(i, SlotState::CopyingOut);  // done once the copy is made
     }
-    if (!copy_host(i)) return;
+    return;
   }
   retire(i);
 }
@@ -626,6 +679,16 @@ void Worker::run() noexcept {
       if (!ready_.empty()) submit_ready();
       if (inflight_ == 0) {
         if (queue_.should_exit()) return;
+        continue;
+      }
+      if (!host_copies_.empty()) {
+        // One chunk's copy, then back to the engines without waiting: a written chunk's request
+        // goes out at the top of the loop, before the next copy, and a read chunk copied out
+        // frees its slot for the next piece.
+        copy_next_host();
+        for (unsigned lane = 0; lane < kLanes; ++lane) {
+          if (on_disk_[lane] > 0) reap(lane, 0);
+        }
         continue;
       }
       const bool both = on_disk_[kKernel] > 0 && on_disk_[kCuFile] > 0;

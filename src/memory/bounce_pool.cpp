@@ -26,6 +26,16 @@ std::byte* BouncePool::acquire() {
   return chunk;
 }
 
+std::size_t BouncePool::slab_of(const std::byte* chunk) const noexcept {
+  // A few slabs at most (they double in size): a scan is as quick as anything.
+  std::size_t k = 0;
+  while (k + 1 < slabs_.size() &&
+         !(chunk >= slabs_[k].bytes() && chunk < slabs_[k].bytes() + slabs_[k].size())) {
+    ++k;
+  }
+  return k;
+}
+
 void BouncePool::on_slab(SlabHook hook) {
   hook_ = std::move(hook);
   if (!hook_) return;

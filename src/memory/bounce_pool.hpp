@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <span>
 #include <vector>
 
 #include "nvio/memory.hpp"
@@ -31,6 +32,13 @@ class BouncePool {
   // up). The hook must not throw.
   using SlabHook = std::function<void(std::byte* slab, std::size_t bytes)>;
   void on_slab(SlabHook hook);
+  // The slabs allocated so far, in order (a slab stays where it is for the pool's life), and the
+  // one that holds `chunk` (a pointer acquire() returned).
+  std::size_t slab_count() const noexcept { return slabs_.size(); }
+  std::span<std::byte> slab(std::size_t index) noexcept {
+    return {slabs_[index].bytes(), slabs_[index].size()};
+  }
+  std::size_t slab_of(const std::byte* chunk) const noexcept;
 
  private:
   std::size_t chunk_size_;

@@ -109,7 +109,9 @@ TEST_P(IoUringRefusedSubmit, ReapNeverWaitsForRequestsTheKernelDoesNotHold) {
   ASSERT_GE(fd, 0);
   g_refusal_errno = GetParam();
   run_within(std::chrono::seconds(20), "reap after a refused submit", [&] {
-    auto engine = nvio::engine::make_io_uring_engine(kCount, {refusing_submit});
+    nvio::engine::IoUringCalls calls = nvio::engine::real_io_uring_calls();
+    calls.submit = refusing_submit;
+    auto engine = nvio::engine::make_io_uring_engine(kCount, calls);
     std::vector<unsigned char> bufs(kCount * kLen, nvio_test::kSentinel);
     std::vector<Request> requests;
     for (unsigned i = 0; i < kCount; ++i) {

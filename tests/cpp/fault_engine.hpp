@@ -97,6 +97,10 @@ class FaultEngine final : public nvio::engine::Engine {
   int submit(std::span<const nvio::engine::Request> requests) override;
   int reap(std::span<nvio::engine::Completion> out, std::size_t min_complete) override;
   int cancel() override;
+  // The inner engine's: requests keep their region when shortened (still inside it).
+  int add_region(void* base, std::size_t bytes) noexcept override {
+    return inner_->add_region(base, bytes);
+  }
   nvio::EngineKind kind() const noexcept override;
 
  private:

@@ -1,0 +1,292 @@
+// Bounced pieces: direct pieces whose memory is not aligned for O_DIRECT (a page-aligned buffer at
+// an odd file offset) go through a worker's bounce chunks. The worker copies one chunk at a time
+// between its calls of the engine, so that a chunk's request goes out before the next copy; with
+// io_uring the chunks are the ring's registered buffers (READ_FIXED / WRITE_FIXED), and a kernel
+// that refuses the registration costs nothing but the fixed ops. Every transfer is byte-compared
+// with the offset pattern.
+#include <fmt/format.h>
+#include <liburing.h>
+
+#include <algorithm>
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <numeric>
+#include <vector>
+
+#include "engine/engine.hpp"
+#include "engine_override.hpp"
+#include "test_util.hpp"
+
+namespace nvio_test {
+namespace {
+
+using nvio::EngineKind;
+using nvio::Handle;
+using nvio::Options;
+using nvio::engine::Completion;
+using nvio::engine::Engine;
+using nvio::engine::Request;
+
+// A page-aligned buffer at file offset 4103: the head [4103, 8192) goes through the page cache,
+// the middle's memory starts at buffer + 4089, which is not aligned, so every middle piece is
+// bounced; the 123 bytes after the last whole page are the buffered tail.
+constexpr std::uint64_t kOddOffset = 4096 + 7;
+constexpr std::size_t kBlock = 64 * KiB;
+
+// The caller's buffer a test transfers: requests pointing outside it go through a bounce chunk.
+struct CallerRange {
+  std::mutex mutex;
+  const unsigned char* begin = nullptr;
+  const unsigned char* end = nullptr;
+  // Bounced requests in each submit() call, in order.
+  std::vector<std::size_t> bounced_per_submit;
+};
+
+// Passes everything to `inner`, recording how many bounced requests each submit() carries.
+class RecordingEngine final : public Engine {
+ public:
+  RecordingEngine(std::unique_ptr<Engine> inner, std::shared_ptr<CallerRange> range)
+      : inner_(std::move(inner)), range_(std::move(range)) {}
+  int submit(std::span<const Request> requests) override {
+    std::lock_guard lock(range_->mutex);
+    const std::size_t bounced =
+        static_cast<std::size_t>(std::count_if(requests.begin(), requests.end(), [&](auto& r) {
+          const auto* p = static_cast<const unsigned char*>(r.buf);
+          return p < range_->begin || p >= range_->end;
+        }));
+    range_->bounced_per_submit.push_back(bounced);
+    return inner_->submit(requests);
+  }
+  int reap(std::span<Completion> out, std::size_t min_complete) override {
+    return inner_->reap(out, min_complete);
+  }
+  int cancel() override { return inner_->cancel(); }
+  int add_region(void* base, std::size_t bytes) noexcept override {
+    return inner_->add_region(base, bytes);
+  }
+  EngineKind kind() const noexcept override { return inner_->kind(); }
+
+ private:
+  std::unique_ptr<Engine> inner_;
+  std::shared_ptr<CallerRange> range_;
+};
+
+class BouncedPieces : public EngineTest {
+ protected:
+  void SetUp() override {
+    EngineTest::SetUp();
+    if (IsSkipped()) return;
+    if (!direct_supported()) GTEST_SKIP() << "no O_DIRECT here: nothing is bounced";
+  }
+};
+
+// psync completes every request inside submit(), so the order of the worker's steps shows in its
+// submit() calls. Before the copies overlapped the I/O, a bounced write copied every chunk it
+// could take (7 here) before submitting any, and a bounced read copied out every completion it
+// reaped before submitting the next pieces together: the drive idled during the copies. Now
+// each submit() holds at most one bounced request after the reads' first.
+class BounceOrder : public BouncedPieces {};
+
+TEST_P(BounceOrder, EachChunkGoesToTheEngineBeforeTheNextCopy) {
+  auto range = std::make_shared<CallerRange>();
+  ScopedEngineFactory factory([range](EngineKind k, unsigned qd) -> std::unique_ptr<Engine> {
+    return std::make_unique<RecordingEngine>(nvio::engine::make_backend_engine(k, qd), range);
+  });
+  Options o = base_options();
+  o.block_size = kBlock;
+  o.queue_depth = 8;
+  Handle h(o);
+  const std::size_t len = (8192 - kOddOffset) + 24 * kBlock + 123;
+  GuardedBuffer buf(len, BufKind::Aligned);
+  buf.fill_pattern(kOddOffset, 51);
+  {
+    std::lock_guard lock(range->mutex);
+    range->begin = buf.data();
+    range->end = buf.data() + len;
+  }
+  const std::string path = file("order.bin");
+  ASSERT_NO_THROW(h.write(buf.data(), len, path, kOddOffset));
+  EXPECT_TRUE(file_range_has_pattern(read_file(path), kOddOffset, len, 51));
+  std::vector<std::size_t> writes;
+  {
+    std::lock_guard lock(range->mutex);
+    writes.swap(range->bounced_per_submit);
+  }
+  EXPECT_EQ(std::accumulate(writes.begin(), writes.end(), std::size_t{0}), 24u);
+  EXPECT_LE(*std::max_element(writes.begin(), writes.end()), 1u);
+
+  buf.fill_sentinel();
+  ASSERT_NO_THROW(h.read(buf.data(), len, path, kOddOffset));
+  EXPECT_TRUE(buffer_has_pattern(buf.data(), len, kOddOffset, 51));
+  EXPECT_TRUE(buf.guards_intact());
+  std::lock_guard lock(range->mutex);
+  const std::vector<std::size_t>& reads = range->bounced_per_submit;
+  ASSERT_GE(reads.size(), 2u);
+  EXPECT_EQ(std::accumulate(reads.begin(), reads.end(), std::size_t{0}), 24u);
+  EXPECT_LE(*std::max_element(reads.begin() + 1, reads.end()), 1u);
+}
+
+// Odd offsets and sizes through bounce chunks that are reused many times (a queue depth of 4 has
+// 4 chunks), one worker or several sharing the pieces of each operation.
+TEST_P(BouncedPieces, OddOffsetsAndSizesRoundTrip) {
+  constexpr std::size_t kLengths[] = {1, 4095, MiB + 123, 8 * MiB + 123};
+  constexpr std::uint64_t kOffsets[] = {kOddOffset, 4095, 1};
+  std::uint64_t seed = 700;
+  for (const unsigned parallelism : {1u, 2u, 4u}) {
+    Options o = base_options();
+    o.block_size = kBlock;
+    o.queue_depth = 4;
+    o.intra_op_parallelism = parallelism;
+    Handle h(o);
+    for (const std::size_t len : kLengths) {
+      for (const std::uint64_t off : kOffsets) {
+        SCOPED_TRACE(fmt::format("parallelism {}, length {} at offset {}", parallelism, len, off));
+        const std::string path = file("odd.bin");
+        ::unlink(path.c_str());
+        GuardedBuffer wb(len, BufKind::Aligned);
+        wb.fill_pattern(off, ++seed);
+        ASSERT_NO_THROW(h.write(wb.data(), len, path, off));
+        const auto bytes = read_file(path);
+        ASSERT_EQ(bytes.size(), off + len);
+        EXPECT_TRUE(file_range_has_pattern(bytes, off, len, seed));
+        EXPECT_TRUE(file_range_is(bytes, 0, off, 0));
+        GuardedBuffer rb(len, BufKind::Aligned);
+        rb.fill_sentinel();
+        ASSERT_NO_THROW(h.read(rb.data(), len, path, off));
+        EXPECT_TRUE(buffer_has_pattern(rb.data(), len, off, seed));
+        EXPECT_TRUE(rb.guards_intact());
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, BouncedPieces, NVIO_ALL_ENGINES, EngineParamName());
+INSTANTIATE_TEST_SUITE_P(Psync, BounceOrder, ::testing::Values(EngineKind::Psync),
+                         EngineParamName());
+
+// ---- io_uring: the bounce slabs as registered buffers --------------------------------------
+
+// What the io_uring engines of a test did, through their IoUringCalls. Thread-safe (atomics):
+// the calls run on worker threads.
+struct RingLog {
+  std::atomic<int> fixed{0};       // READ_FIXED / WRITE_FIXED SQEs handed to the kernel
+  std::atomic<int> plain{0};       // READ / WRITE SQEs
+  std::atomic<int> sparse{0};      // register_buffers_sparse calls
+  std::atomic<int> updates{0};     // register_buffers_update_tag calls
+  std::atomic<int> registered{0};  // slabs the kernel registered
+  std::atomic<int> refuse{0};      // 1: sparse refused, 2: updates refused, with -ENOMEM
+} g_ring;
+
+// Counts the SQEs the engine prepared, by opcode, before the kernel takes them.
+int counting_submit(io_uring* ring) {
+  for (unsigned k = ring->sq.sqe_head; k != ring->sq.sqe_tail; ++k) {
+    const io_uring_sqe& sqe = ring->sq.sqes[k & ring->sq.ring_mask];
+    if (sqe.opcode == IORING_OP_READ_FIXED || sqe.opcode == IORING_OP_WRITE_FIXED) ++g_ring.fixed;
+    if (sqe.opcode == IORING_OP_READ || sqe.opcode == IORING_OP_WRITE) ++g_ring.plain;
+  }
+  return nvio::engine::real_io_uring_calls().submit(ring);
+}
+
+int counting_sparse(io_uring* ring, unsigned count) {
+  ++g_ring.sparse;
+  if (g_ring.refuse == 1) return -ENOMEM;
+  return nvio::engine::real_io_uring_calls().register_buffers_sparse(ring, count);
+}
+
+int counting_update(io_uring* ring, unsigned offset, const iovec* iovecs,
+                    const unsigned long long* tags, unsigned count) {
+  ++g_ring.updates;
+  if (g_ring.refuse == 2) return -ENOMEM;  // as under RLIMIT_MEMLOCK
+  const int rc = nvio::engine::real_io_uring_calls().register_buffers_update_tag(
+      ring, offset, iovecs, tags, count);
+  if (rc > 0) g_ring.registered += rc;
+  return rc;
+}
+
+class RegisteredBuffers : public BouncedPieces {
+ protected:
+  void SetUp() override {
+    BouncedPieces::SetUp();
+    g_ring.fixed = g_ring.plain = g_ring.sparse = g_ring.updates = g_ring.registered = 0;
+    g_ring.refuse = 0;
+  }
+  // Options of an io_uring handle (whose engines count through the calls above): two workers.
+  Options counted_options() const {
+    Options o = base_options();
+    o.block_size = kBlock;
+    o.queue_depth = 8;
+    o.intra_op_parallelism = 2;
+    return o;
+  }
+  // Writes and reads back MiB + 123 bytes at the odd offset (bounced), byte-compared.
+  void roundtrip_bounced(Handle& h, std::uint64_t seed) {
+    const std::size_t len = MiB + 123;
+    const std::string path = file("fixed.bin");
+    GuardedBuffer buf(len, BufKind::Aligned);
+    buf.fill_pattern(kOddOffset, seed);
+    ASSERT_NO_THROW(h.write(buf.data(), len, path, kOddOffset));
+    EXPECT_TRUE(file_range_has_pattern(read_file(path), kOddOffset, len, seed));
+    buf.fill_sentinel();
+    ASSERT_NO_THROW(h.read(buf.data(), len, path, kOddOffset));
+    EXPECT_TRUE(buffer_has_pattern(buf.data(), len, kOddOffset, seed));
+    EXPECT_TRUE(buf.guards_intact());
+  }
+
+  ScopedEngineFactory factory_{[](EngineKind k, unsigned qd) -> std::unique_ptr<Engine> {
+    if (k != EngineKind::IoUring) return nvio::engine::make_backend_engine(k, qd);
+    nvio::engine::IoUringCalls calls = nvio::engine::real_io_uring_calls();
+    calls.submit = counting_submit;
+    calls.register_buffers_sparse = counting_sparse;
+    calls.register_buffers_update_tag = counting_update;
+    return nvio::engine::make_io_uring_engine(qd, calls);
+  }};
+};
+
+// Bounced pieces go out as READ_FIXED / WRITE_FIXED on the registered slabs; a zero-copy
+// transfer of the caller's own aligned memory uses none.
+TEST_P(RegisteredBuffers, BouncedPiecesUseFixedOps) {
+  Handle h(counted_options());
+  roundtrip_bounced(h, 61);
+  EXPECT_GT(g_ring.sparse.load(), 0);
+  if (g_ring.registered.load() == 0) {
+    GTEST_SKIP() << "this kernel registered no bounce slab (RLIMIT_MEMLOCK?)";
+  }
+  // 16 bounced pieces written and 16 read, each one request (no short transfers here).
+  EXPECT_EQ(g_ring.fixed.load(), 32);
+
+  const int fixed = g_ring.fixed.load();
+  GuardedBuffer aligned(4 * MiB, BufKind::Aligned);
+  aligned.fill_pattern(0, 62);
+  ASSERT_NO_THROW(h.write(aligned.data(), aligned.size(), file("zero-copy.bin"), 0));
+  aligned.fill_sentinel();
+  ASSERT_NO_THROW(h.read(aligned.data(), aligned.size(), file("zero-copy.bin"), 0));
+  EXPECT_TRUE(buffer_has_pattern(aligned.data(), aligned.size(), 0, 62));
+  EXPECT_EQ(g_ring.fixed.load(), fixed) << "zero-copy pieces used fixed ops";
+}
+
+// A kernel that refuses the table, or each slab, leaves the pieces on plain reads and writes,
+// with the same bytes and no error.
+TEST_P(RegisteredBuffers, RefusedRegistrationFallsBackToPlainOps) {
+  for (const int refuse : {1, 2}) {
+    SCOPED_TRACE(refuse == 1 ? "table refused" : "slabs refused");
+    g_ring.fixed = g_ring.plain = g_ring.sparse = g_ring.updates = 0;
+    g_ring.refuse = refuse;
+    Handle h(counted_options());
+    roundtrip_bounced(h, 70 + static_cast<std::uint64_t>(refuse));
+    EXPECT_GT(g_ring.sparse.load(), 0) << "the refusal was never injected";
+    if (refuse == 2) {
+      EXPECT_GT(g_ring.updates.load(), 0) << "the refusal was never injected";
+    } else {
+      EXPECT_EQ(g_ring.updates.load(), 0) << "slabs offered to a table the kernel refused";
+    }
+    EXPECT_EQ(g_ring.fixed.load(), 0);
+    EXPECT_GE(g_ring.plain.load(), 32);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(IoUring, RegisteredBuffers, ::testing::Values(EngineKind::IoUring),
+                         EngineParamName());
+
+}  // namespace
+}  // namespace nvio_test

@@ -54,6 +54,7 @@ std::int64_t current_size(const FileFacts& now, int fd) {
 void use(Operation& op, std::shared_ptr<OpenFile> file) {
   op.direct_fd = file->direct_fd;
   op.buffered_fd = file->buffered_fd;
+  op.path = NameRef(file->name);  // kept alive by op.file from here on
   op.file = std::move(file);
 }
 
@@ -160,7 +161,7 @@ std::size_t FileCache::size() const {
 
 std::shared_ptr<OpenFile> FileCache::open_new(Operation& op) {
   auto file = std::make_shared<OpenFile>();
-  file->name = op.path;
+  file->name = op.path.str();
   const int flags = open_flags(op.direction);
   bool direct_refused = false;
   if (direct_ != DirectIo::Off) {
@@ -222,7 +223,9 @@ void FileCache::adopt_fd(Operation& op, int fd) {
   const std::string key = keeps ? fmt::format("{}:{}:{}", fd, access, has_direct ? 1 : 0) : "";
   std::shared_ptr<OpenFile> kept = keeps && stat_rc == 0 ? find(adopted_, key) : nullptr;
   if (kept != nullptr && !now.same_file(kept->facts)) kept.reset();
-  op.path = kept != nullptr ? kept->name : fd_name(fd);
+  // The name for messages: the kept file's, else from /proc (a readlink) for a first sight.
+  std::string name = kept != nullptr ? std::string() : fd_name(fd);
+  op.path = NameRef(kept != nullptr ? kept->name : name);
   if (fl < 0) {
     throw_io_error(IoOp::Stat, op.path, op.offset, op.length, fl_err,
                    "the file descriptor is not open");
@@ -243,7 +246,7 @@ void FileCache::adopt_fd(Operation& op, int fd) {
     return;
   }
   auto file = std::make_shared<OpenFile>();
-  file->name = op.path;
+  file->name = op.path.str();
   file->facts = now;
   if (!keeps) {
     file->buffered_fd = fd;

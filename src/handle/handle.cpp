@@ -340,9 +340,13 @@ OperationPtr Handle::Impl::prepare(Direction dir, std::byte* buf, std::size_t le
   op->direction = dir;
   // A caller's descriptor is named for messages from /proc, which costs a readlink: only when a
   // message needs it, or when FileCache sees the descriptor for the first time.
-  if (path != nullptr) op->path = *path;
+  std::string fd_label;  // a caller's descriptor named for a message, until its file names it
+  if (path != nullptr) op->path = detail::NameRef(*path);
   auto name = [&]() -> const std::string& {
-    if (op->path.empty()) op->path = detail::fd_name(fd);
+    if (op->path.empty_name()) {
+      fd_label = detail::fd_name(fd);
+      op->path = detail::NameRef(fd_label);
+    }
     return op->path;
   };
   op->buf = buf;
@@ -696,6 +700,13 @@ void Handle::wait(Ticket ticket) {
   if (std::exception_ptr e = job->error()) std::rethrow_exception(e);
 }
 
+namespace {
+
+// wait_some polls before sleeping only while at most this many operations are outstanding.
+constexpr std::size_t kPollOutstanding = 2;
+
+}  // namespace
+
 std::size_t Handle::wait_some(std::span<Completion> out, std::size_t min_count) {
   Impl& s = impl();
   std::vector<JobPtr> mine;
@@ -716,15 +727,18 @@ std::size_t Handle::wait_some(std::span<Completion> out, std::size_t min_count) 
       // Fewer than asked for can only come when no more are outstanding.
       const std::size_t want = std::min({min_count, out.size(), mine.size() + s.tickets.size()});
       if (mine.size() >= want) break;
-      // Poll before sleeping (core/spin.hpp): a small operation finishes within microseconds.
-      const std::uint64_t seen = s.finished_count.load(std::memory_order_acquire);
-      lock.unlock();
-      const bool more = detail::spin_until(
-          [&] { return s.finished_count.load(std::memory_order_acquire) != seen; });
-      lock.lock();
-      if (!more && s.finished_count.load(std::memory_order_acquire) == seen) {
-        s.finished_cv.wait(lock);
+      // With one or two operations outstanding the caller waits for each in turn: poll before
+      // sleeping (core/spin.hpp), as a small one finishes within microseconds. With more, one
+      // finishes soon anyway, and polling would take a CPU from the kernel's side of the I/O.
+      if (s.tickets.size() <= kPollOutstanding) {
+        const std::uint64_t seen = s.finished_count.load(std::memory_order_acquire);
+        lock.unlock();
+        const bool more = detail::spin_until(
+            [&] { return s.finished_count.load(std::memory_order_acquire) != seen; });
+        lock.lock();
+        if (more || s.finished_count.load(std::memory_order_acquire) != seen) continue;
       }
+      s.finished_cv.wait(lock);
     }
   }
   // Their last operation is finishing (its listener ran): wait() covers the last few steps.

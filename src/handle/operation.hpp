@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "core/posix.hpp"
 #include "cuda/cufile.hpp"
 #include "cuda/device_ops.hpp"
@@ -24,6 +26,27 @@
 #include "nvio/handle.hpp"
 
 namespace nvio::detail {
+
+// The name of an operation's file, for messages: a pointer to a string that outlives every use
+// of it (the caller's path while the operation is prepared, then its OpenFile's name, which
+// Operation::file keeps until the operation is destroyed), not a copy, which would cost a heap
+// allocation per operation for any path longer than std::string's inline buffer. Converts to
+// const std::string& and formats as the string.
+class NameRef {
+ public:
+  NameRef() noexcept : s_(&empty()) {}
+  explicit NameRef(const std::string& s) noexcept : s_(&s) {}
+  operator const std::string&() const noexcept { return *s_; }  // NOLINT(google-explicit-constructor)
+  const std::string& str() const noexcept { return *s_; }
+  bool empty_name() const noexcept { return s_->empty(); }
+
+ private:
+  static const std::string& empty() noexcept {
+    static const std::string none;
+    return none;
+  }
+  const std::string* s_;
+};
 
 // The exception_ptr of throw_io_error(...): made where an error is recorded for later.
 std::exception_ptr io_error_ptr(IoOp op, const std::string& path, std::uint64_t offset,
@@ -71,8 +94,10 @@ class FinishListener {
 // queue's mutex; the outcome fields by `mutex`.
 struct Operation {
   engine::Direction direction = engine::Direction::Read;
-  std::string path;                    // for messages: the file name, or "fd N (name)"
-  std::shared_ptr<OpenFile> file;      // its file's descriptors (a caller's fd is not owned)
+  NameRef path;                        // for messages: the file name, or "fd N (name)"
+  // Its file's descriptors (a caller's fd is not owned) and name; kept until the operation is
+  // destroyed, for `path`.
+  std::shared_ptr<OpenFile> file;
   std::int64_t checked_size = 0;       // a read: the file's size when it was prepared
   std::shared_ptr<BatchFinish> batch;  // set for the operations of a batch of writes
   int direct_fd = -1;                  // -1: no direct I/O for this operation
@@ -188,3 +213,10 @@ class OperationQueue {
 };
 
 }  // namespace nvio::detail
+
+template <>
+struct fmt::formatter<nvio::detail::NameRef> : fmt::formatter<std::string_view> {
+  auto format(const nvio::detail::NameRef& name, fmt::format_context& ctx) const {
+    return fmt::formatter<std::string_view>::format(name.str(), ctx);
+  }
+};

@@ -45,7 +45,7 @@ class BlockPool {
         return block;
       }
     }
-    return ::operator new(Size, std::align_val_t{Align});
+    return ::operator new (Size, std::align_val_t{Align});
   }
 
   static void give(void* block) noexcept {
@@ -57,7 +57,7 @@ class BlockPool {
         return;
       }
     }
-    ::operator delete(block, std::align_val_t{Align});
+    ::operator delete (block, std::align_val_t{Align});
   }
 
  private:
@@ -93,13 +93,13 @@ struct PoolAllocator {
 
   T* allocate(std::size_t n) {
     if (n == 1) return static_cast<T*>(BlockPool<sizeof(T), alignof(T)>::take());
-    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{alignof(T)}));
+    return static_cast<T*>(::operator new (n * sizeof(T), std::align_val_t{alignof(T)}));
   }
   void deallocate(T* p, std::size_t n) noexcept {
     if (n == 1) {
       BlockPool<sizeof(T), alignof(T)>::give(p);
     } else {
-      ::operator delete(p, std::align_val_t{alignof(T)});
+      ::operator delete (p, std::align_val_t{alignof(T)});
     }
   }
   template <class U>

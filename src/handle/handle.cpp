@@ -31,8 +31,8 @@
 #include <vector>
 
 #include "core/fork.hpp"
-#include "core/posix.hpp"
 #include "core/pool.hpp"
+#include "core/posix.hpp"
 #include "core/retry.hpp"
 #include "core/spin.hpp"
 #include "cuda/cufile.hpp"

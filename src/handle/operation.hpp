@@ -2,6 +2,8 @@
 // Internal to the library.
 #pragma once
 
+#include <fmt/format.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -14,8 +16,6 @@
 #include <mutex>
 #include <string>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "core/posix.hpp"
 #include "cuda/cufile.hpp"
@@ -36,7 +36,9 @@ class NameRef {
  public:
   NameRef() noexcept : s_(&empty()) {}
   explicit NameRef(const std::string& s) noexcept : s_(&s) {}
-  operator const std::string&() const noexcept { return *s_; }  // NOLINT(google-explicit-constructor)
+  operator const std::string&() const noexcept {
+    return *s_;
+  }  // NOLINT(google-explicit-constructor)
   const std::string& str() const noexcept { return *s_; }
   bool empty_name() const noexcept { return s_->empty(); }
 
@@ -94,7 +96,7 @@ class FinishListener {
 // queue's mutex; the outcome fields by `mutex`.
 struct Operation {
   engine::Direction direction = engine::Direction::Read;
-  NameRef path;                        // for messages: the file name, or "fd N (name)"
+  NameRef path;  // for messages: the file name, or "fd N (name)"
   // Its file's descriptors (a caller's fd is not owned) and name; kept until the operation is
   // destroyed, for `path`.
   std::shared_ptr<OpenFile> file;
@@ -186,6 +188,8 @@ class OperationQueue {
   std::exception_ptr worker_failure();
   // Blocks until `op` has finished.
   static void wait_finished(Operation& op);
+  // How many operations have been queued so far: a worker polling for new work compares it.
+  std::uint64_t pushes() const noexcept { return pushes_.load(std::memory_order_acquire); }
   // `hook` is called by a worker that has waited `period` for work in vain, outside the queue's
   // lock, and again after each further `period` while it returns true; it is armed again when an
   // operation is queued. Set before any worker starts (not synchronised).

@@ -580,6 +580,9 @@ PYBIND11_MODULE(_nvio, m) {
       .def("wait_all", [](nvio::Handle& h) { return unlocked([&] { return h.wait(); }); })
       .def("done", [](const nvio::Handle& h, nvio::Ticket t) { return h.done(t); })
       .def("pending", &nvio::Handle::pending)
+      // Closing a descriptor can block (a network file system flushes on close).
+      .def("close_files", [](nvio::Handle& h) { unlocked([&] { h.close_files(); }); })
+      .def("open_files", &nvio::Handle::open_files)
       .def("options", [](const nvio::Handle& h) { return options_dict(h.options()); })
       .def_property_readonly("engine",
                              [](const nvio::Handle& h) { return nvio::to_string(h.engine()); })

@@ -188,8 +188,6 @@ class OperationQueue {
   std::exception_ptr worker_failure();
   // Blocks until `op` has finished.
   static void wait_finished(Operation& op);
-  // How many operations have been queued so far: a worker polling for new work compares it.
-  std::uint64_t pushes() const noexcept { return pushes_.load(std::memory_order_acquire); }
   // `hook` is called by a worker that has waited `period` for work in vain, outside the queue's
   // lock, and again after each further `period` while it returns true; it is armed again when an
   // operation is queued. Set before any worker starts (not synchronised).

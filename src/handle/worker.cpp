@@ -42,7 +42,6 @@
 #include <vector>
 
 #include "core/retry.hpp"
-#include "core/spin.hpp"
 #include "cuda/device_lane.hpp"
 #include "memory/bounce_pool.hpp"
 #include "memory/user_copy.hpp"
@@ -707,23 +706,10 @@ void Worker::run() noexcept {
             reap(kKernel, 1);
           }
         }
-      } else if (settings_.overlap_events) {
-        // One engine has requests: wait for at least one completion, but poll a while first (core/
-        // spin.hpp). Blocked in the engine, the worker would leave a submission queued meanwhile
-        // waiting for the next completion, and a caller that submits as operations complete
-        // would run at less than the queue depth it keeps.
-        const unsigned lane = on_disk_[kKernel] > 0 ? kKernel : kCuFile;
-        const std::uint64_t seen = queue_.pushes();
-        std::size_t got = 0;
-        const bool moved = spin_until([&] {
-          got += reap(lane, 0);
-          return got > 0 || on_disk_[lane] == 0 || queue_.pushes() != seen;
-        });
-        if (!moved) reap(lane, 1);
       } else {
-        // One engine has requests: all of them, before anything new is submitted.
+        // One engine has requests: at least one completion (overlap_events), or all of them.
         for (unsigned lane = 0; lane < kLanes; ++lane) {
-          if (on_disk_[lane] > 0) reap(lane, on_disk_[lane]);
+          if (on_disk_[lane] > 0) reap(lane, settings_.overlap_events ? 1 : on_disk_[lane]);
         }
       }
     }

@@ -431,3 +431,33 @@ def test_report_sees_environment(monkeypatch):
     assert rep["options"]["queue_depth"]["source"] != "default"
     assert nvio.Handle().options["queue_depth"] == 17
     assert nvio.Handle(queue_depth=5).options["queue_depth"] == 5  # an argument beats the env
+
+
+def _deleted_fds() -> int:
+    count = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{name}").endswith(" (deleted)"):
+                count += 1
+        except OSError:
+            pass
+    return count
+
+
+def test_close_files_lets_go_of_a_removed_file(tmp_path):
+    """The handle keeps what it opened; close_files() closes it, so that a removed file's space
+    comes back at once (the handle would let go of it by itself within about a second)."""
+    h = nvio.Handle()
+    path = tmp_path / "kept.bin"
+    data = torch.arange(1 << 16, dtype=torch.uint8)
+    h.write(data, str(path))
+    back = torch.empty_like(data)
+    h.read(back, str(path))
+    assert torch.equal(back, data)
+    assert h.open_files() == 2  # the name for writing and for reading
+    before = _deleted_fds()
+    os.unlink(path)
+    assert _deleted_fds() > before, "the handle should hold the removed file open"
+    h.close_files()
+    assert h.open_files() == 0
+    assert _deleted_fds() == before

@@ -54,7 +54,8 @@ std::int64_t current_size(const FileFacts& now, int fd) {
 void use(Operation& op, std::shared_ptr<OpenFile> file) {
   op.direct_fd = file->direct_fd;
   op.buffered_fd = file->buffered_fd;
-  op.path = NameRef(file->name);  // kept alive by op.file from here on
+  op.name = file->name;  // outlives op.file, which closes when the operation finishes
+  op.path = NameRef(*op.name);
   op.file = std::move(file);
 }
 
@@ -161,7 +162,7 @@ std::size_t FileCache::size() const {
 
 std::shared_ptr<OpenFile> FileCache::open_new(Operation& op) {
   auto file = std::make_shared<OpenFile>();
-  file->name = op.path.str();
+  file->name = std::make_shared<const std::string>(op.path.str());
   const int flags = open_flags(op.direction);
   bool direct_refused = false;
   if (direct_ != DirectIo::Off) {
@@ -225,7 +226,7 @@ void FileCache::adopt_fd(Operation& op, int fd) {
   if (kept != nullptr && !now.same_file(kept->facts)) kept.reset();
   // The name for messages: the kept file's, else from /proc (a readlink) for a first sight.
   std::string name = kept != nullptr ? std::string() : fd_name(fd);
-  op.path = NameRef(kept != nullptr ? kept->name : name);
+  op.path = NameRef(kept != nullptr ? *kept->name : name);
   if (fl < 0) {
     throw_io_error(IoOp::Stat, op.path, op.offset, op.length, fl_err,
                    "the file descriptor is not open");
@@ -246,7 +247,7 @@ void FileCache::adopt_fd(Operation& op, int fd) {
     return;
   }
   auto file = std::make_shared<OpenFile>();
-  file->name = op.path.str();
+  file->name = std::make_shared<const std::string>(op.path.str());
   file->facts = now;
   if (!keeps) {
     file->buffered_fd = fd;

@@ -140,7 +140,8 @@ void OperationQueue::finish_piece(Operation& op, std::size_t count) {
   }
   {
     std::lock_guard lock(op.mutex);
-    op.cufile = cuda::CuFileHandle();  // deregistered while its descriptor is open
+    op.cufile = cuda::CuFileHandle();  // deregistered before its descriptor closes
+    op.file.reset();
     op.batch.reset();
   }
   // Before `finished`: a wait that collects the ticket (and may drop the listener's record of it)

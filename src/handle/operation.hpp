@@ -29,9 +29,9 @@ namespace nvio::detail {
 
 // The name of an operation's file, for messages: a pointer to a string that outlives every use
 // of it (the caller's path while the operation is prepared, then its OpenFile's name, which
-// Operation::file keeps until the operation is destroyed), not a copy, which would cost a heap
-// allocation per operation for any path longer than std::string's inline buffer. Converts to
-// const std::string& and formats as the string.
+// Operation::name keeps), not a copy, which would cost a heap allocation per operation for any
+// path longer than std::string's inline buffer. Converts to const std::string& and formats as the
+// string.
 class NameRef {
  public:
   NameRef() noexcept : s_(&empty()) {}
@@ -58,7 +58,9 @@ std::exception_ptr io_error_ptr(IoOp op, const std::string& path, std::uint64_t 
 // Shared by the operations using it and by the handle's FileCache (handle/files.hpp), and closed
 // when the last of them lets go. Immutable once made.
 struct OpenFile {
-  std::string name;  // the path, or "fd N (target)"
+  // The path, or "fd N (target)", for messages; shared with the operations using the file, which
+  // keep it after they let go of the descriptors.
+  std::shared_ptr<const std::string> name;
   FileDescriptor direct;
   FileDescriptor buffered;
   int direct_fd = -1;    // as opened or adopted, before planning: -1 without direct I/O
@@ -96,13 +98,12 @@ class FinishListener {
 // queue's mutex; the outcome fields by `mutex`.
 struct Operation {
   engine::Direction direction = engine::Direction::Read;
-  NameRef path;  // for messages: the file name, or "fd N (name)"
-  // Its file's descriptors (a caller's fd is not owned) and name; kept until the operation is
-  // destroyed, for `path`.
-  std::shared_ptr<OpenFile> file;
-  std::int64_t checked_size = 0;       // a read: the file's size when it was prepared
-  std::shared_ptr<BatchFinish> batch;  // set for the operations of a batch of writes
-  int direct_fd = -1;                  // -1: no direct I/O for this operation
+  NameRef path;                             // for messages: the file name, or "fd N (name)"
+  std::shared_ptr<OpenFile> file;           // its file's descriptors (a caller's fd is not owned)
+  std::shared_ptr<const std::string> name;  // its file's name, which `path` points into
+  std::int64_t checked_size = 0;            // a read: the file's size when it was prepared
+  std::shared_ptr<BatchFinish> batch;       // set for the operations of a batch of writes
+  int direct_fd = -1;                       // -1: no direct I/O for this operation
   int buffered_fd = -1;
   std::byte* buf = nullptr;
   std::uint64_t offset = 0;

@@ -145,6 +145,9 @@ struct Handle::Impl final : detail::FinishListener {
   void end_collect(std::span<const JobPtr> jobs);
   // A job's last operation finished: its ticket joins `finished` for wait_some.
   void operation_finished(const detail::Operation& op) noexcept override;
+  // Adds `ticket` to `finished` (pruning collected ones). Called with tickets_mutex held; the
+  // caller notifies finished_cv after letting it go.
+  void list_finished(Ticket ticket) noexcept;
 
   Options options;
   EngineKind engine_kind;
@@ -502,9 +505,21 @@ Ticket Handle::Impl::register_async(const JobPtr& job) {
     // live tickets.
     const std::size_t room = 2 * tickets.size() + 65;
     if (finished.capacity() < room) finished.reserve(std::max(room, 2 * finished.capacity()));
+    // A job of no operations (an empty batch) has finished already: no operation will say so.
+    if (job->ops.empty()) list_finished(t);
   }
+  if (job->ops.empty()) finished_cv.notify_all();
   for (const OperationPtr& op : job->ops) queue.push(op);
   return t;
+}
+
+void Handle::Impl::list_finished(Ticket ticket) noexcept {
+  if (finished.size() >= 2 * tickets.size() + 64) {
+    // Mostly tickets that wait() or wait(ticket) collected: drop those.
+    std::erase_if(finished, [&](Ticket t) { return !tickets.contains(t); });
+  }
+  finished.push_back(ticket);  // within the capacity register_async reserved
+  finished_count.fetch_add(1, std::memory_order_release);
 }
 
 void Handle::Impl::operation_finished(const detail::Operation& op) noexcept {
@@ -512,12 +527,7 @@ void Handle::Impl::operation_finished(const detail::Operation& op) noexcept {
   if (job->unfinished.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
   {
     std::lock_guard lock(tickets_mutex);
-    if (finished.size() >= 2 * tickets.size() + 64) {
-      // Mostly tickets that wait() or wait(ticket) collected: drop those.
-      std::erase_if(finished, [&](Ticket t) { return !tickets.contains(t); });
-    }
-    finished.push_back(job->ticket);  // within the capacity register_async reserved
-    finished_count.fetch_add(1, std::memory_order_release);
+    list_finished(job->ticket);
   }
   finished_cv.notify_all();
 }

@@ -278,6 +278,19 @@ TEST_P(Batch, WaitSomeCollectsEachCompletionOnceWithItsOwnFailure) {
   EXPECT_THROW(h.wait(index.begin()->first), nvio::InvalidArgument);
 }
 
+// An empty batch has finished at once: wait_some collects it rather than waiting for ever.
+TEST_P(Batch, WaitSomeCollectsAnEmptyBatch) {
+  nvio::Handle h(options());
+  const nvio::Ticket t = h.submit_read_batch({});
+  std::vector<nvio::Completion> out(4);
+  std::size_t n = 0;
+  run_within(20s, "wait_some for an empty batch", [&] { n = h.wait_some(out, 1); });
+  ASSERT_EQ(n, 1u);
+  EXPECT_EQ(out[0].ticket, t);
+  EXPECT_FALSE(out[0].error);
+  EXPECT_EQ(h.pending(), 0u);
+}
+
 // wait_some beside wait(): two threads collecting the same handle's operations get each ticket
 // exactly once between them, and neither hangs.
 TEST_P(Batch, WaitSomeBesideWaitCollectsEachTicketOnce) {

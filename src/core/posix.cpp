@@ -100,6 +100,11 @@ int path_facts(const std::string& path, FileFacts& facts) noexcept {
                      stx, facts);
 }
 
+std::int64_t block_device_size(int fd) noexcept {
+  std::uint64_t bytes = 0;
+  return ::ioctl(fd, BLKGETSIZE64, &bytes) == 0 ? static_cast<std::int64_t>(bytes) : -errno;
+}
+
 int file_facts(int fd, FileFacts& facts) {
   struct statx stx {};
   if (const int rc = basic_facts(fd, "", AT_EMPTY_PATH,
@@ -108,10 +113,7 @@ int file_facts(int fd, FileFacts& facts) {
       rc < 0) {
     return rc;
   }
-  if (facts.type == FileType::Block) {
-    std::uint64_t bytes = 0;
-    facts.size = ::ioctl(fd, BLKGETSIZE64, &bytes) == 0 ? static_cast<std::int64_t>(bytes) : -errno;
-  }
+  if (facts.type == FileType::Block) facts.size = block_device_size(fd);
   if ((stx.stx_mask & STATX_DIOALIGN) == 0) {
     facts.direct_io = assumed_direct_io(facts.block_size);
   } else if (stx.stx_dio_offset_align == 0) {

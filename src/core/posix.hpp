@@ -59,6 +59,9 @@ struct FileFacts {
   }
 };
 
+// The size in bytes of the block device open as `fd` (ioctl BLKGETSIZE64), or -errno.
+std::int64_t block_device_size(int fd) noexcept;
+
 // Fills `facts` for the file open as `fd`. Returns 0, or -errno when statx failed.
 int file_facts(int fd, FileFacts& facts);
 

@@ -2,8 +2,6 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
-#include <linux/fs.h>
-#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -46,9 +44,7 @@ void stat_fd(const Operation& op, int fd, FileFacts& facts) {
 
 // The size of the file now: its statx size, or for a block device the ioctl on `fd`.
 std::int64_t current_size(const FileFacts& now, int fd) {
-  if (now.type != FileType::Block) return now.size;
-  std::uint64_t bytes = 0;
-  return ::ioctl(fd, BLKGETSIZE64, &bytes) == 0 ? static_cast<std::int64_t>(bytes) : -errno;
+  return now.type == FileType::Block ? block_device_size(fd) : now.size;
 }
 
 void use(Operation& op, std::shared_ptr<OpenFile> file) {

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 kind="${1:?usage: scripts/sanitize.sh address,undefined|thread}"
 dir="build-san-${kind//,/-}"
 scripts/deps.sh
-cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Debug -DNVIO_SANITIZE="$kind" -DNVIO_BUILD_PYTHON=OFF -DNVIO_WERROR=ON >/dev/null
+cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Debug -DNVIO_SANITIZE="$kind" -DNVIO_BUILD_PYTHON=OFF -DNVIO_WERROR=ON -DCMAKE_UNITY_BUILD=ON >/dev/null
 cmake --build "$dir" -j"$(nproc)"
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "core/posix.hpp"
 #include "memory/user_copy.hpp"
 #include "test_util.hpp"
 
@@ -406,6 +407,26 @@ TEST(UserCopy, CopiesGoodMemoryAndStopsAtBadPages) {
     const auto all_bad = copier.from_user(out.data(), m.data() + PartlyProtected::kGood, 4096);
     EXPECT_EQ(all_bad.error, EFAULT);
     EXPECT_EQ(all_bad.fault_at, 0u);
+  }
+  {
+    // A shared file mapping past the end of its file: access there raises SIGBUS, not SIGSEGV.
+    TempDir dir;
+    const std::string path = dir.file("short");
+    nvio::detail::FileDescriptor fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+    ASSERT_GE(fd.get(), 0);
+    ASSERT_EQ(::ftruncate(fd.get(), 2 * 4096), 0);
+    void* p = ::mmap(nullptr, 4 * 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+    ASSERT_NE(p, MAP_FAILED);
+    auto* mapped = static_cast<std::byte*>(p);
+    const auto in = copier.to_user(mapped + 1, chunk.data(), 3 * 4096);
+    EXPECT_EQ(in.error, EFAULT);
+    EXPECT_EQ(in.fault_at, 2 * 4096 - 1);
+    EXPECT_EQ(std::memcmp(mapped + 1, chunk.data(), 2 * 4096 - 1), 0);
+    std::vector<std::byte> out(3 * 4096);
+    const auto from = copier.from_user(out.data(), mapped + 1, out.size());
+    EXPECT_EQ(from.error, EFAULT);
+    EXPECT_EQ(from.fault_at, 2 * 4096 - 1);
+    ::munmap(p, 4 * 4096);
   }
   // The copier still works after failures (its pipe was left empty).
   std::vector<std::byte> a(3 * 4096 + 9), b(a.size());

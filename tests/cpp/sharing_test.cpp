@@ -166,5 +166,20 @@ TEST_P(Sharing, ForkedChildOnlyDestroysTheHandle) {
 
 INSTANTIATE_TEST_SUITE_P(Engines, Sharing, NVIO_ALL_ENGINES, EngineParamName());
 
+// The fork tests' hang detection: a child that never ends is reported (-1), described on stderr
+// and killed, and the test goes on.
+TEST(RunInChild, HungChildIsKilledAndReported) {
+  NVIO_SKIP_FORK_UNDER_TSAN();
+  const auto start = std::chrono::steady_clock::now();
+  const int status = run_in_child(
+      [] {
+        for (;;) ::pause();
+        return 0;
+      },
+      std::chrono::seconds(1));
+  EXPECT_EQ(status, -1);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(90));
+}
+
 }  // namespace
 }  // namespace nvio_test

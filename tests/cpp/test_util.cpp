@@ -479,3 +479,44 @@ ScopedEnv::~ScopedEnv() {
 }
 
 }  // namespace nvio_test
+
+namespace nvio_test {
+
+namespace {
+
+// A file of /proc as text, or why it could not be read. read_file() does not serve: these files
+// report a size of 0.
+std::string read_proc_text(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "re");
+  if (f == nullptr) return "(" + std::string(std::strerror(errno)) + ")";
+  std::string text(8192, '\0');
+  text.resize(std::fread(text.data(), 1, text.size(), f));
+  std::fclose(f);
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  return text;
+}
+
+}  // namespace
+
+void report_stuck_process(pid_t pid) {
+  std::ostringstream out;
+  out << "process " << pid << " hung; its threads:\n";
+  const std::string task_dir = "/proc/" + std::to_string(pid) + "/task";
+  if (DIR* dir = ::opendir(task_dir.c_str())) {
+    while (const dirent* entry = ::readdir(dir)) {
+      if (entry->d_name[0] == '.') continue;
+      const std::string t = task_dir + "/" + entry->d_name;
+      out << "  thread " << entry->d_name << " (" << read_proc_text(t + "/comm")
+          << "): wchan " << read_proc_text(t + "/wchan") << ", syscall "
+          << read_proc_text(t + "/syscall") << "\n"
+          << read_proc_text(t + "/stack") << "\n";
+    }
+    ::closedir(dir);
+  }
+  const CommandResult gdb = run_command({"timeout", "60", "gdb", "-p", std::to_string(pid),
+                                         "-batch", "-ex", "thread apply all bt"});
+  out << "gdb: " << gdb.output << "\n";
+  std::fputs(out.str().c_str(), stderr);
+}
+
+}  // namespace nvio_test

@@ -249,8 +249,14 @@ class ScopedEnv {
 #define NVIO_SKIP_FORK_UNDER_TSAN() (void)0
 #endif
 
-// Runs `child` in a forked process and returns its exit status; a child that has not exited
-// within `limit` is killed and reported as a hang (-1).
+// Writes to stderr where each thread of a hung process is: its threads' names, wait channels and
+// system calls from /proc, and their stacks from gdb where it is installed. A hang that happens
+// once in many CI runs is then diagnosable from the log.
+void report_stuck_process(pid_t pid);
+
+// Runs `child` in a forked child and returns its exit code; 128 + signal when it was killed, -1
+// when it did not end within `limit` (it is then described on stderr and killed), -2 when fork
+// failed.
 template <typename F>
 int run_in_child(F child, std::chrono::seconds limit = std::chrono::seconds(60)) {
   const pid_t pid = ::fork();
@@ -270,6 +276,7 @@ int run_in_child(F child, std::chrono::seconds limit = std::chrono::seconds(60))
     const pid_t r = ::waitpid(pid, &status, WNOHANG);
     if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     if (std::chrono::steady_clock::now() > deadline) {
+      report_stuck_process(pid);
       ::kill(pid, SIGKILL);
       ::waitpid(pid, &status, 0);
       return -1;

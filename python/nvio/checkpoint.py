@@ -14,7 +14,7 @@ releases the GIL) while the batch is being written; the small records, the local
 hold the CRCs) and the central directory follow, then fdatasync, rename over ``path`` and fsync of
 the directory.
 
-``load`` reads the whole file with one parallel (O_DIRECT) read into locked memory, checks every
+``load`` reads the whole file with one parallel (O_DIRECT) read into page-aligned memory, checks every
 record's CRC-32 and unpickles with storages that are views of that memory (no second copy of the
 tensor bytes); ``map_location`` and ``weights_only`` go through torch's own loader code, so they
 behave as in ``torch.load``. ``into=`` reads the tensor bytes straight into an existing state
@@ -26,6 +26,7 @@ from __future__ import annotations
 import concurrent.futures
 import errno as _errno
 import io
+import mmap
 import os
 import pickle
 import secrets
@@ -536,27 +537,34 @@ class _Records:
                                      dtype=self.torch.uint8)
 
 
-def _read_whole(path: bytes, text: str, handle: Any) -> Any:
-    """The whole file in locked memory, read with one parallel call."""
-    from . import empty_locked
+def _read_whole(path: bytes, text: str, handle: Any) -> memoryview:
+    """The whole file in fresh page-aligned anonymous memory, read with one parallel call.
 
+    Not ``nvio.empty_locked``: locking (and so populating) the memory up front cost more than the
+    read itself (0.55 to 1.1 s for 256 MiB against 0.14 s for the read, on the dev machine),
+    while O_DIRECT needs only the page alignment; the read faults the pages in. The tensors
+    loaded are views of this memory, so it stays ordinary (unlocked) memory for their life."""
     try:
         size = os.stat(path).st_size
     except OSError as e:
         raise _typed(e, "load", text) from e
     if os.path.isdir(path):
         raise _typed(IsADirectoryError(_errno.EISDIR, "is a directory"), "load", text)
-    buf = empty_locked(size)
-    if size > 0:
-        (handle if handle is not None else _default_handle()).read(buf, path)
-    return buf
+    if size == 0:
+        return memoryview(b"")
+    memory = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        memory.madvise(mmap.MADV_HUGEPAGE)
+    view = memoryview(memory)
+    (handle if handle is not None else _default_handle()).read(view, path)
+    return view
 
 
 def load(path: Any, map_location: Any = None, weights_only: bool = False, into: Any = None, *,
          handle: Any = None) -> Any:
     """Loads what ``torch.save`` or ``nvio.save`` wrote to ``path``.
 
-    The file is read with one parallel O_DIRECT read into locked memory, every record's CRC-32 is
+    The file is read with one parallel O_DIRECT read into page-aligned memory, every record's CRC-32 is
     checked (``nvio.CheckpointFormatError`` on a mismatch or a malformed file), and the tensors
     are views of that memory: no second copy. ``map_location`` and ``weights_only`` behave as in
     ``torch.load`` (torch's own code applies them). With ``into=`` (a dict of tensors, e.g. a
@@ -568,8 +576,7 @@ def load(path: Any, map_location: Any = None, weights_only: bool = False, into: 
     if into is not None:
         return _load_into(raw, text, into, handle)
     torch = _torch()
-    buf = _read_whole(raw, text, handle)
-    archive = _Archive(memoryview(buf.numpy()), text)
+    archive = _Archive(_read_whole(raw, text, handle), text)
     with _pool(os.cpu_count() or 1) as pool:
         archive.verify(pool)
     return _unpickle(torch, _Records(archive, torch), map_location, weights_only)

@@ -23,15 +23,7 @@ import time
 from pathlib import Path
 
 import benchlib
-
-
-def drop_cache(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+from benchlib import drop_cache
 
 
 def state_dict(torch, total: int) -> dict:

@@ -98,13 +98,11 @@ def test_every_dtype_round_trip_both_ways(tmp_path):
         assert z.read("archive/version") == b"3\n"
         for info in z.infolist():
             assert info.compress_type == zipfile.ZIP_STORED
-            if info.filename.startswith("archive/data/"):
-                start = info.header_offset + 30 + len(info.filename) + len(info.extra)
+            if info.filename.startswith("archive/data/"):  # data 64-byte aligned, as torch's
                 with open(mine, "rb") as f:
-                    f.seek(info.header_offset + 28)
+                    f.seek(info.header_offset + 28)  # the local header's extra field length
                     extra_len = int.from_bytes(f.read(2), "little")
                 assert (info.header_offset + 30 + len(info.filename) + extra_len) % 64 == 0
-                del start
 
 
 def test_sharing_and_identity_preserved(tmp_path):

@@ -54,6 +54,17 @@ def error_exit(prog: str, exc: BaseException) -> int:
     return 130
 
 
+def drop_cache(path: "os.PathLike[str] | str") -> None:
+    """Makes the next read of `path` cold: its dirty pages are written (fsync), then its pages
+    dropped from the page cache (posix_fadvise DONTNEED)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 # ---- argument types (argparse `type=`) --------------------------------------------------------
 
 

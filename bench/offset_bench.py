@@ -30,7 +30,7 @@ from pathlib import Path
 
 if str(Path(__file__).resolve().parent) not in sys.path:  # python3 -P leaves bench/ off sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import Failure, error_exit, interrupt_on_sigterm, log
+from benchlib import Failure, drop_cache, error_exit, interrupt_on_sigterm, log
 from fio_compare import RamDisk
 from python_bench import _import_nvio
 
@@ -50,15 +50,6 @@ def size_with_extra(text: str) -> int:
     if total <= 0:
         raise argparse.ArgumentTypeError("size must be positive")
     return total
-
-
-def drop_cache(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def timed(handle, op: str, buf, path: Path, offset: int) -> float:

@@ -6,6 +6,8 @@ Two APIs over one core:
   numpy array or buffer, by path or file descriptor, at any offset and size.
   ``read_batch`` / ``write_batch`` (and ``_async``) move many buffers at their offsets as one
   operation with one future.
+* ``nvio.save(obj, path)`` / ``nvio.load(path)``: torch checkpoints (the ``torch.save`` format),
+  written atomically and durably, read with one parallel read (checkpoint.py).
 * ``nvio.tune(dir)``: finds the fastest options for a drive within a time budget; with
   ``save=True`` they become the default of every handle (``nvio.Handle()``).
 * ``nvio.aio_handle``: a drop-in for DeepSpeed's DeepNVMe ``aio_handle`` (and
@@ -26,6 +28,7 @@ from ._aio import ValidationError, aio_handle, aio_read, aio_write
 from ._future import Future
 from ._handle import Handle
 from ._tune import TuneResult, tune
+from .checkpoint import CheckpointFormatError, load, save
 from ._nvio import (
     EngineUnavailable,
     Error,
@@ -60,7 +63,8 @@ __all__ = [
     "Handle", "Future", "aio_handle", "aio_read", "aio_write", "empty_locked", "is_pinned",
     "report", "tune", "TuneResult", "Error", "InvalidArgument", "InvalidType", "EngineUnavailable",
     "LockedMemoryError", "IOFailure", "FileNotFound", "PermissionDenied", "ReadOnlyFileSystem",
-    "IsADirectory", "NoSpace", "ShortFile", "ValidationError",
+    "IsADirectory", "NoSpace", "ShortFile", "ValidationError", "save", "load",
+    "CheckpointFormatError",
     "__version__",
 ]
 __all__ += ["gds_handle", "gpu_info", "GpuError"]

@@ -634,8 +634,9 @@ def _load_into(raw: bytes, text: str, into: Any, handle: Any) -> Any:
     dtype; then one ``read_batch`` moves each tensor's bytes from the file into the target's
     memory. Every key of the checkpoint must be in ``into`` with the same shape and dtype (else
     ``nvio.InvalidArgument`` naming the key, before anything is read); targets must be
-    contiguous CPU tensors, as must the saved tensors' layout. Records' CRCs are not checked on
-    this path (the bytes never pass through memory nvio owns)."""
+    contiguous CPU tensors, as must the saved tensors' layout. The pickle is unpickled as with
+    ``weights_only=True`` (no code from the file runs). Records' CRCs are not checked on this
+    path (the bytes never pass through memory nvio owns)."""
     torch = _torch()
     try:
         fd = os.open(raw, os.O_RDONLY | os.O_CLOEXEC)
@@ -644,7 +645,9 @@ def _load_into(raw: bytes, text: str, into: Any, handle: Any) -> Any:
     try:
         archive = _Archive(_FileView(fd, os.fstat(fd).st_size), text)
         records = _MetaRecords(archive, torch)
-        loaded = _unpickle(torch, records, lambda storage, location: storage, False)
+        # Only tensors are taken from the file, so nothing else may run while unpickling: torch's
+        # restricted unpickler, as with weights_only=True.
+        loaded = _unpickle(torch, records, lambda storage, location: storage, True)
     except OSError as e:
         raise _typed(e, "load", text) from e
     finally:

@@ -236,6 +236,15 @@ def test_into_fills_in_place(tmp_path):
     assert_same(src, target)
 
 
+def test_into_runs_no_code_from_the_file(tmp_path):
+    marker = str(tmp_path / "pwned")
+    path = tmp_path / "evil.pt"
+    nvio.save({"w": torch.ones(3), "x": _Evil(marker)}, path)
+    with pytest.raises(pickle.UnpicklingError):
+        nvio.load(path, into={"w": torch.zeros(3)})
+    assert not os.path.exists(marker)
+
+
 def test_into_errors_name_the_key(tmp_path):
     path = tmp_path / "i.pt"
     nvio.save({"w": torch.ones(4, 4), "b": torch.ones(4)}, path)

@@ -17,6 +17,7 @@ const char* to_string(IoOp op) noexcept {
     case IoOp::Truncate: return "truncate";
     case IoOp::Submit: return "submit";
     case IoOp::Wait: return "wait";
+    case IoOp::Rename: return "rename";
   }
   return "?";
 }
@@ -46,6 +47,11 @@ IoError::IoError(IoOp op, std::string path, std::uint64_t offset, std::uint64_t 
       offset_(offset),
       length_(length),
       errno_(err) {}
+
+FormatError::FormatError(std::string path, std::string problem)
+    : Error(fmt::format("'{}': {}", path, problem)),
+      path_(std::move(path)),
+      problem_(std::move(problem)) {}
 
 ShortFile::ShortFile(IoOp op, std::string path, std::uint64_t offset, std::uint64_t length,
                      std::uint64_t file_size)

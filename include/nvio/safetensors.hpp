@@ -36,7 +36,23 @@ namespace nvio::safetensors {
 
 // The reference's dtypes in its declared order: increasing alignment. Saving sorts by this order
 // (descending), so the order is part of the file format and must not change.
-enum class Dtype { BOOL, U8, I8, F8_E5M2, F8_E4M3, I16, U16, F16, BF16, I32, U32, F32, F64, I64, U64 };
+enum class Dtype {
+  BOOL,
+  U8,
+  I8,
+  F8_E5M2,
+  F8_E4M3,
+  I16,
+  U16,
+  F16,
+  BF16,
+  I32,
+  U32,
+  F32,
+  F64,
+  I64,
+  U64
+};
 
 // "F32" for Dtype::F32.
 const char* to_string(Dtype dtype) noexcept;
@@ -103,13 +119,12 @@ Header read_safetensors_header(Handle& handle, const std::string& path);
 // Reads tensor i of `header` into buffers[i] (header.tensors[i].byte_size() bytes there), as one
 // read batch; a null buffer skips its tensor. buffers.size() must equal header.tensors.size().
 void read_safetensors_tensors(Handle& handle, const std::string& path, const Header& header,
-                              std::span<void* const> buffers,
-                              const ReadOptions& read_options = {});
+                              std::span<void* const> buffers, const ReadOptions& read_options = {});
 
 // Reads the whole data region into `buf` (header.data_size bytes): tensor i lands at
 // buf + header.tensors[i].begin.
-void read_safetensors_data(Handle& handle, const std::string& path, const Header& header,
-                           void* buf, const ReadOptions& read_options = {});
+void read_safetensors_data(Handle& handle, const std::string& path, const Header& header, void* buf,
+                           const ReadOptions& read_options = {});
 
 // Where a tensor's bytes go: `destination` is asked once per tensor, in header order, and returns
 // memory for its byte_size() bytes, or nullptr to skip it. Called before any data is read.

@@ -11,11 +11,11 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
-#include <map>
-#include <span>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -481,8 +481,8 @@ py::tuple header_tuple(const st::Header& h) {
   for (const st::TensorInfo& t : h.tensors) {
     py::tuple shape(t.shape.size());
     for (std::size_t i = 0; i < t.shape.size(); ++i) shape[i] = py::int_(t.shape[i]);
-    tensors.append(py::make_tuple(message_text(t.name), st::to_string(t.dtype), shape, t.begin,
-                                  t.end));
+    tensors.append(
+        py::make_tuple(message_text(t.name), st::to_string(t.dtype), shape, t.begin, t.end));
   }
   py::object metadata = py::none();
   if (h.metadata) {
@@ -500,8 +500,8 @@ st::Dtype dtype_of(const std::string& name) {
 }
 
 // (name, dtype, shape, address, nbytes) from nvio/safetensors.py, names already UTF-8 bytes.
-using SaveItem = std::tuple<std::string, std::string, std::vector<std::uint64_t>, std::uintptr_t,
-                            std::size_t>;
+using SaveItem =
+    std::tuple<std::string, std::string, std::vector<std::uint64_t>, std::uintptr_t, std::size_t>;
 
 std::vector<st::TensorData> tensor_data(const std::vector<SaveItem>& items) {
   std::vector<st::TensorData> out;
@@ -537,7 +537,8 @@ void bind_safetensors(py::module_& m) {
   m.def(
       "safetensors_header",
       [](const std::vector<SaveItem>& items, const MetadataArg& metadata) {
-        const st::SerializedHeader h = st::serialize_safetensors_header(tensor_data(items), metadata);
+        const st::SerializedHeader h =
+            st::serialize_safetensors_header(tensor_data(items), metadata);
         return py::make_tuple(
             py::bytes(reinterpret_cast<const char*>(h.bytes.data()), h.bytes.size()), h.order,
             h.begins);

@@ -1,16 +1,17 @@
 // The safetensors format (include/nvio/safetensors.hpp), the I/O: loading through one read batch,
 // saving through one write batch into an atomically replaced file. Parsing and serialisation are
 // in safetensors_header.cpp.
+#include "nvio/safetensors.hpp"
+
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <vector>
 
-#include <fmt/format.h>
-
 #include "core/posix.hpp"
 #include "core/replace_file.hpp"
 #include "nvio/errors.hpp"
-#include "nvio/safetensors.hpp"
 
 namespace nvio::safetensors {
 
@@ -59,8 +60,8 @@ void read_safetensors_tensors(Handle& handle, const std::string& path, const Hea
   if (!extents.empty()) handle.read_batch(extents, read_options);
 }
 
-void read_safetensors_data(Handle& handle, const std::string& path, const Header& header,
-                           void* buf, const ReadOptions& read_options) {
+void read_safetensors_data(Handle& handle, const std::string& path, const Header& header, void* buf,
+                           const ReadOptions& read_options) {
   if (header.data_size > 0) {
     handle.read(buf, static_cast<std::size_t>(header.data_size), path, header.data_offset(),
                 read_options);

@@ -1,7 +1,7 @@
 // The safetensors format (include/nvio/safetensors.hpp), the part without I/O: the dtype table,
 // header parsing with nlohmann::json (kept out of the public header) and header serialisation. It
 // depends on nothing but errors.cpp, so that the fuzz target (tests/fuzz) compiles it on its own.
-#include "nvio/safetensors.hpp"
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <array>
@@ -12,9 +12,8 @@
 #include <unordered_set>
 #include <utility>
 
-#include <fmt/format.h>
-
 #include "nvio/errors.hpp"
+#include "nvio/safetensors.hpp"
 
 namespace nvio::safetensors {
 
@@ -75,8 +74,7 @@ struct StructureError {
 json parse_json(const unsigned char* begin, const unsigned char* end, const std::string& path,
                 std::vector<std::string>& top_keys) {
   std::vector<std::unordered_set<std::string>> keys;
-  const json::parser_callback_t callback = [&](int depth, json::parse_event_t event,
-                                               json& parsed) {
+  const json::parser_callback_t callback = [&](int depth, json::parse_event_t event, json& parsed) {
     switch (event) {
       case json::parse_event_t::object_start:
       case json::parse_event_t::array_start:
@@ -85,17 +83,14 @@ json parse_json(const unsigned char* begin, const unsigned char* end, const std:
         }
         if (event == json::parse_event_t::object_start) keys.emplace_back();
         break;
-      case json::parse_event_t::object_end:
-        keys.pop_back();
-        break;
+      case json::parse_event_t::object_end: keys.pop_back(); break;
       case json::parse_event_t::key:
         if (!keys.back().insert(parsed.get_ref<const std::string&>()).second) {
           throw StructureError{"duplicate key " + shown(parsed.get_ref<const std::string&>())};
         }
         if (depth == 1) top_keys.push_back(parsed.get_ref<const std::string&>());
         break;
-      default:
-        break;
+      default: break;
     }
     return true;
   };
@@ -127,8 +122,8 @@ const json& member(const json& entry, const char* key, const std::string& name,
 TensorInfo parse_entry(const std::string& name, const json& entry, std::uint64_t data_size,
                        const std::string& path) {
   if (!entry.is_object()) {
-    fail(path, fmt::format("tensor {}: expected an object, found {}", shown(name),
-                           entry.type_name()));
+    fail(path,
+         fmt::format("tensor {}: expected an object, found {}", shown(name), entry.type_name()));
   }
   TensorInfo t;
   t.name = name;
@@ -186,8 +181,8 @@ TensorInfo parse_entry(const std::string& name, const json& entry, std::uint64_t
 
 std::map<std::string, std::string> parse_metadata(const json& value, const std::string& path) {
   if (!value.is_object()) {
-    fail(path, fmt::format("\"__metadata__\" must be an object of strings, found {}",
-                           value.type_name()));
+    fail(path,
+         fmt::format("\"__metadata__\" must be an object of strings, found {}", value.type_name()));
   }
   std::map<std::string, std::string> metadata;
   for (const auto& [key, v] : value.items()) {
@@ -213,9 +208,9 @@ void check_coverage(const std::vector<TensorInfo>& tensors, std::uint64_t data_s
   const TensorInfo* previous = nullptr;
   for (const TensorInfo* t : sorted) {
     if (t->begin < cursor) {
-      fail(path, fmt::format("tensor {} at [{}, {}] overlaps tensor {} at [{}, {}]",
-                             shown(t->name), t->begin, t->end, shown(previous->name),
-                             previous->begin, previous->end));
+      fail(path,
+           fmt::format("tensor {} at [{}, {}] overlaps tensor {} at [{}, {}]", shown(t->name),
+                       t->begin, t->end, shown(previous->name), previous->begin, previous->end));
     }
     if (t->begin > cursor) {
       fail(path, fmt::format("bytes [{}, {}) of the data region belong to no tensor (before "
@@ -274,8 +269,8 @@ std::uint64_t parse_header_length(std::span<const unsigned char> prefix, std::ui
     fail(path, fmt::format("header length {} exceeds the limit of {} bytes", n, kMaxHeaderSize));
   }
   if (n > file_size - kLengthFieldSize) {
-    fail(path, fmt::format("header length {} exceeds the {} bytes after the length field",
-                           n, file_size - kLengthFieldSize));
+    fail(path, fmt::format("header length {} exceeds the {} bytes after the length field", n,
+                           file_size - kLengthFieldSize));
   }
   return n;
 }
@@ -294,8 +289,7 @@ Header parse_safetensors_header(std::span<const unsigned char> bytes, std::uint6
     fail(path, "the JSON does not start with '{'");
   }
   std::vector<std::string> keys;
-  const json doc =
-      parse_json(bytes.data() + kLengthFieldSize, bytes.data() + json_end, path, keys);
+  const json doc = parse_json(bytes.data() + kLengthFieldSize, bytes.data() + json_end, path, keys);
   if (!doc.is_object()) fail(path, "the JSON is not an object");
   header.tensors.reserve(keys.size());
   for (const std::string& key : keys) {
@@ -348,14 +342,16 @@ SerializedHeader serialize_safetensors_header(
     std::uint64_t nbytes = dtype_size(t.dtype);
     std::string shape;
     for (std::uint64_t d : t.shape) {
-      if (__builtin_mul_overflow(nbytes, d, &nbytes)) nbytes = std::numeric_limits<std::uint64_t>::max();
+      if (__builtin_mul_overflow(nbytes, d, &nbytes))
+        nbytes = std::numeric_limits<std::uint64_t>::max();
       if (!shape.empty()) shape += ',';
       shape += std::to_string(d);
     }
     if (nbytes != t.length) {
-      throw InvalidArgument(fmt::format("safetensors: tensor {} has {} bytes, but shape [{}] of "
-                                        "{} needs {}",
-                                        shown(t.name), t.length, shape, to_string(t.dtype), nbytes));
+      throw InvalidArgument(
+          fmt::format("safetensors: tensor {} has {} bytes, but shape [{}] of "
+                      "{} needs {}",
+                      shown(t.name), t.length, shape, to_string(t.dtype), nbytes));
     }
     if (t.data == nullptr && t.length > 0) {
       throw InvalidArgument("safetensors: tensor " + shown(t.name) + " has no data");

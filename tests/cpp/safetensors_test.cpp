@@ -1,6 +1,8 @@
 // The safetensors format: round trips of every dtype, the exact header bytes the reference library
 // writes, every malformed header as a FormatError naming the file, atomic saves, and the fuzz
 // corpus through the parser.
+#include "nvio/safetensors.hpp"
+
 #include <dirent.h>
 
 #include <cstring>
@@ -12,7 +14,6 @@
 #include <string>
 #include <vector>
 
-#include "nvio/safetensors.hpp"
 #include "test_util.hpp"
 
 namespace nvio_test {
@@ -22,9 +23,9 @@ namespace st = nvio::safetensors;
 using Metadata = std::map<std::string, std::string>;
 
 constexpr st::Dtype kAllDtypes[] = {
-    st::Dtype::BOOL, st::Dtype::U8,   st::Dtype::I8,   st::Dtype::F8_E5M2, st::Dtype::F8_E4M3,
-    st::Dtype::I16,  st::Dtype::U16,  st::Dtype::F16,  st::Dtype::BF16,    st::Dtype::I32,
-    st::Dtype::U32,  st::Dtype::F32,  st::Dtype::F64,  st::Dtype::I64,     st::Dtype::U64};
+    st::Dtype::BOOL, st::Dtype::U8,  st::Dtype::I8,  st::Dtype::F8_E5M2, st::Dtype::F8_E4M3,
+    st::Dtype::I16,  st::Dtype::U16, st::Dtype::F16, st::Dtype::BF16,    st::Dtype::I32,
+    st::Dtype::U32,  st::Dtype::F32, st::Dtype::F64, st::Dtype::I64,     st::Dtype::U64};
 
 std::vector<std::string> dir_entries(const std::string& dir) {
   std::vector<std::string> names;
@@ -121,9 +122,9 @@ TEST(Safetensors, HeaderBytesMatchTheSpecification) {
   EXPECT_EQ(header_text(st::serialize_safetensors_header({}, std::nullopt)),
             std::string("\x08\0\0\0\0\0\0\0{}      ", 16));
   // Metadata only: 35 bytes of JSON and 5 spaces.
-  EXPECT_EQ(header_text(st::serialize_safetensors_header({}, Metadata{{"framework", "pt"}})),
-            std::string("\x28\0\0\0\0\0\0\0", 8) +
-                R"({"__metadata__":{"framework":"pt"}})" + "     ");
+  EXPECT_EQ(
+      header_text(st::serialize_safetensors_header({}, Metadata{{"framework", "pt"}})),
+      std::string("\x28\0\0\0\0\0\0\0", 8) + R"({"__metadata__":{"framework":"pt"}})" + "     ");
   // One tensor whose JSON is exactly 64 bytes: no padding.
   const float six[6] = {0, 1, 2, 3, 4, 5};
   const st::TensorData attn{"attn.0", st::Dtype::F32, {1, 2, 3}, six, sizeof six};
@@ -138,31 +139,32 @@ TEST(Safetensors, HeaderBytesMatchTheSpecification) {
       {"e", st::Dtype::I64, {0}, nullptr, 0},
   };
   const st::SerializedHeader h = st::serialize_safetensors_header(mixed, std::nullopt);
-  EXPECT_EQ(header_text(h),
-            with_length(R"({"e":{"dtype":"I64","shape":[0],"data_offsets":[0,0]},)"
-                        R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-                        R"("c":{"dtype":"F32","shape":[1],"data_offsets":[8,12]},)"
-                        R"("b":{"dtype":"U8","shape":[3],"data_offsets":[12,15]},)"
-                        R"("z":{"dtype":"BOOL","shape":[],"data_offsets":[15,16]}})"
-                        "  "));
+  EXPECT_EQ(header_text(h), with_length(R"({"e":{"dtype":"I64","shape":[0],"data_offsets":[0,0]},)"
+                                        R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                                        R"("c":{"dtype":"F32","shape":[1],"data_offsets":[8,12]},)"
+                                        R"("b":{"dtype":"U8","shape":[3],"data_offsets":[12,15]},)"
+                                        R"("z":{"dtype":"BOOL","shape":[],"data_offsets":[15,16]}})"
+                                        "  "));
   EXPECT_EQ(h.order, (std::vector<std::size_t>{4, 1, 3, 0, 2}));
   EXPECT_EQ(h.data_size, 16u);
 
   // Escapes as serde_json writes them, UTF-8 kept as is, metadata keys sorted.
   const std::string odd = "q\"\\\n\x01\xc3\xa9";
   const st::TensorData one{odd, st::Dtype::U8, {1}, bytes, 1};
-  EXPECT_EQ(header_text(st::serialize_safetensors_header({&one, 1}, Metadata{{"b", "2"}, {"a", "1"}})),
-            with_length(R"({"__metadata__":{"a":"1","b":"2"},"q\"\\\n\u0001)"
-                        "\xc3\xa9"
-                        R"(":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})"
-                        "    "));
+  EXPECT_EQ(
+      header_text(st::serialize_safetensors_header({&one, 1}, Metadata{{"b", "2"}, {"a", "1"}})),
+      with_length(R"({"__metadata__":{"a":"1","b":"2"},"q\"\\\n\u0001)"
+                  "\xc3\xa9"
+                  R"(":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})"
+                  "    "));
 
   // The file save writes holds exactly that header, then the data.
   TempDir dir;
   nvio::Handle handle;
   st::save_safetensors(handle, dir.file("m.st"), {&attn, 1});
   const std::vector<unsigned char> file = read_file(dir.file("m.st"));
-  std::string expected = with_length(R"({"attn.0":{"dtype":"F32","shape":[1,2,3],"data_offsets":[0,24]}})");
+  std::string expected =
+      with_length(R"({"attn.0":{"dtype":"F32","shape":[1,2,3],"data_offsets":[0,24]}})");
   expected.append(reinterpret_cast<const char*>(six), sizeof six);
   EXPECT_EQ(std::string(file.begin(), file.end()), expected);
 }
@@ -214,8 +216,8 @@ std::vector<Malformed> malformed_cases() {
       {"unknown dtype",
        file_bytes(R"({"a":{"dtype":"F128","shape":[1],"data_offsets":[0,16]}})", 16),
        "unknown dtype"},
-      {"dtype not a string",
-       file_bytes(R"({"a":{"dtype":4,"shape":[1],"data_offsets":[0,4]}})", 4), "unknown dtype"},
+      {"dtype not a string", file_bytes(R"({"a":{"dtype":4,"shape":[1],"data_offsets":[0,4]}})", 4),
+       "unknown dtype"},
       {"negative shape", file_bytes(R"({"a":{"dtype":"U8","shape":[-1],"data_offsets":[0,0]}})", 0),
        "non-negative integers"},
       {"fractional shape",
@@ -232,8 +234,8 @@ std::vector<Malformed> malformed_cases() {
       {"bytes times dtype overflow",
        file_bytes(R"({"a":{"dtype":"F64","shape":[4611686018427387904],"data_offsets":[0,0]}})", 0),
        "overflows 64 bits"},
-      {"length not shape times dtype", file_bytes("{\"a\":{" + f32 + R"(,"data_offsets":[0,8]}})", 8),
-       "needs 4"},
+      {"length not shape times dtype",
+       file_bytes("{\"a\":{" + f32 + R"(,"data_offsets":[0,8]}})", 8), "needs 4"},
       {"end before begin", file_bytes("{\"a\":{" + f32 + R"(,"data_offsets":[8,4]}})", 8),
        "end before"},
       {"offsets out of range", file_bytes("{\"a\":{" + f32 + R"(,"data_offsets":[4,8]}})", 4),
@@ -263,8 +265,7 @@ std::vector<Malformed> malformed_cases() {
        "duplicate key 'k'"},
       {"metadata value not a string", file_bytes(R"({"__metadata__":{"k":1}})", 0),
        "must be a string"},
-      {"metadata not an object", file_bytes(R"({"__metadata__":["k"]})", 0),
-       "must be an object"},
+      {"metadata not an object", file_bytes(R"({"__metadata__":["k"]})", 0), "must be an object"},
       {"entry not an object", file_bytes(R"({"a":1})", 0), "expected an object"},
       {"missing data_offsets", file_bytes(R"({"a":{"dtype":"U8","shape":[0]}})", 0),
        "has no \"data_offsets\""},
@@ -272,7 +273,8 @@ std::vector<Malformed> malformed_cases() {
        "has no \"shape\""},
       {"three offsets", file_bytes(R"({"a":{"dtype":"U8","shape":[0],"data_offsets":[0,0,0]}})", 0),
        "[begin, end]"},
-      {"nested too deep", file_bytes(R"({"a":{"dtype":"U8","shape":[[1]],"data_offsets":[0,1]}})", 1),
+      {"nested too deep",
+       file_bytes(R"({"a":{"dtype":"U8","shape":[[1]],"data_offsets":[0,1]}})", 1),
        "nested deeper"},
   };
 }
@@ -310,7 +312,8 @@ TEST(Safetensors, AcceptedVariants) {
   // whitespace; zero-sized tensors anywhere, in header order.
   const st::Header h = parse(file_bytes(
       R"({"__metadata__":null,"z":{"dtype":"U8","shape":[2],"data_offsets":[0,2],"x":[1]},)"
-      R"("e":{"dtype":"F32","shape":[0,3],"data_offsets":[2,2]}} )" "\n\t ",
+      R"("e":{"dtype":"F32","shape":[0,3],"data_offsets":[2,2]}} )"
+      "\n\t ",
       2));
   EXPECT_FALSE(h.metadata.has_value());
   ASSERT_EQ(h.tensors.size(), 2u);
@@ -337,8 +340,8 @@ TEST(Safetensors, LongHeaderTakesSecondRead) {
   std::vector<st::TensorData> tensors;
   std::vector<std::string> names;
   for (int i = 0; i < 1000; ++i) {
-    tensors.push_back({std::string(400, 'n') + std::to_string(i), st::Dtype::U8, {1},
-                       data.data() + i, 1});
+    tensors.push_back(
+        {std::string(400, 'n') + std::to_string(i), st::Dtype::U8, {1}, data.data() + i, 1});
   }
   const std::string path = dir.file("long.safetensors");
   st::save_safetensors(handle, path, tensors);

@@ -21,14 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-
-def drop_cache(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fdatasync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+from offset_bench import drop_cache  # bench/ is the script's directory
 
 
 def make_file(path: Path, total: int, count: int) -> None:

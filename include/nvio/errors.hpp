@@ -8,6 +8,8 @@
 //   ├── MemoryError           allocation or locking of buffers failed where it was required
 //   ├── GpuError              a CUDA driver or cuFile call failed, or no usable GPU for device
 //   │                         memory; carries the API, its error code and name, path and range
+//   ├── FormatError           a file's contents break its format (a malformed safetensors
+//   │                         header); carries the path and the problem
 //   └── IoError               a system call on a file failed; carries op, path, offset, length,
 //   errno
 //       ├── FileNotFound      ENOENT
@@ -88,8 +90,21 @@ class GpuError : public Error {
   std::uint64_t length_;
 };
 
+// A file whose contents do not follow its format: `path` names it ("<bytes>" or similar for
+// data held in memory), `problem` says what is wrong in words; what() holds both.
+class FormatError : public Error {
+ public:
+  FormatError(std::string path, std::string problem);
+  const std::string& path() const noexcept { return path_; }
+  const std::string& problem() const noexcept { return problem_; }
+
+ private:
+  std::string path_;
+  std::string problem_;
+};
+
 // What the failed system call was doing, in the words used in messages.
-enum class IoOp { Open, Read, Write, Stat, Sync, Truncate, Submit, Wait };
+enum class IoOp { Open, Read, Write, Stat, Sync, Truncate, Submit, Wait, Rename };
 const char* to_string(IoOp op) noexcept;
 
 class IoError : public Error {

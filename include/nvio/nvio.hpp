@@ -8,6 +8,7 @@
 #include "nvio/memory.hpp"
 #include "nvio/options.hpp"
 #include "nvio/pattern.hpp"
+#include "nvio/safetensors.hpp"
 #include "nvio/system.hpp"
 #include "nvio/tune.hpp"
 #include "nvio/warnings.hpp"

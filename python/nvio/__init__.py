@@ -33,6 +33,7 @@ from ._nvio import (
     EngineUnavailable,
     Error,
     FileNotFound,
+    FormatError,
     InvalidArgument,
     IOFailure,
     IsADirectory,
@@ -68,6 +69,11 @@ __all__ = [
     "__version__",
 ]
 __all__ += ["gds_handle", "gpu_info", "GpuError"]
+
+# ---- safetensors (issue 12): nvio.safetensors.load_file / save_file / safe_open ---------------
+from . import safetensors  # noqa: E402  (imports torch only when used)
+
+__all__ += ["FormatError", "safetensors"]
 
 
 def _is_torch_dtype(dtype: Any) -> bool:

@@ -34,6 +34,10 @@ class GpuError(Error, RuntimeError):
     offset: int
     length: int
 
+class FormatError(Error, ValueError):
+    path: str
+    problem: str
+
 _Target = Union[str, int]
 # A file as the single calls and the spans take it: a plain str/bytes path or int descriptor is
 # converted in C++, anything else checked by nvio/_args.py (its errors).
@@ -129,3 +133,23 @@ def pattern_fill(address: int, nbytes: int, file_offset: int, seed: int, /) -> N
 def pattern_first_mismatch(
     address: int, nbytes: int, file_offset: int, seed: int, /
 ) -> Optional[int]: ...
+
+# safetensors (nvio/safetensors.py). A header: (data_offset, data_size, metadata or None,
+# [(name, dtype, shape, begin, end), ...] in header order).
+_StHeader = Tuple[int, int, Optional[Dict[str, str]], List[Tuple[str, str, Tuple[int, ...], int, int]]]
+# A tensor to save: (name, dtype, shape, address, nbytes).
+_StItem = Tuple[str, str, List[int], int, int]
+
+def safetensors_read_header(handle: Handle, path: Union[str, bytes]) -> _StHeader: ...
+def safetensors_parse(buffer: Any, name: str) -> _StHeader: ...
+def safetensors_header(
+    items: List[_StItem], metadata: Optional[Dict[str, str]]
+) -> Tuple[bytes, List[int], List[int]]: ...
+def safetensors_save(
+    handle: Handle,
+    path: Union[str, bytes],
+    items: List[_StItem],
+    metadata: Optional[Dict[str, str]],
+    sync: bool = True,
+    device: bool = False,
+) -> None: ...

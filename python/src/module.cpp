@@ -12,8 +12,10 @@
 #include <cstdint>
 #include <deque>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -109,6 +111,7 @@ struct PyErrors {
   PyObject* no_space;
   PyObject* short_file;
   PyObject* gpu;
+  PyObject* format;
 };
 PyErrors g_errors;
 
@@ -178,6 +181,11 @@ void translate(std::exception_ptr p) {
     exc.attr("offset") = e.offset();
     exc.attr("length") = e.length();
     PyErr_SetObject(g_errors.gpu, exc.ptr());
+  } catch (const nvio::FormatError& e) {
+    py::object exc = py::reinterpret_borrow<py::object>(g_errors.format)(message_text(e.what()));
+    exc.attr("path") = path_text(e.path());
+    exc.attr("problem") = message_text(e.problem());
+    PyErr_SetObject(g_errors.format, exc.ptr());
   } catch (const nvio::Error& e) {
     set_error(g_errors.error, e.what());
   }
@@ -462,6 +470,92 @@ void bind_batches(py::class_<nvio::Handle>& cls) {
       py::arg("items"), py::arg("sync") = false, py::arg("device") = false);
 }
 
+// ---- safetensors (nvio/safetensors.py) --------------------------------------------------------
+
+namespace st = nvio::safetensors;
+
+// A header as Python takes it: (data_offset, data_size, metadata or None,
+// [(name, dtype, shape, begin, end), ...] in header order). Called with the GIL held.
+py::tuple header_tuple(const st::Header& h) {
+  py::list tensors;
+  for (const st::TensorInfo& t : h.tensors) {
+    py::tuple shape(t.shape.size());
+    for (std::size_t i = 0; i < t.shape.size(); ++i) shape[i] = py::int_(t.shape[i]);
+    tensors.append(
+        py::make_tuple(message_text(t.name), st::to_string(t.dtype), shape, t.begin, t.end));
+  }
+  py::object metadata = py::none();
+  if (h.metadata) {
+    py::dict d;
+    for (const auto& [k, v] : *h.metadata) d[message_text(k)] = message_text(v);
+    metadata = d;
+  }
+  return py::make_tuple(h.data_offset(), h.data_size, metadata, tensors);
+}
+
+st::Dtype dtype_of(const std::string& name) {
+  const std::optional<st::Dtype> d = st::parse_dtype(name);
+  if (!d) throw nvio::InvalidArgument("safetensors: unknown dtype '" + name + "'");
+  return *d;
+}
+
+// (name, dtype, shape, address, nbytes) from nvio/safetensors.py, names already UTF-8 bytes.
+using SaveItem =
+    std::tuple<std::string, std::string, std::vector<std::uint64_t>, std::uintptr_t, std::size_t>;
+
+std::vector<st::TensorData> tensor_data(const std::vector<SaveItem>& items) {
+  std::vector<st::TensorData> out;
+  out.reserve(items.size());
+  for (const auto& [name, dtype, shape, address, nbytes] : items) {
+    out.push_back({name, dtype_of(dtype), shape, as_ptr(address), nbytes});
+  }
+  return out;
+}
+
+using MetadataArg = std::optional<std::map<std::string, std::string>>;
+
+void bind_safetensors(py::module_& m) {
+  m.def(
+      "safetensors_read_header",
+      [](nvio::Handle& h, const std::string& path) {
+        const st::Header header = unlocked([&] { return st::read_safetensors_header(h, path); });
+        return header_tuple(header);
+      },
+      py::arg("handle"), py::arg("path"));
+  m.def(
+      "safetensors_parse",
+      [](const py::buffer& buffer, const std::string& name) {
+        const py::buffer_info info = buffer.request();
+        const std::span<const unsigned char> bytes(static_cast<const unsigned char*>(info.ptr),
+                                                   static_cast<std::size_t>(info.size));
+        const st::Header header =
+            unlocked([&] { return st::parse_safetensors_header(bytes, bytes.size(), name); });
+        return header_tuple(header);
+      },
+      py::arg("buffer"), py::arg("name"));
+  // The header save would write, for nvio.safetensors.save(): (bytes, order, begins).
+  m.def(
+      "safetensors_header",
+      [](const std::vector<SaveItem>& items, const MetadataArg& metadata) {
+        const st::SerializedHeader h =
+            st::serialize_safetensors_header(tensor_data(items), metadata);
+        return py::make_tuple(
+            py::bytes(reinterpret_cast<const char*>(h.bytes.data()), h.bytes.size()), h.order,
+            h.begins);
+      },
+      py::arg("items"), py::arg("metadata"));
+  m.def(
+      "safetensors_save",
+      [](nvio::Handle& h, const std::string& path, const std::vector<SaveItem>& items,
+         const MetadataArg& metadata, bool sync, bool device) {
+        const std::vector<st::TensorData> tensors = tensor_data(items);
+        nvio::WriteOptions w = write_options(false, sync, device);
+        unlocked([&] { st::save_safetensors(h, path, tensors, metadata, w); });
+      },
+      py::arg("handle"), py::arg("path"), py::arg("items"), py::arg("metadata"),
+      py::arg("sync") = true, py::arg("device") = false);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_nvio, m) {
@@ -494,6 +588,9 @@ PYBIND11_MODULE(_nvio, m) {
   g_errors.gpu = make_error(m, "GpuError", {g_errors.error, PyExc_RuntimeError},
                             "A CUDA driver or cuFile call failed, or CUDA is unusable for device "
                             "memory (attributes: api, code, code_name, path, offset, length).");
+  g_errors.format = make_error(m, "FormatError", {g_errors.error, PyExc_ValueError},
+                               "A file's contents break its format, e.g. a malformed safetensors "
+                               "header (attributes: path, problem).");
   py::register_exception_translator(&translate);
   install_fork_handlers();
 
@@ -588,6 +685,7 @@ PYBIND11_MODULE(_nvio, m) {
                              [](const nvio::Handle& h) { return nvio::to_string(h.engine()); })
       .def_property_readonly("engine_reason", &nvio::Handle::engine_reason);
   bind_batches(handle);
+  bind_safetensors(m);
 
   py::class_<LockedMemory>(m, "LockedMemory", py::buffer_protocol())
       .def(py::init<std::size_t>(), py::arg("nbytes"))

@@ -1,9 +1,9 @@
 #include "nvio/errors.hpp"
 
+#include <fmt/format.h>
+
 #include <cerrno>
 #include <cstring>
-
-#include <fmt/format.h>
 
 namespace nvio {
 
@@ -17,16 +17,17 @@ const char* to_string(IoOp op) noexcept {
     case IoOp::Truncate: return "truncate";
     case IoOp::Submit: return "submit";
     case IoOp::Wait: return "wait";
+    case IoOp::Rename: return "rename";
   }
   return "?";
 }
 
 namespace {
 
-std::string io_message(IoOp op, const std::string& path, std::uint64_t offset,
-                       std::uint64_t length, int err, const std::string& detail) {
-  std::string msg = fmt::format("{} failed on '{}' at offset {} length {}", to_string(op), path,
-                                offset, length);
+std::string io_message(IoOp op, const std::string& path, std::uint64_t offset, std::uint64_t length,
+                       int err, const std::string& detail) {
+  std::string msg =
+      fmt::format("{} failed on '{}' at offset {} length {}", to_string(op), path, offset, length);
   if (err != 0) {
     msg += fmt::format(": {} (errno {})", std::strerror(err), err);
   }
@@ -47,6 +48,11 @@ IoError::IoError(IoOp op, std::string path, std::uint64_t offset, std::uint64_t 
       length_(length),
       errno_(err) {}
 
+FormatError::FormatError(std::string path, std::string problem)
+    : Error(fmt::format("'{}': {}", path, problem)),
+      path_(std::move(path)),
+      problem_(std::move(problem)) {}
+
 ShortFile::ShortFile(IoOp op, std::string path, std::uint64_t offset, std::uint64_t length,
                      std::uint64_t file_size)
     : ShortFile(op, std::move(path), offset, length, file_size,
@@ -58,18 +64,19 @@ ShortFile::ShortFile(IoOp op, std::string path, std::uint64_t offset, std::uint6
                      std::uint64_t file_size, const std::string& detail)
     : IoError(op, std::move(path), offset, length, 0, detail), file_size_(file_size) {}
 
-ShortFile ShortFile::ended_during_read(std::string path, std::uint64_t offset,
-                                       std::uint64_t length, std::uint64_t ended_at,
-                                       std::uint64_t file_size) {
+ShortFile ShortFile::ended_during_read(std::string path, std::uint64_t offset, std::uint64_t length,
+                                       std::uint64_t ended_at, std::uint64_t file_size) {
   const std::uint64_t end = offset + length;
   std::string detail =
       file_size < end
-          ? fmt::format("the file ended at byte {} during the read and its size is now {}, short "
-                        "of byte {} that the request needs: it was truncated while being read",
-                        ended_at, file_size, end)
-          : fmt::format("the file ended at byte {} while its size says {} (the request needs "
-                        "bytes up to {}): the file system reported end of file early",
-                        ended_at, file_size, end);
+          ? fmt::format(
+                "the file ended at byte {} during the read and its size is now {}, short "
+                "of byte {} that the request needs: it was truncated while being read",
+                ended_at, file_size, end)
+          : fmt::format(
+                "the file ended at byte {} while its size says {} (the request needs "
+                "bytes up to {}): the file system reported end of file early",
+                ended_at, file_size, end);
   return ShortFile(IoOp::Read, std::move(path), offset, length, file_size, detail);
 }
 

@@ -883,7 +883,7 @@ TEST(ErrorTypes, ShortFileDuringReadMessage) {
 TEST(ErrorTypes, OpNamesDistinct) {
   const nvio::IoOp ops[] = {nvio::IoOp::Open,   nvio::IoOp::Read, nvio::IoOp::Write,
                             nvio::IoOp::Stat,   nvio::IoOp::Sync, nvio::IoOp::Truncate,
-                            nvio::IoOp::Submit, nvio::IoOp::Wait};
+                            nvio::IoOp::Submit, nvio::IoOp::Wait, nvio::IoOp::Rename};
   std::set<std::string> names;
   for (auto op : ops) {
     const char* n = nvio::to_string(op);

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from offset_bench import drop_cache  # bench/ is the script's directory
+from benchlib import drop_cache  # bench/ is the script's directory
 
 
 def make_file(path: Path, total: int, count: int) -> None:

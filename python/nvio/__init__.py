@@ -75,6 +75,11 @@ from . import safetensors  # noqa: E402  (imports torch only when used)
 
 __all__ += ["FormatError", "safetensors"]
 
+# ---- sharded checkpoints over torch.distributed (issue 12) --------------------------------------
+from .sharded import load_sharded, save_sharded  # noqa: E402  (imports torch only when used)
+
+__all__ += ["save_sharded", "load_sharded"]
+
 
 def _is_torch_dtype(dtype: Any) -> bool:
     return type(dtype).__module__ == "torch" and type(dtype).__name__ == "dtype"

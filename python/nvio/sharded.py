@@ -1,0 +1,298 @@
+"""Sharded checkpoints over torch.distributed: every rank writes its own safetensors shard in
+parallel, and an index like the one published models carry (``model.safetensors.index.json``:
+``{"metadata": {"total_size": N}, "weight_map": {tensor name: shard file}}``) says where each
+tensor is. A checkpoint written by N ranks loads on any number of ranks (or none): a loader
+reads the index and, from each shard, the tensors it asks for.
+
+Which rank writes what: the ranks' key lists (with shapes and dtypes) are gathered through the
+process group; a tensor held by several ranks (a replicated bias, say) is written once, by the
+lowest rank holding it, and must have the same shape and dtype everywhere.
+
+Atomic as a whole: shard files carry a save id that rank 0 draws and broadcasts
+(``model-00001-of-00004.<id>.safetensors``), each is written atomically by
+``nvio.safetensors.save_file``, and only once every rank has written its shard does rank 0
+replace the index (a temporary file, fdatasync, rename, directory fsync) and then remove the
+shards the new index no longer names. A crash at any moment leaves the old index with its old
+shards, or the new index with its new shards.
+
+Errors: a failure on any rank raises on every rank (``nvio.Error`` naming the failing ranks and
+their errors), so that no rank waits for ever for a peer that gave up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
+
+from . import _args, _nvio
+
+__all__ = ["save_sharded", "load_sharded", "INDEX_SUFFIX"]
+
+INDEX_SUFFIX = ".safetensors.index.json"
+
+
+def _dist():
+    import torch.distributed as dist
+
+    return dist
+
+
+def _rank_and_size(group: Any) -> tuple:
+    dist = _dist()
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(group), dist.get_world_size(group)
+    if group is not None:
+        raise _nvio.InvalidArgument("nvio.save_sharded: group= given but torch.distributed is "
+                                    "not initialized")
+    return 0, 1
+
+
+def _all_gather(obj: Any, group: Any, world: int) -> List[Any]:
+    if world == 1:
+        return [obj]
+    out: List[Any] = [None] * world
+    _dist().all_gather_object(out, obj, group=group)
+    return out
+
+
+def _broadcast(obj: Any, group: Any, world: int) -> Any:
+    if world == 1:
+        return obj
+    dist = _dist()
+    box = [obj]
+    # The source is rank 0 of the group, given as a global rank.
+    src = dist.get_global_rank(group, 0) if group is not None else 0
+    dist.broadcast_object_list(box, src=src, group=group)
+    return box[0]
+
+
+def _raise_if_any_failed(what: str, error: Optional[BaseException], group: Any, world: int,
+                         directory: str) -> None:
+    """Every rank learns whether any rank failed; all raise together (none waits for ever)."""
+    text = None if error is None else f"{type(error).__name__}: {error}"
+    errors = _all_gather(text, group, world)
+    failed = [(r, e) for r, e in enumerate(errors) if e is not None]
+    if not failed:
+        return
+    if error is not None and world == 1:
+        raise error
+    detail = "; ".join(f"rank {r}: {e}" for r, e in failed)
+    raise _nvio.Error(f"nvio.{what}({directory!r}) failed on {len(failed)} of {world} ranks: "
+                      f"{detail}")
+
+
+def _write_index(path: str, index: Dict[str, Any]) -> None:
+    """Replaces the index file atomically and durably."""
+    directory = os.path.dirname(path) or "."
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(8)}.nvio-tmp")
+    data = (json.dumps(index, indent=2, sort_keys=False) + "\n").encode()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, path)
+        tmp = ""
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    finally:
+        if tmp:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
+def _remove_unlisted_shards(directory: str, prefix: str, keep: Iterable[str]) -> None:
+    """Removes the shard files of earlier saves with this prefix that the index no longer names
+    (and temporary files they left). Best effort: a file that cannot be removed stays."""
+    keep = set(keep)
+    pattern = re.compile(re.escape(prefix) + r"-\d{5}-of-\d{5}(\.[0-9a-f]{16})?\.safetensors$")
+    for name in os.listdir(directory):
+        if name not in keep and pattern.match(name):
+            try:
+                os.unlink(os.path.join(directory, name))
+            except OSError:
+                pass
+
+
+def save_sharded(state_dict: Dict[str, Any], directory: Any, group: Any = None, *,
+                 prefix: str = "model", metadata: Optional[Dict[str, str]] = None) -> str:
+    """Collective: every rank of ``group`` (default: the whole world; no process group: this
+    process alone) calls it with the tensors it holds. Writes this rank's shard of ``directory``
+    in parallel with the others, then rank 0 writes ``<prefix>.safetensors.index.json``.
+    Returns the index's path (on every rank)."""
+    import torch
+
+    from . import safetensors
+
+    text = os.fsdecode(_args.path(directory, "directory"))
+    if not isinstance(state_dict, dict):
+        raise _args.InvalidType(f"nvio.save_sharded: state_dict must be a dict of tensors, not "
+                                f"{type(state_dict).__name__}")
+    for key, value in state_dict.items():
+        if not isinstance(key, str) or not isinstance(value, torch.Tensor):
+            raise _args.InvalidType(f"nvio.save_sharded: every item must be str -> Tensor; "
+                                    f"{key!r} -> {type(value).__name__}")
+    rank, world = _rank_and_size(group)
+    save_id = _broadcast(secrets.token_hex(8) if rank == 0 else None, group, world)
+    mine = {k: (tuple(v.shape), str(v.dtype), v.numel() * v.element_size())
+            for k, v in state_dict.items()}
+    everyone = _all_gather(mine, group, world)
+
+    owner: Dict[str, int] = {}
+    error: Optional[BaseException] = None
+    for r, held in enumerate(everyone):
+        for key, facts in held.items():
+            first = owner.setdefault(key, r)
+            if first != r and everyone[first][key][:2] != facts[:2]:
+                error = _nvio.InvalidArgument(
+                    f"nvio.save_sharded: tensor {key!r} is {facts[0]} {facts[1]} on rank {r} "
+                    f"but {everyone[first][key][0]} {everyone[first][key][1]} on rank {first}")
+                break
+    _raise_if_any_failed("save_sharded", error, group, world, text)
+
+    shard_names = [f"{prefix}-{r + 1:05d}-of-{world:05d}.{save_id}.safetensors"
+                   for r in range(world)]
+    try:
+        os.makedirs(text, exist_ok=True)
+        own = {k: v for k, v in state_dict.items() if owner[k] == rank}
+        safetensors.save_file(own, os.path.join(text, shard_names[rank]), metadata=metadata)
+    except BaseException as e:  # every rank must hear of it (KeyboardInterrupt included)
+        error = e
+    _raise_if_any_failed("save_sharded", error, group, world, text)
+
+    index_path = os.path.join(text, prefix + INDEX_SUFFIX)
+    if rank == 0:
+        try:
+            index = {
+                "metadata": dict(metadata or {}, total_size=sum(
+                    everyone[owner[k]][k][2] for k in owner)),
+                "weight_map": {k: shard_names[owner[k]] for k in sorted(owner)},
+            }
+            _write_index(index_path, index)
+            _remove_unlisted_shards(text, prefix, shard_names)
+        except BaseException as e:
+            error = e
+    _raise_if_any_failed("save_sharded", error, group, world, text)
+    return index_path
+
+
+def read_index(directory: Any, prefix: str = "model") -> Dict[str, str]:
+    """The weight map of a sharded checkpoint: tensor name -> shard file (a path inside
+    ``directory``). A directory holding a single ``<prefix>.safetensors`` and no index is a
+    checkpoint of one shard."""
+    from . import safetensors
+
+    text = os.fsdecode(_args.path(directory, "directory"))
+    index_path = os.path.join(text, prefix + INDEX_SUFFIX)
+    try:
+        with open(index_path, "rb") as f:
+            index = json.loads(f.read())
+    except FileNotFoundError:
+        single = os.path.join(text, prefix + ".safetensors")
+        if not os.path.exists(single):
+            raise _nvio.FileNotFound(f"nvio.load_sharded: no {prefix + INDEX_SUFFIX} and no "
+                                 f"{prefix}.safetensors in {text!r}") from None
+        with safetensors.safe_open(single) as f:
+            return {k: single for k in f.keys()}
+    except (ValueError, OSError) as e:
+        raise _nvio.FormatError(f"nvio.load_sharded: cannot read the index {index_path!r}: "
+                                f"{e}") from None
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+        raise _nvio.FormatError(f"nvio.load_sharded: {index_path!r} has no weight_map of "
+                                "tensor name -> file")
+    out = {}
+    for key, name in weight_map.items():
+        if os.path.isabs(name) or ".." in name.split("/"):
+            raise _nvio.FormatError(f"nvio.load_sharded: {index_path!r} names {name!r} for "
+                                    f"{key!r}, outside the checkpoint's directory")
+        out[key] = os.path.join(text, name)
+    return out
+
+
+# Bytes per element of the safetensors dtypes (for dividing the work, so 1 for any other).
+_DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "C64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2,
+                "BF16": 2, "I16": 2, "U16": 2}
+
+
+def _split(keys: Sequence[str], sizes: Dict[str, int], rank: int, world: int) -> List[str]:
+    """This rank's part of `keys`: the largest first, each to the rank with the fewest bytes so
+    far (ties to the lowest rank), so that the ranks read about the same amount."""
+    loads = [0] * world
+    mine = []
+    for key in sorted(keys, key=lambda k: (-sizes[k], k)):
+        r = min(range(world), key=lambda i: (loads[i], i))
+        loads[r] += sizes[key]
+        if r == rank:
+            mine.append(key)
+    return sorted(mine)
+
+
+def load_sharded(directory: Any, group: Any = None, *,
+                 keys: Union[None, str, Iterable[str], Callable[[str], bool]] = None,
+                 device: Any = "cpu", prefix: str = "model") -> Dict[str, Any]:
+    """Loads tensors of a checkpoint written by ``save_sharded`` (on any number of ranks) or a
+    published model's shards.
+
+    ``keys``: ``None`` for every tensor; an iterable of names; a predicate on the name; or
+    ``"split"``: the tensors are divided among the ranks of ``group`` (about the same bytes
+    each; every tensor on exactly one rank), for a loader that scatters them itself. Each shard
+    this rank needs is read once, its tensors straight into their memory."""
+    from . import safetensors
+
+    weight_map = read_index(directory, prefix)
+    if keys is None:
+        wanted = sorted(weight_map)
+    elif isinstance(keys, str):
+        if keys != "split":
+            raise _nvio.InvalidArgument(f"nvio.load_sharded: keys={keys!r}: give a list of "
+                                        "names, a predicate, None or 'split'")
+        rank, world = _rank_and_size(group)
+        sizes = {}
+        for path in sorted(set(weight_map.values())):
+            with safetensors.safe_open(path) as f:
+                for k in f.keys():
+                    if weight_map.get(k) == path:
+                        sl = f.get_slice(k)
+                        n = _DTYPE_BYTES.get(sl.get_dtype(), 1)
+                        for d in sl.get_shape():
+                            n *= d
+                        sizes[k] = n
+        wanted = _split(sorted(weight_map), sizes, rank, world)
+    elif callable(keys):
+        wanted = sorted(k for k in weight_map if keys(k))
+    else:
+        wanted = list(keys)
+        missing = [k for k in wanted if k not in weight_map]
+        if missing:
+            raise _nvio.InvalidArgument(f"nvio.load_sharded: {len(missing)} tensors are not in "
+                                        f"the checkpoint: {missing[:5]}")
+    by_file: Dict[str, List[str]] = {}
+    for key in wanted:
+        by_file.setdefault(weight_map[key], []).append(key)
+    out: Dict[str, Any] = {}
+    for path, names in sorted(by_file.items()):
+        with safetensors.safe_open(path, device=device) as f:
+            present = set(f.keys())
+            for name in names:
+                if name not in present:
+                    raise _nvio.FormatError(f"nvio.load_sharded: the index names {path!r} for "
+                                            f"{name!r}, which that file does not hold")
+            if len(names) < len(present):
+                out.update({name: f.get_tensor(name) for name in names})
+        if len(names) == len(present):  # the whole shard: one read batch
+            out.update(safetensors.load_file(path, device=device))
+    return out

@@ -1,7 +1,6 @@
 #include "memory/user_copy.hpp"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,18 +14,6 @@ namespace {
 // Granularity of the probe: every page of the caller's range is touched once. 4 KiB is the
 // smallest page Linux uses on the machines nvio supports; larger pages are probed more than once.
 constexpr std::uintptr_t kProbeStride = 4096;
-
-// MADV_POPULATE_WRITE / _READ (Linux 5.14) fault in every page of the range as a write or a read
-// would, and fail instead of raising a signal where one would: true means the copy cannot fault.
-// The answer on failure is not exact (EINVAL also for VM_IO/VM_PFNMAP mappings that are
-// accessible, and for kernels without it), so a false only sends the copy to the pipe probe.
-bool populate(std::byte* user, std::size_t n, bool writable) noexcept {
-  if (n == 0) return true;
-  const auto begin = reinterpret_cast<std::uintptr_t>(user) / kProbeStride * kProbeStride;
-  const auto end = reinterpret_cast<std::uintptr_t>(user) + n;
-  return ::madvise(reinterpret_cast<void*>(begin), end - begin,
-                   writable ? MADV_POPULATE_WRITE : MADV_POPULATE_READ) == 0;
-}
 
 }  // namespace
 
@@ -87,17 +74,8 @@ UserCopyResult UserCopier::probe(std::byte* user, const std::byte* chunk, std::s
   return UserCopyResult{};
 }
 
-
 UserCopyResult UserCopier::copy(std::byte* user, std::byte* chunk, std::size_t n,
                                 bool to_user) noexcept {
-  if (populate(user, n, to_user)) {
-    if (to_user) {
-      std::memcpy(user, chunk, n);
-    } else {
-      std::memcpy(chunk, user, n);
-    }
-    return UserCopyResult{};
-  }
   const UserCopyResult probed =
       make_pipe() ? probe(user, chunk, n, to_user) : UserCopyResult{-1, 0};
   if (probed.error == 0) {

@@ -4,12 +4,9 @@
 // SIGSEGV, while a system call given the same memory fails with EFAULT, which the handle reports
 // as an IoError like any other.
 //
-// How: madvise(MADV_POPULATE_WRITE / _READ) first faults in the caller's range as the copy would;
-// where it succeeds, no page can fault and memcpy moves the bytes (about 1.5× faster than the
-// pipe probe below). Where it fails (a bad page, or a mapping or kernel that does not support it,
-// both answered EINVAL), the kernel touches one byte of every page of the caller's range, through
-// a pipe (writev from the caller's memory; readv into it, writing the very bytes the copy then
-// writes); when every page is fine memcpy moves the bytes. Copying everything
+// How: the kernel first touches one byte of every page of the caller's range, through a pipe
+// (writev from the caller's memory; readv into it, writing the very bytes the copy then writes);
+// when every page is fine memcpy moves the bytes. Copying everything
 // with process_vm_writev/readv on the own process checks every page too, but it pins each page
 // and was measured at 3.5 GB/s against 6 GB/s for this probe plus memcpy and 10 GB/s for memcpy
 // alone (1 MiB chunks, see docs/design.md). So process_vm_writev/readv copy only where the probe

@@ -163,7 +163,10 @@ ConfigFile parse_file(const std::string& text, const std::string& path) {
   if (j.contains("profiles")) {
     const json& profiles = j["profiles"];
     if (!profiles.is_object()) malformed(path, "\"profiles\" must be an object");
-    for (const auto& [key, p] : profiles.items()) {
+    for (const auto& item : profiles.items()) {
+      // Not a structured binding: clang before 16 cannot capture one in the lambda below.
+      const std::string& key = item.key();
+      const json& p = item.value();
       const std::string where = "profiles." + key;
       if (!p.is_object()) malformed(path, where + " must be an object");
       check_keys(p, {"directory", "filesystem", "saved_at", "note", "options"}, path, where);

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import threading
 from typing import Any, Iterable, List, Optional, Tuple, Union
 
 from . import _args, _buffers, _nvio
@@ -318,3 +319,18 @@ def _options_signature() -> inspect.Signature:
 
 
 Handle.__init__.__signature__ = _options_signature()  # type: ignore[attr-defined]
+
+
+_shared_lock = threading.Lock()
+_shared: Optional[Handle] = None
+
+
+def shared_handle() -> Handle:
+    """The one handle that nvio's jobs (nvio.save/load, nvio.safetensors, sharded checkpoints) use
+    when the caller gives none: options from the environment and the configuration, made on first
+    use. Handles are thread-safe and survive fork()."""
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = Handle()
+        return _shared

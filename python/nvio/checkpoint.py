@@ -36,6 +36,7 @@ import zlib
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import _args, _nvio
+from ._handle import shared_handle
 
 __all__ = ["save", "load", "CheckpointFormatError"]
 
@@ -67,21 +68,6 @@ _EOCD64_LOCATOR_SIG = 0x07064B50
 _UTF8_FLAG = 0x0800
 _ZIP64_TAG = 0x0001
 _PAD_TAG = b"FB"  # the padding extra field torch's writer uses ("FB", then 'Z' bytes)
-
-_handle_lock = threading.Lock()
-_handle = None
-
-
-def _default_handle():
-    """One handle shared by every save and load of the process (usable from several threads)."""
-    global _handle
-    with _handle_lock:
-        if _handle is None:
-            from ._handle import Handle
-
-            _handle = Handle()
-        return _handle
-
 
 # ---- CRC-32 --------------------------------------------------------------------------------
 # zlib's crc32 of a buffer is fast and releases the GIL, but Python's zlib has no crc32_combine.
@@ -392,7 +378,7 @@ def save(obj: Any, path: Any, *, pickle_protocol: int = 2, handle: Any = None) -
     directory_offset = _layout(entries, addresses)
     central_size = len(_central_directory(entries, directory_offset))  # CRCs do not change it
 
-    h = handle if handle is not None else _default_handle()
+    h = handle if handle is not None else shared_handle()
     tmp, fd = None, -1
     try:
         tmp, fd = _temporary(directory, base)
@@ -580,7 +566,7 @@ def _read_whole(path: bytes, text: str, handle: Any) -> memoryview:
     if hasattr(mmap, "MADV_HUGEPAGE"):
         memory.madvise(mmap.MADV_HUGEPAGE)
     view = memoryview(memory)
-    (handle if handle is not None else _default_handle()).read(view, path)
+    (handle if handle is not None else shared_handle()).read(view, path)
     return view
 
 
@@ -681,7 +667,7 @@ def _load_into(raw: bytes, text: str, into: Any, handle: Any) -> Any:
         start = records.offsets[meta.storage().untyped()._cdata]
         items.append((target, start + meta.storage_offset() * meta.element_size()))
     if items:
-        (handle if handle is not None else _default_handle()).read_batch(items, raw)
+        (handle if handle is not None else shared_handle()).read_batch(items, raw)
     return into
 
 

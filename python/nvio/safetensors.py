@@ -20,11 +20,11 @@ Tensors that share memory are refused by ``save_file``/``save``, as the referenc
 from __future__ import annotations
 
 import os
-import threading
 import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import _args, _nvio
+from ._handle import shared_handle
 
 SafetensorError = _nvio.FormatError
 
@@ -33,20 +33,6 @@ __all__ = ["load_file", "save_file", "load", "save", "safe_open", "SafetensorErr
 # Tensors this large or larger get locked memory aligned for O_DIRECT; smaller ones plain memory.
 _LOCKED_MIN = 1 << 20
 _PAGE = 4096
-
-_handle_lock = threading.Lock()
-_handle: Optional[Any] = None
-
-
-def _default_handle() -> Any:
-    """One core handle for the module (options from the environment and configuration), made on
-    first use. Handles are thread-safe and survive fork()."""
-    global _handle
-    with _handle_lock:
-        if _handle is None:
-            _handle = _nvio.Handle()
-        return _handle
-
 
 def _torch():
     import torch
@@ -108,7 +94,7 @@ class _File:
 
     def __init__(self, filename: Any) -> None:
         self.path = _args.path(filename, "filename")
-        self.handle = _default_handle()
+        self.handle = shared_handle()._core
         self.data_offset, self.data_size, self.meta, entries = _nvio.safetensors_read_header(
             self.handle, self.path)
         self.entries: Dict[str, _Entry] = {e[0]: _Entry(*e) for e in entries}
@@ -188,7 +174,7 @@ class _Slice:
         """The same tensor as indexing the whole tensor, reading only the rows of the first
         dimension that the index touches (all of them for indexes other than an int or a slice
         with a positive step in first place)."""
-        e, shape = self._e, self._e.shape
+        shape = self._e.shape
         parts = index if isinstance(index, tuple) else (index,)
         lo, hi, first = 0, (shape[0] if shape else 0), None
         if shape and parts and isinstance(parts[0], int) and not isinstance(parts[0], bool):
@@ -305,7 +291,7 @@ def save_file(tensors: Dict[str, Any], filename: Any,
     """Saves `tensors` at `filename` in the bytes the reference writes, atomically and durably."""
     items, owners = _prepare(tensors, metadata)
     path = _args.path(filename, "filename")
-    _nvio.safetensors_save(_default_handle(), path, items, metadata, sync=True)
+    _nvio.safetensors_save(shared_handle()._core, path, items, metadata, sync=True)
     del owners
 
 

@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "core/posix.hpp"
+#include "core/replace_file.hpp"
 #include "core/retry.hpp"
-#include "core/unique_name.hpp"
 #include "nvio/errors.hpp"
 
 namespace nvio {
@@ -354,42 +354,25 @@ void save_profile(const std::string& path, const ConfigProfile& profile) {
   const json j{{"version", 1}, {"default", profile.key}, {"profiles", profiles}};
   const std::string text = j.dump(2) + "\n";
 
-  // The temporary file's name is this call's own (see unique_suffix), and O_EXCL makes sure no
-  // file under it is reused.
-  std::string tmp;
-  int fd = -EEXIST;
-  for (int attempt = 0; attempt < detail::kUniqueNameAttempts && fd == -EEXIST; ++attempt) {
-    tmp = path + ".tmp." + detail::unique_suffix();
-    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0) fd = -errno;
-  }
-  if (fd < 0) throw_io_error(IoOp::Open, tmp, 0, text.size(), -fd);
+  // A temporary file beside it, renamed over it once durable, then the directory synced: a crash
+  // leaves the old configuration or the new one.
+  detail::ReplacementFile out(path);
   std::size_t done = 0;
   while (done < text.size()) {
     const ssize_t n = detail::retry_interrupted([&]() -> ssize_t {
-      const ssize_t r = ::write(fd, text.data() + done, text.size() - done);
+      const ssize_t r = ::write(out.fd(), text.data() + done, text.size() - done);
       return r < 0 ? -errno : r;
     });
     if (n <= 0) {
-      const int err = n < 0 ? static_cast<int>(-n) : EIO;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw_io_error(IoOp::Write, tmp, done, text.size() - done, err);
+      throw_io_error(IoOp::Write, out.temp_path(), done, text.size() - done,
+                     n < 0 ? static_cast<int>(-n) : EIO);
     }
     done += static_cast<std::size_t>(n);
   }
-  const int sync_rc = ::fsync(fd);
-  const int sync_err = errno;
-  if (::close(fd) != 0 || sync_rc != 0) {
-    const int err = sync_rc != 0 ? sync_err : errno;
-    ::unlink(tmp.c_str());
-    throw_io_error(IoOp::Sync, tmp, 0, text.size(), err);
+  if (::fdatasync(out.fd()) != 0) {
+    throw_io_error(IoOp::Sync, out.temp_path(), 0, text.size(), errno);
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    throw_io_error(IoOp::Write, path, 0, text.size(), err, "cannot replace the configuration file");
-  }
+  out.commit(Durability::Data);
 }
 
 }  // namespace nvio

@@ -275,7 +275,7 @@ def load_sharded(directory: Any, group: Any = None, *,
     elif callable(keys):
         wanted = sorted(k for k in weight_map if keys(k))
     else:
-        wanted = list(keys)
+        wanted = list(dict.fromkeys(keys))  # each name once, in the caller's order
         missing = [k for k in wanted if k not in weight_map]
         if missing:
             raise _nvio.InvalidArgument(f"nvio.load_sharded: {len(missing)} tensors are not in "

@@ -122,3 +122,6 @@ def test_errors_are_typed(tmp_path):
     nvio.save_sharded({"x": torch.ones(3)}, tmp_path / "c")
     with pytest.raises(nvio.InvalidArgument, match="not in the checkpoint"):
         nvio.load_sharded(tmp_path / "c", keys=["y"])
+    # A name asked for twice is loaded once, and nothing else comes with it.
+    nvio.save_sharded({"x": torch.ones(3), "y": torch.zeros(2)}, tmp_path / "d")
+    assert_same({"x": torch.ones(3)}, nvio.load_sharded(tmp_path / "d", keys=["x", "x"]))

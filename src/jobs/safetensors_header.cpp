@@ -9,6 +9,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <string_view>
 #include <unordered_set>
 #include <utility>
 
@@ -331,12 +332,16 @@ SerializedHeader serialize_safetensors_header(
   }
   std::uint64_t offset = 0;
   out.begins.reserve(tensors.size());
+  // Not a neighbour check on the sorted order: two tensors of one name and different dtypes are
+  // not neighbours there.
+  std::unordered_set<std::string_view> names;
+  names.reserve(tensors.size());
   for (std::size_t k = 0; k < out.order.size(); ++k) {
     const TensorData& t = tensors[out.order[k]];
     if (t.name == kMetadataKey) {
       throw InvalidArgument("safetensors: a tensor cannot be called \"__metadata__\"");
     }
-    if (k > 0 && t.name == tensors[out.order[k - 1]].name) {
+    if (!names.insert(t.name).second) {
       throw InvalidArgument("safetensors: two tensors are called " + shown(t.name));
     }
     std::uint64_t nbytes = dtype_size(t.dtype);

@@ -177,6 +177,12 @@ TEST(Safetensors, SerializeRefusesBadTensors) {
   const std::vector<st::TensorData> twice{{"a", st::Dtype::U8, {1}, bytes, 1},
                                           {"a", st::Dtype::U8, {1}, bytes, 1}};
   EXPECT_THROW(st::serialize_safetensors_header(twice, std::nullopt), nvio::InvalidArgument);
+  // Apart once sorted (dtype first), still one name twice.
+  const std::vector<st::TensorData> twice_apart{{"a", st::Dtype::U8, {1}, bytes, 1},
+                                                {"b", st::Dtype::U16, {1}, bytes, 2},
+                                                {"a", st::Dtype::F32, {1}, bytes, 4}};
+  EXPECT_THROW(st::serialize_safetensors_header(twice_apart, std::nullopt),
+               nvio::InvalidArgument);
   const st::TensorData reserved{"__metadata__", st::Dtype::U8, {1}, bytes, 1};
   EXPECT_THROW(st::serialize_safetensors_header({&reserved, 1}, std::nullopt),
                nvio::InvalidArgument);

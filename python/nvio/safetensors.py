@@ -19,6 +19,7 @@ Tensors that share memory are refused by ``save_file``/``save``, as the referenc
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from typing import Any, Dict, List, Optional, Tuple
@@ -34,12 +35,14 @@ __all__ = ["load_file", "save_file", "load", "save", "safe_open", "SafetensorErr
 _LOCKED_MIN = 1 << 20
 _PAGE = 4096
 
+
 def _torch():
     import torch
 
     return torch
 
 
+@functools.lru_cache(maxsize=None)  # built once: every tensor of every file asks
 def _dtype_tables() -> Tuple[Dict[str, Any], Dict[Any, str]]:
     torch = _torch()
     names = {

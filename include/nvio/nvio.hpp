@@ -1,6 +1,7 @@
 // Umbrella header for the nvio C++ API.
 #pragma once
 
+#include "nvio/checksum.hpp"
 #include "nvio/config.hpp"
 #include "nvio/errors.hpp"
 #include "nvio/gpu.hpp"

@@ -9,8 +9,8 @@ persistent ids: each storage is a tuple ``('storage', type, key, location, numel
 ``save`` lays the archive out itself, so it knows where every storage's bytes go, and writes all of
 them straight from the tensors' memory with one ``write_batch`` of an nvio handle. Each storage's
 data starts at a file offset congruent to its address modulo the page size, so the direct middle of
-each extent needs no bounce copy. The CRC-32s are computed on a thread pool (``zlib.crc32``
-releases the GIL) while the batch is being written; the small records, the local headers (which
+each extent needs no bounce copy. The CRC-32s are computed on a thread pool (``_nvio.crc32``,
+ISA-L without the GIL) while the batch is being written; the small records, the local headers (which
 hold the CRCs) and the central directory follow, then fdatasync, rename over ``path`` and fsync of
 the directory.
 
@@ -32,7 +32,6 @@ import pickle
 import secrets
 import struct
 import threading
-import zlib
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import _args, _nvio
@@ -70,49 +69,8 @@ _ZIP64_TAG = 0x0001
 _PAD_TAG = b"FB"  # the padding extra field torch's writer uses ("FB", then 'Z' bytes)
 
 # ---- CRC-32 --------------------------------------------------------------------------------
-# zlib's crc32 of a buffer is fast and releases the GIL, but Python's zlib has no crc32_combine.
-# The CRC of A+B is the CRC of A "shifted" past len(B) zero bytes, xor the CRC of B: the shift is a
-# multiplication by x^(8 len(B)) modulo the CRC polynomial, in the reflected bit order zlib uses.
-
-_POLY = 0xEDB88320
-_X0 = 1 << 31  # the polynomial "1" in reflected order
-
-
-def _mulmod(a: int, b: int) -> int:
-    """a * b modulo the CRC-32 polynomial (reflected representation)."""
-    product = 0
-    bit = _X0
-    while True:
-        if a & bit:
-            product ^= b
-            if a & (bit - 1) == 0:
-                return product
-        bit >>= 1
-        b = (b >> 1) ^ _POLY if b & 1 else b >> 1
-
-
-def _powers_of_x() -> List[int]:
-    table = [1 << 30]  # x^1, then x^2, x^4, ...: entry k is x^(2^k)
-    for _ in range(63):
-        table.append(_mulmod(table[-1], table[-1]))
-    return table
-
-
-_X_POW2 = _powers_of_x()
-
-
-def crc32_combine(crc_a: int, crc_b: int, length_b: int) -> int:
-    """The CRC-32 of A followed by B, from the CRCs of both and the length of B."""
-    shift = _X0
-    n = length_b * 8
-    k = 0
-    while n:
-        if n & 1:
-            shift = _mulmod(_X_POW2[k % 64], shift)
-        n >>= 1
-        k += 1
-    return _mulmod(shift, crc_a) ^ crc_b
-
+# _nvio.crc32 is zlib.crc32 computed with ISA-L (15-20 GB/s a core against zlib's 2), without the
+# GIL; records are cut into pieces checksummed on a pool's threads and joined with crc32_combine.
 
 def _crc_tasks(pool, buffers: List[Any]) -> List[List[Tuple[Any, int]]]:
     """Submits the CRC-32 of each buffer's pieces; per buffer, the (future, length) of each."""
@@ -122,7 +80,7 @@ def _crc_tasks(pool, buffers: List[Any]) -> List[List[Tuple[Any, int]]]:
         pieces = []
         for start in range(0, len(view), _CRC_CHUNK):
             piece = view[start:start + _CRC_CHUNK]
-            pieces.append((pool.submit(zlib.crc32, piece), len(piece)))
+            pieces.append((pool.submit(_nvio.crc32, piece), len(piece)))
         tasks.append(pieces)
     return tasks
 
@@ -132,7 +90,7 @@ def _crc_results(tasks: List[List[Tuple[Any, int]]]) -> List[int]:
     for pieces in tasks:
         crc = 0
         for future, length in pieces:
-            crc = crc32_combine(crc, future.result(), length)
+            crc = _nvio.crc32_combine(crc, future.result(), length)
         out.append(crc)
     return out
 
@@ -395,7 +353,7 @@ def save(obj: Any, path: Any, *, pickle_protocol: int = 2, handle: Any = None) -
             crcs = iter(_crc_results(crc_tasks))
         for e in entries:
             if isinstance(e.payload, bytes):
-                e.crc = zlib.crc32(e.payload)
+                e.crc = _nvio.crc32(e.payload)
                 os.pwrite(fd, e.payload, e.data_offset)
             elif e.size > 0:
                 e.crc = next(crcs)

@@ -232,6 +232,22 @@ py::object to_python(const nvio::OptionValue& value) {
 
 void* as_ptr(std::uintptr_t address) { return reinterpret_cast<void*>(address); }
 
+// The buffer's bytes, refused unless contiguous: C order with no gaps, the strides matching a dense
+// row-major layout.
+py::buffer_info contiguous_buffer(const py::buffer& obj) {
+  py::buffer_info info = obj.request();
+  py::ssize_t expected = info.itemsize;
+  for (py::ssize_t d = info.ndim - 1; d >= 0; --d) {
+    if (info.shape[d] > 1 && info.strides[d] != expected) {
+      throw nvio::InvalidArgument(
+          "the buffer is not contiguous; pass a contiguous copy (e.g. .contiguous() or "
+          "numpy.ascontiguousarray) and copy back after reading");
+    }
+    expected *= info.shape[d];
+  }
+  return info;
+}
+
 std::uint64_t checked_offset(long long offset) {
   if (offset < 0) {
     throw nvio::InvalidArgument("file_offset must not be negative, got " + std::to_string(offset));
@@ -697,24 +713,25 @@ PYBIND11_MODULE(_nvio, m) {
   m.def(
       "buffer_address",
       [](py::buffer obj, bool writable) {
-        py::buffer_info info = obj.request();
+        const py::buffer_info info = contiguous_buffer(obj);
         if (writable && info.readonly) {
           throw nvio::InvalidArgument("the buffer is read-only and cannot be read into");
-        }
-        // Contiguous means C order with no gaps: the strides match a dense row-major layout.
-        py::ssize_t expected = info.itemsize;
-        for (py::ssize_t d = info.ndim - 1; d >= 0; --d) {
-          if (info.shape[d] > 1 && info.strides[d] != expected) {
-            throw nvio::InvalidArgument(
-                "the buffer is not contiguous; pass a contiguous copy (e.g. .contiguous() or "
-                "numpy.ascontiguousarray) and copy back after reading");
-          }
-          expected *= info.shape[d];
         }
         return py::make_tuple(reinterpret_cast<std::uintptr_t>(info.ptr),
                               info.size * info.itemsize);
       },
       py::arg("obj"), py::arg("writable"));
+  m.def(
+      "crc32",
+      [](py::buffer obj, std::uint32_t value) {
+        const py::buffer_info info = contiguous_buffer(obj);
+        const auto size = static_cast<std::size_t>(info.size * info.itemsize);
+        return unlocked([&] { return nvio::crc32(info.ptr, size, value); });
+      },
+      py::arg("data"), py::arg("value") = 0,
+      "zlib.crc32 of a contiguous buffer (ISA-L, without the GIL).");
+  m.def("crc32_combine", &nvio::crc32_combine, py::arg("crc_a"), py::arg("crc_b"),
+        py::arg("size_b"), "The CRC-32 of A followed by B, from both CRCs and B's length.");
 
   m.def(
       "dlpack_address",

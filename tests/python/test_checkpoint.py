@@ -18,7 +18,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import nvio  # noqa: E402
-from nvio import checkpoint  # noqa: E402
+from nvio import _nvio, checkpoint  # noqa: E402
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64,
           torch.complex128, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
@@ -72,14 +72,22 @@ def _every_dtype():
     return obj
 
 
-def test_crc32_combine_matches_zlib():
+def test_crc32_and_combine_match_zlib():
     rng = random.Random(1)
     for la, lb in [(0, 0), (1, 0), (0, 1), (1, 1), (4095, 17), (1 << 20, (1 << 20) + 123)]:
         a = bytes(rng.getrandbits(8) for _ in range(min(la, 4096))) * max(1, la // 4096)
         a = a[:la]
         b = os.urandom(lb)
-        assert checkpoint.crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == \
-            zlib.crc32(a + b)
+        assert _nvio.crc32(a + b) == zlib.crc32(a + b)
+        assert _nvio.crc32(b, _nvio.crc32(a)) == zlib.crc32(a + b)
+        assert _nvio.crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
+    # Any contiguous buffer: a tensor's numpy view, a memoryview slice at an odd start.
+    t = torch.arange(1000, dtype=torch.float32)
+    assert _nvio.crc32(t.numpy()) == zlib.crc32(t.numpy().tobytes())
+    raw = os.urandom(5000)
+    assert _nvio.crc32(memoryview(raw)[3:4098]) == zlib.crc32(raw[3:4098])
+    with pytest.raises(nvio.InvalidArgument, match="not contiguous"):
+        _nvio.crc32(t.numpy()[::2])
 
 
 def test_every_dtype_round_trip_both_ways(tmp_path):

@@ -1,10 +1,11 @@
 // nvio::crc32 and crc32_combine against a bit-at-a-time reference written from the definition
 // (reflected polynomial 0xEDB88320, initial and final inversion), over odd sizes and unaligned
 // starts, and the combine of pieces against the CRC of the whole, past 4 GiB.
+#include "nvio/checksum.hpp"
+
 #include <random>
 #include <vector>
 
-#include "nvio/checksum.hpp"
 #include "test_util.hpp"
 
 namespace nvio_test {

@@ -37,11 +37,10 @@ std::deque<std::string> g_warnings;
 // I/O call, thousands a second) does not take the mutex.
 std::atomic<bool> g_warnings_queued{false};
 
-std::mutex& warnings_mutex() { return g_warnings_mutex; }
-
-// Held across fork() so that a child never inherits it locked by a worker thread of the parent.
-// Registered before the core's warning mutex, under which the sink takes it (core/fork.hpp).
-void install_fork_handlers() { nvio::detail::hold_across_fork<warnings_mutex>(); }
+// Held across fork() so that a child never inherits it locked by a worker thread of the parent;
+// ranked after the core's warning mutex, under which the sink takes it (core/fork.hpp).
+[[maybe_unused]] const bool g_warnings_held_across_fork =
+    (nvio::detail::hold_across_fork(g_warnings_mutex, nvio::detail::ForkRank::WarningSink), true);
 
 // Text from the core as a Python str. Messages and paths may hold bytes that are not UTF-8 (a
 // file name is any bytes): a message keeps them readable as \xNN escapes, and a path decodes as
@@ -608,7 +607,6 @@ PYBIND11_MODULE(_nvio, m) {
                                "A file's contents break its format, e.g. a malformed safetensors "
                                "header (attributes: path, problem).");
   py::register_exception_translator(&translate);
-  install_fork_handlers();
 
   nvio::set_warning_sink([](const std::string& msg) {
     std::lock_guard lock(g_warnings_mutex);

@@ -9,9 +9,11 @@
 // still caught.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <mutex>
 #include <new>
+#include <thread>
 #include <vector>
 
 #include "core/fork.hpp"
@@ -52,7 +54,13 @@ class BlockPool {
     if constexpr (kPoolBlocks) {
       BlockPool& p = instance();
       std::lock_guard lock(p.mutex_);
-      if (p.free_.size() < p.free_.capacity()) {  // never grows here: no allocation, no throw
+      if (p.free_.capacity() == 0) {
+        try {
+          p.free_.reserve(kKeep);          // once; give() never grows the list after this
+        } catch (const std::bad_alloc&) {  // then nothing is kept
+        }
+      }
+      if (p.free_.size() < p.free_.capacity()) {
         p.free_.push_back(block);
         return;
       }
@@ -61,25 +69,41 @@ class BlockPool {
   }
 
  private:
-  BlockPool() {
-    try {
-      free_.reserve(kKeep);
-    } catch (const std::bad_alloc&) {  // then nothing is kept
+  constexpr BlockPool() = default;
+
+  // Never destroyed (blocks may be released by threads that outlive static destruction), and
+  // constant-initialised: a function-local static made at run time (with `new`, which waits for
+  // a fork in progress) could be caught half-made by another thread's fork(), and the child would
+  // wait for ever on its initialisation guard. Its mutex is registered for fork() before the first
+  // thread takes it.
+  union Storage {
+    constexpr Storage() : pool() {}
+    ~Storage() {}
+    BlockPool pool;
+  };
+  static BlockPool& instance() noexcept {
+    static constinit Storage storage;
+    BlockPool& p = storage.pool;
+    if (p.registered_.load(std::memory_order_acquire) != kRegistered) p.register_for_fork();
+    return p;
+  }
+  void register_for_fork() noexcept {
+    int expected = kUnregistered;
+    if (registered_.compare_exchange_strong(expected, kRegistering, std::memory_order_acq_rel)) {
+      hold_across_fork(mutex_);
+      registered_.store(kRegistered, std::memory_order_release);
+      return;
     }
+    while (registered_.load(std::memory_order_acquire) != kRegistered) std::this_thread::yield();
   }
-  static BlockPool& instance() {
-    // Leaked: blocks may be released by threads that outlive static destruction.
-    static BlockPool* pool = [] {
-      auto* p = new BlockPool;
-      hold_across_fork<&BlockPool::mutex_of>();
-      return p;
-    }();
-    return *pool;
-  }
-  static std::mutex& mutex_of() { return instance().mutex_; }
+
+  static constexpr int kUnregistered = 0;
+  static constexpr int kRegistering = 1;
+  static constexpr int kRegistered = 2;
 
   std::mutex mutex_;
-  std::vector<void*> free_;
+  std::vector<void*> free_;  // guarded by mutex_
+  std::atomic<int> registered_{kUnregistered};
 };
 
 // A standard allocator over BlockPool for single objects (arrays go to operator new), for

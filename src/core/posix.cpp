@@ -143,6 +143,10 @@ pid_t current_pid() noexcept {
   }();
   return cached ? g_pid.load(std::memory_order_relaxed) : ::getpid();
 }
+namespace {
+// Made when the library is loaded, for the reason given at locked_regions() (aligned_buffer.cpp).
+[[maybe_unused]] const pid_t g_pid_at_load = current_pid();
+}  // namespace
 
 int evict_page_cache(const std::string& path, std::uint64_t offset, std::uint64_t length) noexcept {
   const int raw = open_file(path, O_RDONLY);

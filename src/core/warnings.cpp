@@ -14,20 +14,19 @@ struct WarningState {
   std::set<std::string> fired;
 };
 
-WarningState& state();
-std::mutex& state_mutex() { return state().mutex; }
-
 WarningState& state() {
   // Leaked on purpose: warnings may be raised from static destructors of other objects.
   static auto* s = [] {
     auto* created = new WarningState;
-    // Sinks are called under this mutex and may take their own (the Python binding's), which
-    // they register before the first use of this one: see core/fork.hpp on order.
-    detail::hold_across_fork<state_mutex>();
+    // Sinks are called under this mutex and may take their own (the Python binding's, ranked
+    // after this one): see core/fork.hpp on order.
+    detail::hold_across_fork(created->mutex, detail::ForkRank::WarningState);
     return created;
   }();
   return *s;
 }
+// Made when the library is loaded, for the reason given at locked_regions() in aligned_buffer.cpp.
+[[maybe_unused]] const WarningState& g_state_at_load = state();
 
 }  // namespace
 

@@ -16,11 +16,10 @@ namespace {
 std::mutex g_factory_mutex;
 EngineFactory g_factory;  // guarded by g_factory_mutex; empty: the back ends
 
-std::mutex& factory_mutex() {
-  static const bool guarded = (detail::hold_across_fork<factory_mutex>(), true);  // a leaf
-  (void)guarded;
-  return g_factory_mutex;
-}
+std::mutex& factory_mutex() { return g_factory_mutex; }
+// A leaf, registered at load time.
+[[maybe_unused]] const bool g_factory_held_across_fork =
+    (detail::hold_across_fork(g_factory_mutex), true);
 
 }  // namespace
 

@@ -557,12 +557,7 @@ namespace {
 // (the fresh state, whose workers take other mutexes, is made outside it). Held across fork() so
 // that a child never inherits it locked by a thread that does not exist there.
 std::mutex g_fork_mutex;
-std::mutex& fork_mutex() { return g_fork_mutex; }
-
-void install_fork_handlers() {
-  static const bool installed = (detail::hold_across_fork<fork_mutex>(), true);
-  (void)installed;
-}
+[[maybe_unused]] const bool g_fork_mutex_held = (detail::hold_across_fork(g_fork_mutex), true);
 
 }  // namespace
 
@@ -599,7 +594,6 @@ Handle::Impl& Handle::renew_after_fork() const {
 Handle::Handle() : Handle(resolve_options().values) {}
 Handle::Handle(const Options& options)
     : impl_(std::make_unique<Impl>(options)), owner_pid_(detail::current_pid()) {
-  install_fork_handlers();
 }
 
 Handle::~Handle() {

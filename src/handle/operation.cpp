@@ -7,6 +7,12 @@
 
 namespace nvio::detail {
 
+namespace {
+// Known when the library is loaded, for the reason given at locked_regions() (aligned_buffer.cpp):
+// waiters on worker threads ask it.
+[[maybe_unused]] const bool g_spinning_pays_at_load = spinning_pays();
+}  // namespace
+
 std::exception_ptr io_error_ptr(IoOp op, const std::string& path, std::uint64_t offset,
                                 std::uint64_t length, int err, const std::string& detail) {
   try {

@@ -26,17 +26,18 @@ struct LockedRegions {
   std::map<std::uintptr_t, std::size_t> regions;
 };
 
-LockedRegions& locked_regions();
-std::mutex& locked_regions_mutex() { return locked_regions().mutex; }
-
 LockedRegions& locked_regions() {
   static auto* r = [] {
     auto* created = new LockedRegions;  // leaked: buffers may outlive static destruction
-    detail::hold_across_fork<locked_regions_mutex>();  // a leaf: nothing is taken under it
+    detail::hold_across_fork(created->mutex);  // a leaf: nothing is taken under it
     return created;
   }();
   return *r;
 }
+// Made when the library is loaded, before any of its threads exist: a worker making it (which
+// allocates) while another thread forks would leave the child its initialisation guard taken, and
+// the child's first bounce buffer would wait for ever (seen: Sharing.ForkWithOperationsInFlight...).
+[[maybe_unused]] const LockedRegions& g_locked_regions_at_load = locked_regions();
 
 // Maps `size` bytes (a multiple of 2 MiB) at a 2 MiB-aligned address so that transparent huge
 // pages can back all of it: over-map by one huge page and trim both ends.

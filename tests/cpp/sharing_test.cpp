@@ -8,8 +8,10 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <thread>
 
+#include "core/fork.hpp"
 #include "test_util.hpp"
 
 namespace nvio_test {
@@ -179,6 +181,19 @@ TEST(RunInChild, HungChildIsKilledAndReported) {
       std::chrono::seconds(1));
   EXPECT_EQ(status, -1);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(90));
+}
+
+// Every process-wide mutex the library makes fits the registry (beyond its cap a mutex would not
+// be held across fork).
+TEST(ForkRegistry, TheLibraryStaysBelowTheCap) {
+  const TempDir dir;
+  Handle h{Options{}};
+  std::vector<unsigned char> buf(64 * KiB, 1);
+  const std::string path = dir.file("fork-registry.bin");
+  h.write(buf.data(), buf.size(), path, 0);
+  h.read(buf.data(), buf.size(), path, 0);
+  EXPECT_GT(nvio::detail::fork_mutex_count(), 0u);
+  EXPECT_LT(nvio::detail::fork_mutex_count(), nvio::detail::kMaxForkMutexes);
 }
 
 }  // namespace

@@ -17,18 +17,20 @@ from typing import Any, Mapping
 
 from . import _aio, _nvio
 
+# DeepSpeed's defaults for a missing key of the aio section (deepspeed/runtime/swap_tensor/
+# constants.py). They differ from the aio_handle constructor's defaults (queue_depth 128,
+# overlap_events False): a config that leaves a key out gets what DeepSpeed would give it.
 _AIO_DEFAULTS = {
     "block_size": 1048576,
-    "queue_depth": 128,
+    "queue_depth": 8,
     "intra_op_parallelism": 1,
     "single_submit": False,
-    "overlap_events": False,
+    "overlap_events": True,
+    "use_gds": False,
 }
-# Keys DeepSpeed's aio section may carry that do not configure an aio_handle.
-_IGNORED_KEYS = ("use_gds",)
 # Older DeepSpeed configs and ds_nvme_tune output name the parallelism differently.
 _PARALLELISM_ALIASES = ("thread_count", "num_threads")
-_SECTION_KEYS = frozenset(_AIO_DEFAULTS) | frozenset(_PARALLELISM_ALIASES) | frozenset(_IGNORED_KEYS)
+_SECTION_KEYS = frozenset(_AIO_DEFAULTS) | frozenset(_PARALLELISM_ALIASES)
 # Top-level keys of a whole DeepSpeed config: a mapping with one of these and no "aio" section is
 # a DeepSpeed config that leaves aio at its defaults. Without one, the mapping must be an aio
 # section, so that {'blok_size': 4096} is an error rather than silently all defaults.
@@ -130,8 +132,19 @@ def _as_int(key: str, value: Any) -> int:
     return value
 
 
+def _gds_usable() -> "tuple[bool, str]":
+    """Whether cuFile can move CUDA tensors here (peer-to-peer or compatibility mode), and why not."""
+    info = _nvio.gpu_info()
+    return info["gds_mode"] != "unavailable", info["gds_reason"]
+
+
 def aio_handle_from_config(config: Mapping[str, Any]) -> _aio.aio_handle:
     """An ``aio_handle`` from a DeepSpeed config (the whole config or just its ``aio`` section).
+
+    Keys left out take DeepSpeed's defaults for the section (queue_depth 8, overlap_events true,
+    single_submit false, intra_op_parallelism 1, block_size 1 MiB, use_gds false), not the
+    constructor's. ``use_gds: true`` gives a ``gds_handle``; where cuFile is unusable that handle
+    moves CUDA tensors through the host bounce path, which a ``RuntimeWarning`` says here.
 
     Unknown keys are an error in both forms (a typo must not silently fall back to a default):
     a mapping with an ``aio`` key is a whole config; one with other DeepSpeed top-level keys
@@ -145,7 +158,9 @@ def aio_handle_from_config(config: Mapping[str, Any]) -> _aio.aio_handle:
             f"aio config: expected a mapping (a DeepSpeed config or its aio section), got "
             f"{type(config).__name__}"
         )
-    if "aio" in config:
+    if "aio" in config and config["aio"] is None:
+        section = {}  # DeepSpeed reads "aio": null as its defaults
+    elif "aio" in config:
         if not isinstance(config["aio"], Mapping):
             raise _nvio.InvalidArgument(
                 f"aio config: 'aio' must be a mapping, got {type(config['aio']).__name__}"
@@ -174,16 +189,25 @@ def aio_handle_from_config(config: Mapping[str, Any]) -> _aio.aio_handle:
             )
             value = section.pop(alias)
             section.setdefault("intra_op_parallelism", value)
-    for key in _IGNORED_KEYS:
-        section.pop(key, None)
     unknown = set(section) - set(_AIO_DEFAULTS)
     if unknown:
         raise _unknown_keys_error("keys", unknown, _AIO_DEFAULTS)
     merged = {**_AIO_DEFAULTS, **section}
-    return _aio.aio_handle(
+    settings = dict(
         block_size=_as_int("block_size", merged["block_size"]),
         queue_depth=_as_int("queue_depth", merged["queue_depth"]),
         single_submit=_as_bool("single_submit", merged["single_submit"]),
         overlap_events=_as_bool("overlap_events", merged["overlap_events"]),
         intra_op_parallelism=_as_int("intra_op_parallelism", merged["intra_op_parallelism"]),
     )
+    if not _as_bool("use_gds", merged["use_gds"]):
+        return _aio.aio_handle(**settings)
+    usable, why = _gds_usable()
+    if not usable:
+        warnings.warn(
+            f"nvio: aio config use_gds is true but cuFile is not usable here ({why}); the "
+            "gds_handle moves CUDA tensors through the host bounce path",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return _aio.gds_handle(**settings)

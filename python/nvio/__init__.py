@@ -139,7 +139,10 @@ def empty_locked(shape: Union[int, Sequence[int]], dtype: Any = None):
 
 
 def is_pinned(buf: Any) -> bool:
-    """True when the buffer's memory is locked: made by nvio (views included) or pinned by torch."""
+    """True when the buffer's memory is locked: made by nvio (views included) or pinned by torch.
+
+    Memory from ``empty_locked`` whose mlock RLIMIT_MEMLOCK refused is not locked: False here
+    (``aio_handle.is_pinned``, DeepSpeed's question, says True for it)."""
     from . import _buffers
 
     try:

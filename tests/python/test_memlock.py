@@ -26,7 +26,7 @@ _SCRIPT = r"""
 import json, os, resource, sys, warnings
 import torch
 import nvio
-from nvio.deepspeed import AsyncIOBuilder
+from nvio.deepspeed import AsyncIOBuilder, PinMemoryBuilder
 
 directory = sys.argv[1]
 out = {"euid": os.geteuid(), "limit": resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]}
@@ -38,6 +38,8 @@ with warnings.catch_warnings(record=True) as caught:
     dst = h.new_cpu_locked_tensor(n, torch.empty(0, dtype=torch.float32))
     raw = nvio.empty_locked(n * 4)
     small = nvio.empty_locked(4096)  # within the limit: locked
+    pins = PinMemoryBuilder().load().pin_handle()
+    native = pins.new_cpu_locked_tensor(n, torch.empty(0, dtype=torch.float32))
 out["warnings"] = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
 out["shape"] = [list(src.shape), str(src.dtype), list(raw.shape)]
 out["aligned"] = src.data_ptr() % 4096 == 0 and dst.data_ptr() % 4096 == 0
@@ -67,6 +69,7 @@ out["handle_views"] = [h.is_pinned(src[1000:]), h.is_pinned(src.view(torch.uint8
                        h.is_pinned(raw[4096:8192])]
 out["handle_ordinary"] = [h.is_pinned(torch.empty(n)), h.is_pinned(torch.empty(n)[8:])]
 out["small"] = [nvio.is_pinned(small), h.is_pinned(small)]
+out["pin_handle"] = [pins.is_pinned(native), pins.is_pinned(src), nvio.is_pinned(native)]
 # DeepSpeed's SwapBufferPool(buffers, aio_handle) asserts this before it swaps.
 out["swap_pool_check"] = all(h.is_pinned(b) for b in (src, dst))
 print(json.dumps(out))
@@ -125,6 +128,7 @@ def test_refused_lock_still_moves_bytes_and_counts_as_pinned_for_deepspeed():
     assert out["handle_views"] == [True, True, True]
     assert out["handle_ordinary"] == [False, False]
     assert out["small"] == [True, True]
+    assert out["pin_handle"] == [True, True, False]
     assert out["swap_pool_check"]
 
 

@@ -11,8 +11,12 @@ from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
+# Read by the interpreter at start from site-packages itself (not from the package): with
+# NVIO_DEEPSPEED=1 it runs nvio.deepspeed.install_from_environment(); otherwise it imports nothing.
+DEEPSPEED_PTH = "nvio-deepspeed.pth"
 
 
 class CMakeExtension(Extension):
@@ -42,4 +46,18 @@ class CMakeBuild(build_ext):
         self.copy_file(str(built), str(out_dir / built.name))
 
 
-setup(ext_modules=[CMakeExtension("nvio._nvio")], cmdclass={"build_ext": CMakeBuild})
+class BuildPyWithPth(build_py):
+    """The package's modules plus nvio-deepspeed.pth at the top of the built tree, so that it is
+    installed next to the nvio folder in site-packages."""
+
+    def run(self) -> None:
+        super().run()
+        self.copy_file(str(ROOT / "python" / DEEPSPEED_PTH),
+                       str(Path(self.build_lib) / DEEPSPEED_PTH))
+
+    def get_outputs(self, include_bytecode: bool = True) -> "list[str]":
+        return super().get_outputs(include_bytecode) + [str(Path(self.build_lib) / DEEPSPEED_PTH)]
+
+
+setup(ext_modules=[CMakeExtension("nvio._nvio")],
+      cmdclass={"build_ext": CMakeBuild, "build_py": BuildPyWithPth})

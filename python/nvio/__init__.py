@@ -93,6 +93,12 @@ def empty_locked(shape: Union[int, Sequence[int]], dtype: Any = None):
     torch tensor, anything numpy understands gives a numpy array; ``None`` means ``torch.uint8``
     when torch is importable, else ``numpy.uint8``. Views of it count as pinned for ``is_pinned``.
     """
+    return _empty_locked_owned(shape, dtype)[0]
+
+
+def _empty_locked_owned(shape: Any, dtype: Any) -> "tuple[Any, Optional[Any]]":
+    """``empty_locked`` and the ``LockedMemory`` that owns its memory (None for no elements), for
+    callers that keep the memory alive without keeping the tensor object (nvio.deepspeed)."""
     from . import _args
 
     if isinstance(shape, (str, bytes)):
@@ -126,20 +132,23 @@ def empty_locked(shape: Union[int, Sequence[int]], dtype: Any = None):
 
         itemsize = torch.empty((), dtype=dtype).element_size()
         if count == 0:
-            return torch.empty(dims, dtype=dtype)
+            return torch.empty(dims, dtype=dtype), None
         memory = _nvio.LockedMemory(count * itemsize)
-        return torch.frombuffer(memory, dtype=dtype, count=count).view(dims)
+        return torch.frombuffer(memory, dtype=dtype, count=count).view(dims), memory
     import numpy
 
     dt = numpy.dtype(dtype)
     if count == 0:
-        return numpy.empty(dims, dtype=dt)
+        return numpy.empty(dims, dtype=dt), None
     memory = _nvio.LockedMemory(count * dt.itemsize)
-    return numpy.frombuffer(memory, dtype=dt, count=count).reshape(dims)
+    return numpy.frombuffer(memory, dtype=dt, count=count).reshape(dims), memory
 
 
 def is_pinned(buf: Any) -> bool:
-    """True when the buffer's memory is locked: made by nvio (views included) or pinned by torch."""
+    """True when the buffer's memory is locked: made by nvio (views included) or pinned by torch.
+
+    Memory from ``empty_locked`` whose mlock RLIMIT_MEMLOCK refused is not locked: False here
+    (``aio_handle.is_pinned``, DeepSpeed's question, says True for it)."""
     from . import _buffers
 
     try:

@@ -88,6 +88,23 @@ def _validate(ref: _buffers.BufferRef, target: Any, offset: int, is_read: bool) 
         )
 
 
+def deepspeed_is_pinned(buffer: Any) -> bool:
+    """DeepSpeed's question (its handles answer "torch pinned it, or my allocator made it"):
+    True for memory from ``new_cpu_locked_tensor`` / ``nvio.empty_locked`` and its contiguous
+    views, also when RLIMIT_MEMLOCK refused the lock (the handles move that memory the same way;
+    DeepSpeed asserts on this answer before swapping), and for locked or torch-pinned memory.
+    ``nvio.is_pinned`` answers only whether the memory is locked."""
+    from . import is_pinned
+
+    if is_pinned(buffer):
+        return True
+    try:
+        ref = _buffers.resolve(buffer, writable=False)
+    except (TypeError, ValueError):
+        return False
+    return ref.nbytes > 0 and not ref.device and _nvio.in_locked_memory(ref.address, ref.nbytes)
+
+
 class aio_handle:  # noqa: N801 - DeepSpeed's name
     """Drop-in for DeepSpeed's ``async_io.aio_handle`` (see module docstring for differences).
 
@@ -244,9 +261,8 @@ class aio_handle:  # noqa: N801 - DeepSpeed's name
             return self._locked.pop(tensor.data_ptr(), None) is not None
 
     def is_pinned(self, tensor: Any) -> bool:
-        from . import is_pinned
-
-        return is_pinned(tensor)
+        """DeepSpeed's question; see ``deepspeed_is_pinned``."""
+        return deepspeed_is_pinned(tensor)
 
     def __del__(self) -> None:
         # Never leave I/O running into buffers that are about to be freed.

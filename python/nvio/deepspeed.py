@@ -6,29 +6,38 @@
     g = GDSBuilder().load().gds_handle()
 
 and ``aio_handle_from_config(ds_config)`` for a DeepSpeed config's ``aio`` section.
+
+``install()`` makes an installed DeepSpeed's own ``AsyncIOBuilder``, ``GDSBuilder``,
+``UtilsBuilder`` and ``PinMemoryBuilder`` resolve to these, so ZeRO-Infinity, ZeRO-Inference and
+FastPersist run on nvio unchanged (``NVIO_DEEPSPEED=1`` does it at interpreter start through the
+``nvio-deepspeed.pth`` file the package installs).
 """
 
 from __future__ import annotations
 
 import difflib
+import threading
 import types
 import warnings
 from typing import Any, Mapping
 
 from . import _aio, _nvio
+from ._args import InvalidType
 
+# DeepSpeed's defaults for a missing key of the aio section (deepspeed/runtime/swap_tensor/
+# constants.py). They differ from the aio_handle constructor's defaults (queue_depth 128,
+# overlap_events False): a config that leaves a key out gets what DeepSpeed would give it.
 _AIO_DEFAULTS = {
     "block_size": 1048576,
-    "queue_depth": 128,
+    "queue_depth": 8,
     "intra_op_parallelism": 1,
     "single_submit": False,
-    "overlap_events": False,
+    "overlap_events": True,
+    "use_gds": False,
 }
-# Keys DeepSpeed's aio section may carry that do not configure an aio_handle.
-_IGNORED_KEYS = ("use_gds",)
 # Older DeepSpeed configs and ds_nvme_tune output name the parallelism differently.
 _PARALLELISM_ALIASES = ("thread_count", "num_threads")
-_SECTION_KEYS = frozenset(_AIO_DEFAULTS) | frozenset(_PARALLELISM_ALIASES) | frozenset(_IGNORED_KEYS)
+_SECTION_KEYS = frozenset(_AIO_DEFAULTS) | frozenset(_PARALLELISM_ALIASES)
 # Top-level keys of a whole DeepSpeed config: a mapping with one of these and no "aio" section is
 # a DeepSpeed config that leaves aio at its defaults. Without one, the mapping must be an aio
 # section, so that {'blok_size': 4096} is an error rather than silently all defaults.
@@ -72,7 +81,37 @@ def _deepspeed_memcpy(dest: Any, src: Any) -> int:
     return 0
 
 
-class AsyncIOBuilder:
+class _OpBuilder:
+    """What DeepSpeed's code asks of an op builder: ``NAME``, ``name``, ``absolute_name()``,
+    ``is_compatible(verbose)``, ``load(verbose)`` and ``jit_load(verbose)``. Nothing is compiled:
+    ``load`` returns a module of nvio's implementations, the same object every time."""
+
+    NAME = ""
+    _module: "types.ModuleType | None" = None
+
+    def __init__(self) -> None:
+        self.name = self.NAME
+
+    def absolute_name(self) -> str:
+        return f"nvio.deepspeed.{self.NAME}_op"
+
+    def is_compatible(self, verbose: bool = False) -> bool:
+        return True
+
+    def _build(self) -> types.ModuleType:
+        raise NotImplementedError
+
+    def load(self, verbose: bool = True) -> types.ModuleType:
+        cls = type(self)
+        if cls.__dict__.get("_module") is None:
+            cls._module = self._build()
+        return cls._module
+
+    def jit_load(self, verbose: bool = True) -> types.ModuleType:
+        return self.load(verbose)
+
+
+class AsyncIOBuilder(_OpBuilder):
     """Stands in for ``deepspeed.ops.op_builder.AsyncIOBuilder``."""
 
     NAME = "async_io"
@@ -81,7 +120,7 @@ class AsyncIOBuilder:
         """True: at least the psync engine works everywhere."""
         return any(ok for ok, _ in _nvio.probe_engines().values())
 
-    def load(self, verbose: bool = True) -> types.ModuleType:
+    def _build(self) -> types.ModuleType:
         """The op module: ``aio_handle``, ``aio_read``, ``aio_write``, ``deepspeed_memcpy``."""
         module = types.ModuleType("async_io", "nvio's implementation of DeepSpeed's async_io op")
         module.aio_handle = _aio.aio_handle
@@ -91,7 +130,7 @@ class AsyncIOBuilder:
         return module
 
 
-class GDSBuilder:
+class GDSBuilder(_OpBuilder):
     """Stands in for ``deepspeed.ops.op_builder.GDSBuilder``: ``GDSBuilder().load().gds_handle()``.
 
     Works on every machine: without a GPU or cuFile the handle still moves host tensors, and CUDA
@@ -103,7 +142,7 @@ class GDSBuilder:
         """True: gds_handle always works, through cuFile when it can and the bounce path else."""
         return True
 
-    def load(self, verbose: bool = True) -> types.ModuleType:
+    def _build(self) -> types.ModuleType:
         """The op module: ``gds_handle`` plus the ``async_io`` names DeepSpeed's gds op has."""
         module = types.ModuleType("gds", "nvio's implementation of DeepSpeed's gds op")
         module.gds_handle = _aio.gds_handle
@@ -111,6 +150,101 @@ class GDSBuilder:
         module.aio_read = _aio.aio_read
         module.aio_write = _aio.aio_write
         module.deepspeed_memcpy = _deepspeed_memcpy
+        return module
+
+
+def _byte_view(tensor: Any) -> Any:
+    import torch
+
+    if not isinstance(tensor, torch.Tensor):
+        raise InvalidType(f"cast_to_byte_tensor: expected a torch tensor, got "
+                          f"{type(tensor).__name__}")
+    if not tensor.is_contiguous():
+        # DeepSpeed's op wraps data_ptr() .. + nbytes, which is not this tensor's bytes.
+        raise _nvio.InvalidArgument("cast_to_byte_tensor: the tensor is not contiguous; pass "
+                                    "t.contiguous()")
+    flat = tensor.reshape(-1)
+    return flat if flat.dtype == torch.uint8 else flat.view(torch.uint8)
+
+
+def cast_to_byte_tensor(src: Any) -> Any:
+    """A ``torch.uint8`` view of a tensor's bytes (no copy: writes through either show in the
+    other), or a list of them for a list of tensors: DeepSpeed's ``UtilsBuilder`` op."""
+    if isinstance(src, (list, tuple)):
+        return [_byte_view(t) for t in src]
+    return _byte_view(src)
+
+
+def _flatten(tensors: Any) -> Any:
+    from torch._utils import _flatten_dense_tensors
+
+    return _flatten_dense_tensors(tensors)
+
+
+def _unflatten(flat: Any, tensors: Any) -> Any:
+    from torch._utils import _unflatten_dense_tensors
+
+    return _unflatten_dense_tensors(flat, tensors)
+
+
+class UtilsBuilder(_OpBuilder):
+    """Stands in for DeepSpeed's ``UtilsBuilder``: ``flatten``, ``unflatten`` (torch's dense
+    flatten, which DeepSpeed's op calls) and ``cast_to_byte_tensor`` (FastPersist's)."""
+
+    NAME = "utils"
+
+    def _build(self) -> types.ModuleType:
+        module = types.ModuleType("utils", "nvio's implementation of DeepSpeed's utils op")
+        module.flatten = _flatten
+        module.unflatten = _unflatten
+        module.cast_to_byte_tensor = cast_to_byte_tensor
+        return module
+
+
+class pin_handle:  # noqa: N801 - DeepSpeed's name
+    """DeepSpeed's native pinned-memory handle (``PinMemoryBuilder().load().pin_handle()``), on
+    nvio's locked memory. The handle keeps each allocation's memory, not its tensor object, until
+    ``free_cpu_locked_tensor`` (so DeepSpeed's finalizers on the tensor still run); the memory is
+    unmapped when the handle and every tensor on it have let go, never under a live view."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._owned: "dict[int, Any]" = {}
+
+    def new_cpu_locked_tensor(self, num_elem: int, example_tensor: Any) -> Any:
+        """A page-aligned, locked (when RLIMIT_MEMLOCK allows) CPU tensor of ``num_elem``
+        elements of the example's dtype."""
+        from . import _args, _empty_locked_owned
+
+        tensor, memory = _empty_locked_owned(_args.integer(num_elem, "num_elem"),
+                                             example_tensor.dtype)
+        if memory is not None:
+            with self._lock:
+                self._owned[tensor.data_ptr()] = memory
+        return tensor
+
+    def free_cpu_locked_tensor(self, locked_tensor: Any) -> bool:
+        """Lets go of a tensor this handle made; False for any other."""
+        return self.free_cpu_locked_tensor_by_ptr(locked_tensor.data_ptr())
+
+    def free_cpu_locked_tensor_by_ptr(self, address: int) -> bool:
+        """Lets go of the allocation starting at ``address``; False when this handle has none."""
+        with self._lock:
+            return self._owned.pop(int(address), None) is not None
+
+    def is_pinned(self, buffer: Any) -> bool:
+        """DeepSpeed's question, as ``aio_handle.is_pinned`` answers it."""
+        return _aio.deepspeed_is_pinned(buffer)
+
+
+class PinMemoryBuilder(_OpBuilder):
+    """Stands in for DeepSpeed's ``PinMemoryBuilder`` (``DS_PIN_MEMORY_BACKEND=native``)."""
+
+    NAME = "pin_memory"
+
+    def _build(self) -> types.ModuleType:
+        module = types.ModuleType("pin_memory", "nvio's implementation of DeepSpeed's pin_memory")
+        module.pin_handle = pin_handle
         return module
 
 
@@ -130,8 +264,19 @@ def _as_int(key: str, value: Any) -> int:
     return value
 
 
+def _gds_usable() -> "tuple[bool, str]":
+    """Whether cuFile can move CUDA tensors here (peer-to-peer or compatibility mode), and why not."""
+    info = _nvio.gpu_info()
+    return info["gds_mode"] != "unavailable", info["gds_reason"]
+
+
 def aio_handle_from_config(config: Mapping[str, Any]) -> _aio.aio_handle:
     """An ``aio_handle`` from a DeepSpeed config (the whole config or just its ``aio`` section).
+
+    Keys left out take DeepSpeed's defaults for the section (queue_depth 8, overlap_events true,
+    single_submit false, intra_op_parallelism 1, block_size 1 MiB, use_gds false), not the
+    constructor's. ``use_gds: true`` gives a ``gds_handle``; where cuFile is unusable that handle
+    moves CUDA tensors through the host bounce path, which a ``RuntimeWarning`` says here.
 
     Unknown keys are an error in both forms (a typo must not silently fall back to a default):
     a mapping with an ``aio`` key is a whole config; one with other DeepSpeed top-level keys
@@ -145,7 +290,9 @@ def aio_handle_from_config(config: Mapping[str, Any]) -> _aio.aio_handle:
             f"aio config: expected a mapping (a DeepSpeed config or its aio section), got "
             f"{type(config).__name__}"
         )
-    if "aio" in config:
+    if "aio" in config and config["aio"] is None:
+        section = {}  # DeepSpeed reads "aio": null as its defaults
+    elif "aio" in config:
         if not isinstance(config["aio"], Mapping):
             raise _nvio.InvalidArgument(
                 f"aio config: 'aio' must be a mapping, got {type(config['aio']).__name__}"
@@ -174,16 +321,35 @@ def aio_handle_from_config(config: Mapping[str, Any]) -> _aio.aio_handle:
             )
             value = section.pop(alias)
             section.setdefault("intra_op_parallelism", value)
-    for key in _IGNORED_KEYS:
-        section.pop(key, None)
     unknown = set(section) - set(_AIO_DEFAULTS)
     if unknown:
         raise _unknown_keys_error("keys", unknown, _AIO_DEFAULTS)
     merged = {**_AIO_DEFAULTS, **section}
-    return _aio.aio_handle(
+    settings = dict(
         block_size=_as_int("block_size", merged["block_size"]),
         queue_depth=_as_int("queue_depth", merged["queue_depth"]),
         single_submit=_as_bool("single_submit", merged["single_submit"]),
         overlap_events=_as_bool("overlap_events", merged["overlap_events"]),
         intra_op_parallelism=_as_int("intra_op_parallelism", merged["intra_op_parallelism"]),
     )
+    if not _as_bool("use_gds", merged["use_gds"]):
+        return _aio.aio_handle(**settings)
+    usable, why = _gds_usable()
+    if not usable:
+        warnings.warn(
+            f"nvio: aio config use_gds is true but cuFile is not usable here ({why}); the "
+            "gds_handle moves CUDA tensors through the host bounce path",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return _aio.gds_handle(**settings)
+
+
+# ---- DeepSpeed on nvio without rebuilding it (issue 13) -----------------------------------------
+from ._deepspeed_install import (  # noqa: E402,F401  (the public names of this module)
+    NothingToPatch,
+    install,
+    install_from_environment,
+    installed,
+    uninstall,
+)

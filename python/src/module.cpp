@@ -336,12 +336,36 @@ py::dict options_dict(const nvio::Options& o) {
   return d;
 }
 
+// Every live LockedMemory by start address, with its size: locked or not (mlock refused under
+// RLIMIT_MEMLOCK). DeepSpeed's handles answer is_pinned for memory their own allocator made, and
+// nvio's aio_handle does the same for this memory, which it moves without a bounce copy either
+// way. Touched only with the GIL held (construction after the allocation, destruction, queries),
+// which is what guards it.
+std::map<std::uintptr_t, std::size_t>& locked_memory_regions() {
+  static auto* regions = new std::map<std::uintptr_t, std::size_t>;  // leaked: see LockedRegions
+  return *regions;
+}
+
+bool in_locked_memory(std::uintptr_t addr, std::size_t nbytes) {
+  const auto& regions = locked_memory_regions();
+  auto it = regions.upper_bound(addr);
+  if (it == regions.begin()) return false;
+  --it;
+  return addr >= it->first && nbytes <= it->second && addr - it->first <= it->second - nbytes;
+}
+
 // Owner of a locked, aligned host allocation exported through the buffer protocol, so torch and
-// numpy can wrap it without a copy (the tensor or array keeps this object alive).
+// numpy can wrap it without a copy (the tensor or array keeps this object alive). Neither copied
+// nor moved: its registration is keyed by the address it owns.
 class LockedMemory {
  public:
   explicit LockedMemory(std::size_t nbytes)
-      : buffer_(unlocked([&] { return nvio::AlignedBuffer(nbytes, nvio::LockMode::Try); })) {}
+      : buffer_(unlocked([&] { return nvio::AlignedBuffer(nbytes, nvio::LockMode::Try); })) {
+    locked_memory_regions()[address()] = buffer_.size();
+  }
+  ~LockedMemory() { locked_memory_regions().erase(address()); }
+  LockedMemory(const LockedMemory&) = delete;
+  LockedMemory& operator=(const LockedMemory&) = delete;
   std::uintptr_t address() const { return reinterpret_cast<std::uintptr_t>(buffer_.data()); }
   std::size_t nbytes() const { return buffer_.size(); }
   bool locked() const { return buffer_.locked(); }
@@ -811,6 +835,7 @@ PYBIND11_MODULE(_nvio, m) {
   m.def("is_locked", [](std::uintptr_t addr, std::size_t nbytes) {
     return nvio::is_locked_by_nvio(as_ptr(addr), nbytes);
   });
+  m.def("in_locked_memory", &in_locked_memory);
 
   m.def("resolve_options", [](const py::kwargs& kwargs) {
     std::string config_dir;

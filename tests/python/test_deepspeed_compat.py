@@ -180,11 +180,80 @@ def test_config_whole_deepspeed_config_with_other_sections():
     assert _settings(h) == (262144, 16, False, True, 2)
 
 
-def test_config_defaults():
-    assert _settings(aio_handle_from_config({})) == (1048576, 128, False, False, 1)
-    assert _settings(aio_handle_from_config({"aio": {}})) == (1048576, 128, False, False, 1)
+# DeepSpeed's defaults for keys the aio section leaves out (runtime/swap_tensor/constants.py):
+# block_size 1 MiB, queue_depth 8, single_submit false, overlap_events true, parallelism 1.
+DS_DEFAULTS = (1048576, 8, False, True, 1)
+
+
+def test_config_defaults_are_deepspeeds():
+    assert _settings(aio_handle_from_config({})) == DS_DEFAULTS
+    assert _settings(aio_handle_from_config({"aio": {}})) == DS_DEFAULTS
+    assert _settings(aio_handle_from_config({"aio": None})) == DS_DEFAULTS  # DeepSpeed: defaults
+    assert _settings(aio_handle_from_config({"train_batch_size": 1})) == DS_DEFAULTS
     h = aio_handle_from_config({"aio": {"queue_depth": 4}})
-    assert _settings(h) == (1048576, 4, False, False, 1)
+    assert _settings(h) == (1048576, 4, False, True, 1)
+    h = aio_handle_from_config({"aio": {"overlap_events": False}})
+    assert _settings(h) == (1048576, 8, False, False, 1)
+    assert type(aio_handle_from_config({})) is nvio.aio_handle
+
+
+def test_config_use_gds_false_is_an_aio_handle():
+    for section in ({"use_gds": False}, {"use_gds": "false"}, {}):
+        h = aio_handle_from_config({"aio": section})
+        assert type(h) is nvio.aio_handle, section
+
+
+def test_config_use_gds_bad_value_rejected():
+    with pytest.raises(nvio.InvalidArgument, match="use_gds"):
+        aio_handle_from_config({"aio": {"use_gds": "yes please"}})
+
+
+def _gds_round_trip(h, tmp_path):
+    t = _pattern(2 * 1024**2 + 77)
+    path = str(tmp_path / "gds.bin")
+    assert h.async_pwrite(t, path) == 0
+    assert h.wait() == 1
+    assert read_file(path) == as_bytes(t)
+    out = torch.zeros_like(t)
+    assert h.sync_pread(out, path) == 1
+    assert as_bytes(out) == as_bytes(t)
+
+
+def test_config_use_gds_without_cufile_warns_and_uses_the_bounce_path(tmp_path, monkeypatch):
+    """Where cuFile is unusable (this machine, or forced so), use_gds still gives a gds_handle
+    (DeepSpeed's GDS code calls its pin_device_tensor), and says once that it bounces."""
+    import nvio.deepspeed as ds
+
+    monkeypatch.setattr(ds, "_gds_usable", lambda: (False, "no cuFile in this test"))
+    with pytest.warns(RuntimeWarning, match="use_gds.*no cuFile in this test.*bounce"):
+        h = aio_handle_from_config({"aio": {"use_gds": True, "queue_depth": 16}})
+    assert isinstance(h, nvio.gds_handle)
+    assert _settings(h) == (1048576, 16, False, True, 1)
+    _gds_round_trip(h, tmp_path)
+
+
+def test_config_use_gds_real_availability_check():
+    usable, why = __import__("nvio.deepspeed").deepspeed._gds_usable()
+    assert usable == (nvio.gpu_info()["gds_mode"] != "unavailable")
+    assert usable or why  # unusable always comes with its reason
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        h = aio_handle_from_config({"aio": {"use_gds": "true"}})
+    assert isinstance(h, nvio.gds_handle)
+    said = [w for w in caught if "use_gds" in str(w.message)]
+    assert bool(said) == (not usable)
+
+
+def test_config_use_gds_with_cufile_is_a_gds_handle_without_warning(tmp_path, monkeypatch):
+    import nvio.deepspeed as ds
+
+    monkeypatch.setattr(ds, "_gds_usable", lambda: (True, ""))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        h = aio_handle_from_config({"train_batch_size": 4, "aio": {"use_gds": True}})
+    assert isinstance(h, nvio.gds_handle)
+    assert _settings(h) == DS_DEFAULTS
+    _gds_round_trip(h, tmp_path)  # host tensors take the host path of a gds_handle
 
 
 @pytest.mark.parametrize("text,value", [("true", True), ("false", False), ("True", True),

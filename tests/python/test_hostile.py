@@ -399,7 +399,7 @@ def test_aio_config_suggests_the_key_meant():
 
 def test_aio_config_whole_config_without_aio_gets_defaults():
     h = nvio.deepspeed.aio_handle_from_config({"train_batch_size": 8, "zero_optimization": {}})
-    assert h.get_block_size() == 1048576 and h.get_queue_depth() == 128
+    assert h.get_block_size() == 1048576 and h.get_queue_depth() == 8  # DeepSpeed's default
     h = nvio.deepspeed.aio_handle_from_config({"aio": {"single_submit": "true"}})
     assert h.get_single_submit() is True  # DeepSpeed's string booleans in configs stay accepted
 

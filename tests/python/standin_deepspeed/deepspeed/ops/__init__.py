@@ -1,0 +1,1 @@
+"""DeepSpeed ops."""

@@ -1,0 +1,5 @@
+from .builder import OpBuilder
+
+
+class AsyncIOBuilder(OpBuilder):
+    NAME = "async_io"

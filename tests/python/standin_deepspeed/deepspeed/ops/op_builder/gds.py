@@ -1,0 +1,5 @@
+from .async_io import AsyncIOBuilder
+
+
+class GDSBuilder(AsyncIOBuilder):
+    NAME = "gds"

@@ -1,0 +1,5 @@
+from .builder import OpBuilder
+
+
+class PinMemoryBuilder(OpBuilder):
+    NAME = "pin_memory"

@@ -1,0 +1,5 @@
+from .builder import OpBuilder
+
+
+class UtilsBuilder(OpBuilder):
+    NAME = "utils"

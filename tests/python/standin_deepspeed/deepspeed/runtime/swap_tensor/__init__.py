@@ -1,0 +1,1 @@
+"""Swapping tensors to NVMe."""

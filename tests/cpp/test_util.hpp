@@ -242,6 +242,16 @@ class ScopedEnv {
   std::optional<std::string> old_;
 };
 
+// True in a sanitizer build (scripts/sanitize.sh). The heaviest property suites test a smaller
+// sample there, said at each use: the sanitizers look for memory and thread errors in the code
+// paths, which the sample reaches as the full set does, and the CI runs the whole suite three
+// times on two cores within its time budget. The plain build runs the full sets.
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kSanitizerBuild = true;
+#else
+inline constexpr bool kSanitizerBuild = false;
+#endif
+
 #if defined(__SANITIZE_THREAD__)
 #define NVIO_SKIP_FORK_UNDER_TSAN() \
   GTEST_SKIP() << "ThreadSanitizer does not support fork() in a multi-threaded process"

@@ -45,4 +45,22 @@ SystemInfo system_info();
 
 const char* version() noexcept;
 
+// ---- the page cache of a file, for honest measurements --------------------------------------
+// A read served from the page cache measures memory, not the drive. These need no privileges.
+
+// Writes back `path`'s dirty pages (fdatasync) and drops its clean ones from the page cache
+// (POSIX_FADV_DONTNEED), so that the next read comes from the drive. Throws IoError naming the path
+// (NotFound, PermissionDenied, ...); on a file system whose pages are the file itself (tmpfs) the
+// pages stay, which page_cache_state() shows.
+void evict_page_cache(const std::string& path);
+
+struct PageCacheState {
+  std::uint64_t file_bytes = 0;    // the file's size
+  std::uint64_t cached_bytes = 0;  // of those, in the page cache (whole pages, at most file_bytes)
+  std::uint64_t dirty_bytes = 0;   // of those, not yet written back (cachestat only; else 0)
+  std::string method;              // "cachestat" (Linux 6.5 and later) or "mincore"
+};
+// How much of `path` is in the page cache now. Throws IoError naming the path.
+PageCacheState page_cache_state(const std::string& path);
+
 }  // namespace nvio

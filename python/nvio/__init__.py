@@ -65,7 +65,7 @@ __all__ = [
     "report", "tune", "TuneResult", "Error", "InvalidArgument", "InvalidType", "EngineUnavailable",
     "LockedMemoryError", "IOFailure", "FileNotFound", "PermissionDenied", "ReadOnlyFileSystem",
     "IsADirectory", "NoSpace", "ShortFile", "ValidationError", "save", "load",
-    "CheckpointFormatError",
+    "CheckpointFormatError", "evict", "page_cache",
     "__version__",
 ]
 __all__ += ["gds_handle", "gpu_info", "GpuError"]
@@ -164,6 +164,24 @@ def is_pinned(buf: Any) -> bool:
         except RuntimeError:  # CPU-only torch builds cannot answer
             return False
     return False
+
+
+def evict(path: Any) -> None:
+    """Writes back ``path``'s dirty pages and drops the file from the page cache, so that the next
+    read of it comes from the drive (no root needed; a tmpfs file stays, being its own cache).
+    Raises ``FileNotFound``, ``PermissionDenied``, ... naming the path."""
+    from . import _args
+
+    _nvio.evict_page_cache(_args.path(path))
+
+
+def page_cache(path: Any) -> "dict[str, Any]":
+    """How much of ``path`` is in the page cache: ``file_bytes``, ``cached_bytes``,
+    ``dirty_bytes`` and the ``method`` that told (cachestat on Linux 6.5 and later, else mincore,
+    which reports no dirty bytes). The same as ``nvio report --cached PATH``."""
+    from . import _args
+
+    return _nvio.page_cache_state(_args.path(path))
 
 
 def report(dir: Optional[str] = None) -> "dict[str, Any]":

@@ -960,6 +960,22 @@ PYBIND11_MODULE(_nvio, m) {
     d["aio_nr"] = s.aio_nr ? py::cast(*s.aio_nr) : py::none();
     return d;
   });
+  m.def(
+      "evict_page_cache",
+      [](const std::string& path) { unlocked([&] { nvio::evict_page_cache(path); }); },
+      py::arg("path"));
+  m.def(
+      "page_cache_state",
+      [](const std::string& path) {
+        const nvio::PageCacheState s = unlocked([&] { return nvio::page_cache_state(path); });
+        py::dict d;
+        d["file_bytes"] = s.file_bytes;
+        d["cached_bytes"] = s.cached_bytes;
+        d["dirty_bytes"] = s.dirty_bytes;
+        d["method"] = s.method;
+        return d;
+      },
+      py::arg("path"));
   m.def("pattern_fill",
         [](std::uintptr_t addr, std::size_t n, std::uint64_t off, std::uint64_t seed) {
           nvio::pattern::fill(as_ptr(addr), n, off, seed);

@@ -76,6 +76,11 @@ int path_facts(const std::string& path, FileFacts& facts) noexcept;
 int evict_page_cache(const std::string& path, std::uint64_t offset = 0,
                      std::uint64_t length = 0) noexcept;
 
+// nvio::page_cache_state, with a choice of how (Mincore: never cachestat, for tests of the
+// fallback that kernels before 6.5 take).
+enum class CacheProbe { Any, Mincore };
+PageCacheState page_cache_state(const std::string& path, CacheProbe probe);
+
 // getpid() without a system call each time (a syscall costs about a microsecond in a VM, and the
 // handle asks on every call to tell a forked child): cached, and refreshed in a child by a
 // pthread_atfork handler. A child made without running the fork handlers (a raw clone) sees its

@@ -659,6 +659,34 @@ def test_report_text(tmp_path):
         assert word in r.stdout
 
 
+def test_evict_and_report_cached(tmp_path):
+    path = tmp_path / "f.bin"
+    size = (1 << 20) + 123
+    path.write_bytes(os.urandom(size))
+    rep = json.loads(nvio("report", "--json", "--dir", tmp_path, "--cached", path).stdout)
+    (c,) = rep["cached"]
+    assert c["path"] == str(path) and c["file_bytes"] == size
+    assert c["cached_bytes"] == size  # just written through the page cache
+    r = nvio("evict", path)
+    assert r.returncode == 0, r.stderr
+    assert str(path) in r.stdout and "now 0 of" in r.stdout
+    rep = json.loads(nvio("report", "--json", "--dir", tmp_path, "--cached", path).stdout)
+    assert rep["cached"][0]["cached_bytes"] == 0
+    text = nvio("report", "--dir", tmp_path, "--cached", path).stdout
+    assert f"{path}: 0 of {size} bytes cached" in text
+    assert "cached" not in json.loads(nvio("report", "--json", "--dir", tmp_path).stdout)
+
+
+def test_evict_errors(tmp_path):
+    r = nvio("evict", tmp_path / "missing")
+    assert r.returncode == 1 and "missing" in r.stderr and "No such file" in r.stderr
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("nvio: error:")
+    r = nvio("evict")
+    assert r.returncode == 2 and "required" in r.stderr
+    r = nvio("report", "--cached", tmp_path / "missing")
+    assert r.returncode == 1 and "missing" in r.stderr
+
+
 # ---- GPU ----------------------------------------------------------------------------------------
 
 

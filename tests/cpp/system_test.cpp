@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/utsname.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -13,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/posix.hpp"
 #include "test_util.hpp"
 
 namespace nvio_test {
@@ -148,6 +150,60 @@ TEST(System, Version) {
   ASSERT_FALSE(v.empty());
   EXPECT_NE(v.find_first_of("0123456789"), std::string::npos) << v;
   EXPECT_EQ(v.rfind("0.1", 0), 0u) << "project version 0.1.x, got " << v;
+}
+
+// The page cache of a file: all of it cached after a buffered write, none after evict (on a file
+// system with a page cache of its own), a part after a partial read; by cachestat where the kernel
+// has it and by mincore, which older kernels use.
+TEST(PageCache, EvictAndStateOfAFile) {
+  const TempDir dir;
+  struct statfs fs {};
+  ASSERT_EQ(::statfs(dir.path().c_str(), &fs), 0);
+  if (fs.f_type == 0x01021994) GTEST_SKIP() << "tmpfs: its pages are the file and stay cached";
+  const std::string path = dir.file("cached.bin");
+  const std::size_t len = MiB + 123;
+  write_pattern_file(path, len, 5);
+  for (auto probe : {nvio::detail::CacheProbe::Any, nvio::detail::CacheProbe::Mincore}) {
+    SCOPED_TRACE(probe == nvio::detail::CacheProbe::Any ? "any" : "mincore");
+    nvio::PageCacheState st = nvio::detail::page_cache_state(path, probe);
+    EXPECT_EQ(st.file_bytes, len);
+    EXPECT_EQ(st.cached_bytes, len) << st.method;  // just written: every page is cached
+    nvio::evict_page_cache(path);
+    st = nvio::detail::page_cache_state(path, probe);
+    EXPECT_EQ(st.cached_bytes, 0u) << st.method;
+    EXPECT_EQ(st.dirty_bytes, 0u);
+    // 64 KiB read at 128 KiB: those pages (readahead may add some, never the whole file).
+    std::vector<unsigned char> part(64 * KiB);
+    const int fd = ::open(path.c_str(), O_RDONLY);
+    ASSERT_GE(fd, 0);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);  // no readahead beyond what is read
+    ASSERT_EQ(::pread(fd, part.data(), part.size(), 128 * KiB), static_cast<ssize_t>(part.size()));
+    ::close(fd);
+    st = nvio::detail::page_cache_state(path, probe);
+    EXPECT_GE(st.cached_bytes, 64 * KiB) << st.method;
+    EXPECT_LT(st.cached_bytes, len) << st.method;
+    write_pattern_file(path, len, 5);  // cached again for the other probe
+  }
+  EXPECT_EQ(nvio::detail::page_cache_state(path, nvio::detail::CacheProbe::Mincore).method,
+            "mincore");
+}
+
+TEST(PageCache, EmptyMissingAndNonRegularFiles) {
+  const TempDir dir;
+  const std::string empty = dir.file("empty");
+  write_file(empty, "", 0);
+  const nvio::PageCacheState st = nvio::page_cache_state(empty);
+  EXPECT_EQ(st.file_bytes, 0u);
+  EXPECT_EQ(st.cached_bytes, 0u);
+  const std::string missing = dir.file("missing");
+  try {
+    nvio::page_cache_state(missing);
+    ADD_FAILURE() << "no error for a missing file";
+  } catch (const nvio::FileNotFound& e) {
+    EXPECT_EQ(e.path(), missing);
+  }
+  EXPECT_THROW(nvio::evict_page_cache(missing), nvio::FileNotFound);
+  EXPECT_THROW(nvio::page_cache_state(dir.path()), nvio::IoError);
 }
 
 }  // namespace

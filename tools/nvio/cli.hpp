@@ -83,18 +83,25 @@ struct TuneArgs {
 struct ReportArgs {
   std::string dir = ".";
   bool json = false;
+  std::vector<std::string> cached;  // files whose page-cache residency to show
+};
+
+struct EvictArgs {
+  std::vector<std::string> paths;
 };
 
 // Register the subcommand's flags on `app` (the subcommand itself), storing values into `args`.
 void add_bench_options(CLI::App& app, BenchArgs& args);
 void add_report_options(CLI::App& app, ReportArgs& args);
 void add_tune_options(CLI::App& app, TuneArgs& args);
+void add_evict_options(CLI::App& app, EvictArgs& args);
 
 // Run a parsed subcommand. Throw UsageError / nvio::InvalidArgument for bad arguments (exit 2)
 // and other exceptions for failures (exit 1); return the exit code otherwise.
 int run_bench(const BenchArgs& args);
 int run_report(const ReportArgs& args);
 int run_tune(const TuneArgs& args);
+int run_evict(const EvictArgs& args);
 
 // The handle options as JSON, keyed by the option names of nvio::EffectiveOptions::sources.
 nlohmann::json options_to_json(const nvio::Options& options);

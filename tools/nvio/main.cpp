@@ -54,6 +54,11 @@ int run(int argc, char** argv) {
       "tune", "Search for the fastest options for a directory's drive; --save makes them default");
   nvio_cli::add_tune_options(*tune, tune_args);
 
+  nvio_cli::EvictArgs evict_args;
+  CLI::App* evict = app.add_subcommand(
+      "evict", "Write back and drop files from the page cache, so the next read is the drive's");
+  nvio_cli::add_evict_options(*evict, evict_args);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version
@@ -65,7 +70,9 @@ int run(int argc, char** argv) {
   if (bench->parsed()) return nvio_cli::run_bench(bench_args);
   if (report->parsed()) return nvio_cli::run_report(report_args);
   if (tune->parsed()) return nvio_cli::run_tune(tune_args);
-  throw nvio_cli::UsageError("a subcommand is required: bench, tune or report (see nvio --help)");
+  if (evict->parsed()) return nvio_cli::run_evict(evict_args);
+  throw nvio_cli::UsageError(
+      "a subcommand is required: bench, tune, report or evict (see nvio --help)");
 }
 
 }  // namespace

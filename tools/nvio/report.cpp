@@ -65,6 +65,16 @@ void add_report_options(CLI::App& app, ReportArgs& args) {
       ->type_name("DIR")
       ->capture_default_str();
   app.add_flag("--json", args.json, "Print one JSON object instead of text");
+  app.add_option("--cached", args.cached,
+                 "Also show how much of FILE is in the page cache (repeatable)")
+      ->type_name("FILE")
+      ->allow_extra_args(false);
+}
+
+void add_evict_options(CLI::App& app, EvictArgs& args) {
+  app.add_option("paths", args.paths, "Files to write back and drop from the page cache")
+      ->type_name("PATH")
+      ->required();
 }
 
 namespace {
@@ -138,24 +148,46 @@ json options_json(const nvio::EffectiveOptions& eff) {
   return out;
 }
 
+json cache_json(const std::string& path) {
+  const nvio::PageCacheState st = nvio::page_cache_state(path);
+  return {{"path", path},
+          {"file_bytes", st.file_bytes},
+          {"cached_bytes", st.cached_bytes},
+          {"dirty_bytes", st.dirty_bytes},
+          {"method", st.method}};
+}
+
+std::string cache_text(const json& c) {
+  const auto file = c["file_bytes"].get<std::uint64_t>();
+  const auto cached = c["cached_bytes"].get<std::uint64_t>();
+  return fmt::format(
+      "{} of {} bytes cached ({:.1f}%), {} dirty, by {}", cached, file,
+      file == 0 ? 0.0 : 100.0 * static_cast<double>(cached) / static_cast<double>(file),
+      c["dirty_bytes"].get<std::uint64_t>(), c["method"].get<std::string>());
+}
+
 json gather(const ReportArgs& args) {
   // Options first: a malformed NVIO_* variable is a usage error and should stop before probing.
   const nvio::EffectiveOptions eff = nvio::resolve_options({}, {}, args.dir);
   json options = options_json(eff);
   nvio::SystemInfo sys = nvio::system_info();
   const nvio::AutoChoice& choice = nvio::auto_engine();
-  return {{"version", nvio::version()},
-          {"kernel", sys.kernel},
-          {"engines", engines_json()},
-          {"auto_engine", nvio::to_string(choice.engine)},
-          {"auto_reason", choice.reason},
-          {"dir", dir_json(args.dir)},
-          {"memlock_limit", optional_json(sys.memlock_limit)},
-          {"aio_max_nr", optional_json(sys.aio_max_nr)},
-          {"aio_nr", optional_json(sys.aio_nr)},
-          {"gpu", gpu_json()},
-          {"options", options},
-          {"config", config_to_json(eff)}};
+  json cached = json::array();
+  for (const std::string& path : args.cached) cached.push_back(cache_json(path));
+  json out = {{"version", nvio::version()},
+              {"kernel", sys.kernel},
+              {"engines", engines_json()},
+              {"auto_engine", nvio::to_string(choice.engine)},
+              {"auto_reason", choice.reason},
+              {"dir", dir_json(args.dir)},
+              {"memlock_limit", optional_json(sys.memlock_limit)},
+              {"aio_max_nr", optional_json(sys.aio_max_nr)},
+              {"aio_nr", optional_json(sys.aio_nr)},
+              {"gpu", gpu_json()},
+              {"options", options},
+              {"config", config_to_json(eff)}};
+  if (!args.cached.empty()) out["cached"] = cached;
+  return out;
 }
 
 std::string text_of(const json& value) {
@@ -223,9 +255,25 @@ void print_text(const json& r) {
   for (auto& [name, o] : r["options"].items()) {
     fmt::print("  {:<22}{:<12}{}\n", name, text_of(o["value"]), o["source"].get<std::string>());
   }
+  if (r.contains("cached")) {
+    fmt::print("page cache\n");
+    for (const auto& c : r["cached"]) {
+      fmt::print("  {}: {}\n", c["path"].get<std::string>(), cache_text(c));
+    }
+  }
 }
 
 }  // namespace
+
+int run_evict(const EvictArgs& args) {
+  for (const std::string& path : args.paths) {
+    const json before = cache_json(path);
+    nvio::evict_page_cache(path);
+    fmt::print("{}: evicted; before {}; now {}\n", path,
+               before["cached_bytes"].get<std::uint64_t>(), cache_text(cache_json(path)));
+  }
+  return kExitOk;
+}
 
 int run_report(const ReportArgs& args) {
   json report = gather(args);

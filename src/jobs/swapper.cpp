@@ -179,18 +179,29 @@ struct Swapper::Impl {
     }
     make_directories(dir);
     const std::string lock_path = join(dir, kLockName);
-    const int fd = detail::open_file(lock_path, O_RDWR | O_CREAT);
-    if (fd < 0) throw_io_error(IoOp::Open, lock_path, 0, 0, -fd);
-    lock_fd = detail::FileDescriptor(fd);
-    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-      const int err = errno;
-      if (err != EWOULDBLOCK) throw_io_error(IoOp::Open, lock_path, 0, 0, err, "flock");
-      const long owner = read_pid(fd);
-      throw DirectoryLocked(
-          fmt::format("swapper: '{}' is in use by another swapper (process {}{}); close it, or "
-                      "give each swapper its own directory",
-                      dir, owner, owner == ::getpid() ? ", this process" : ""),
-          dir, owner);
+    int fd = -1;
+    // A clean close removes the lock file while holding it: a lock taken on a file that has just
+    // been removed (or replaced) would be nobody's, so the file locked must still be the one named.
+    for (;;) {
+      fd = detail::open_file(lock_path, O_RDWR | O_CREAT);
+      if (fd < 0) throw_io_error(IoOp::Open, lock_path, 0, 0, -fd);
+      lock_fd = detail::FileDescriptor(fd);
+      if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        const int err = errno;
+        if (err != EWOULDBLOCK) throw_io_error(IoOp::Open, lock_path, 0, 0, err, "flock");
+        const long owner = read_pid(fd);
+        throw DirectoryLocked(
+            fmt::format("swapper: '{}' is in use by another swapper (process {}{}); close it, or "
+                        "give each swapper its own directory",
+                        dir, owner, owner == ::getpid() ? ", this process" : ""),
+            dir, owner);
+      }
+      detail::FileFacts held;
+      detail::FileFacts named;
+      if (detail::file_facts(fd, held) == 0 && detail::path_facts(lock_path, named) == 0 &&
+          held.same_file(named)) {
+        break;
+      }
     }
     const long previous_owner = read_pid(fd);
     const std::string pid = std::to_string(::getpid()) + "\n";
@@ -1081,10 +1092,12 @@ void Swapper::close(bool delete_files) {
   } catch (...) {
     if (!first) first = std::current_exception();
   }
-  // A clean end: an empty lock file (a pid left in it means its owner crashed).
-  if (::ftruncate(s.lock_fd.get(), 0) != 0 && !first) {
+  // A clean end: the lock file goes, while still held (one left behind, naming its pid, tells
+  // the next open that its owner crashed).
+  const std::string lock_path = join(s.dir, kLockName);
+  if (::unlink(lock_path.c_str()) != 0 && errno != ENOENT && !first) {
     first = std::make_exception_ptr(
-        IoError(IoOp::Truncate, join(s.dir, kLockName), 0, 0, errno, "clearing the lock file"));
+        IoError(IoOp::Open, lock_path, 0, 0, errno, "removing the lock file"));
   }
   s.lock_fd = detail::FileDescriptor();  // closing it releases the flock
   if (first) std::rethrow_exception(first);

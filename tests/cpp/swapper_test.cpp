@@ -13,6 +13,8 @@
 #include <thread>
 #include <vector>
 
+#include "engine/engine.hpp"
+#include "engine_override.hpp"
 #include "test_util.hpp"
 
 namespace nvio_test {
@@ -160,10 +162,35 @@ TEST(Swapper, ThreadsShareOneSwapper) {
   EXPECT_LE(swapper.stats().held_bytes, 8 * MiB);
 }
 
+// Writes that take a while (each submit of a write sleeps first), so that a swap_in right after a
+// swap_out finds the write still in flight.
+class SlowWrites final : public nvio::engine::Engine {
+ public:
+  explicit SlowWrites(std::unique_ptr<nvio::engine::Engine> inner) : inner_(std::move(inner)) {}
+  int submit(std::span<const nvio::engine::Request> requests) override {
+    if (!requests.empty() && requests.front().direction == nvio::engine::Direction::Write) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    }
+    return inner_->submit(requests);
+  }
+  int reap(std::span<nvio::engine::Completion> out, std::size_t min_complete) override {
+    return inner_->reap(out, min_complete);
+  }
+  int cancel() override { return inner_->cancel(); }
+  nvio::EngineKind kind() const noexcept override { return inner_->kind(); }
+
+ private:
+  std::unique_ptr<nvio::engine::Engine> inner_;
+};
+
 TEST(Swapper, SwapInWhileTheWriteIsInFlightSeesTheNewBytes) {
+  ScopedEngineFactory factory([](nvio::EngineKind k, unsigned qd) {
+    return std::unique_ptr<nvio::engine::Engine>(
+        new SlowWrites(nvio::engine::make_backend_engine(k, qd)));
+  });
   TempDir dir;
   nvio::Swapper swapper(dir.path(), swapper_options(64 * MiB), handle_options());
-  for (std::uint64_t round = 0; round < 20; ++round) {
+  for (std::uint64_t round = 0; round < 6; ++round) {
     const std::size_t size = round % 2 ? 3 * MiB + 5 : 4099;  // own file, then a pack
     const std::vector<unsigned char> first = pattern(size, 100 + round);
     const std::vector<unsigned char> second = pattern(size, 200 + round);

@@ -80,6 +80,12 @@ from .sharded import load_sharded, save_sharded  # noqa: E402  (imports torch on
 
 __all__ += ["save_sharded", "load_sharded"]
 
+# ---- tensor swapper (issue 13) ------------------------------------------------------------------
+from ._nvio import BudgetExceeded, ChecksumMismatch, DirectoryLocked  # noqa: E402
+from .swapper import TensorSwapper  # noqa: E402  (imports torch only when used)
+
+__all__ += ["TensorSwapper", "BudgetExceeded", "ChecksumMismatch", "DirectoryLocked"]
+
 
 def _is_torch_dtype(dtype: Any) -> bool:
     return type(dtype).__module__ == "torch" and type(dtype).__name__ == "dtype"

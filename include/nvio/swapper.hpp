@@ -132,11 +132,12 @@ class Swapper {
   // itself are thrown by wait(id) / wait(), and by a swap_in of the name.
   SwapId swap_out(const std::string& name, const void* buf, std::size_t length, MemoryKind memory,
                   const std::string& meta = {});
-  // Waits for one swap_out; throws its error (each failure is thrown once, here or by wait()).
+  // Waits for one swap_out; throws its error (also when wait() has thrown it already).
   void wait(SwapId id);
   // True once that swap_out has finished; never blocks.
   bool done(SwapId id);
-  // Waits for every write and prefetch in flight; throws the first write failure not yet thrown.
+  // Waits for every write and prefetch in flight; throws the first write failure that no wait()
+  // has thrown yet.
   void wait();
 
   // The bytes of `name` in a lent pool buffer (prefetched data when there is some). Throws

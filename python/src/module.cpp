@@ -566,8 +566,9 @@ void bind_safetensors(py::module_& m) {
       "safetensors_parse",
       [](const py::buffer& buffer, const std::string& name) {
         const py::buffer_info info = buffer.request();
-        const std::span<const unsigned char> bytes(static_cast<const unsigned char*>(info.ptr),
-                                                   static_cast<std::size_t>(info.size * info.itemsize));
+        const std::span<const unsigned char> bytes(
+            static_cast<const unsigned char*>(info.ptr),
+            static_cast<std::size_t>(info.size * info.itemsize));
         const st::Header header =
             unlocked([&] { return st::parse_safetensors_header(bytes, bytes.size(), name); });
         return header_tuple(header);

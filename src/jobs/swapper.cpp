@@ -157,7 +157,12 @@ struct Swapper::Impl {
   std::unordered_set<std::string> prefetched_names;  // entries holding unclaimed prefetched data
   std::unordered_map<Ticket, Op> ops;                // in flight, by handle ticket
   std::unordered_map<SwapId, Ticket> writes;         // swap_outs in flight
-  std::map<SwapId, std::exception_ptr> failed;       // failed swap_outs not thrown yet
+  // Failed swap_outs, until wait(id) throws theirs; `reported` once wait() has thrown it.
+  struct Failure {
+    std::exception_ptr error;
+    bool reported = false;
+  };
+  std::map<SwapId, Failure> failed;
   SwapId next_id = 1;
   int blocking_readers = 0;
   SwapperStats counters;
@@ -436,7 +441,7 @@ struct Swapper::Impl {
           counters.bytes_written += e->second.size;
         }
       }
-      if (c.error) failed[op.id] = c.error;
+      if (c.error) failed[op.id] = Failure{c.error, false};
       return;
     }
     // A prefetch that failed (its read, or its checksum) is dropped: the swap_in that wanted it
@@ -561,10 +566,15 @@ struct Swapper::Impl {
     wait_until(lock, [&] { return ops.empty() && blocking_readers == 0 && !collecting; });
   }
 
+  // The first failure no wait() has thrown yet (marked thrown); wait(id) still throws its own.
   std::exception_ptr take_failures() {
-    std::exception_ptr first = failed.empty() ? nullptr : failed.begin()->second;
-    failed.clear();
-    return first;
+    for (auto& [id, f] : failed) {
+      if (!f.reported) {
+        f.reported = true;
+        return f.error;
+      }
+    }
+    return nullptr;
   }
 };
 
@@ -658,7 +668,7 @@ void Swapper::wait(SwapId id) {
   }
   s.wait_until(lock, [&] { return !s.writes.contains(id); });
   if (auto it = s.failed.find(id); it != s.failed.end()) {
-    const std::exception_ptr error = it->second;
+    const std::exception_ptr error = it->second.error;
     s.failed.erase(it);
     std::rethrow_exception(error);
   }

@@ -31,13 +31,14 @@
 //
 // The directory. A lock file (nvio-swap.lock) is held with flock(LOCK_EX) for the swapper's life
 // and holds the owner's pid: a second swapper on the directory, in this process or another, throws
-// DirectoryLocked. A lock file that is not held but still names a pid was left by a process that
-// ended without closing its swapper: the next open removes that process's swap files (*.swap not
-// listed in the directory's index) and reports what it removed through nvio::warn. close() removes
-// the swapper's own files; with delete_files = false it keeps them and writes the index
-// (nvio-swap.json), as snapshot() does for a copy in another directory. Opening a directory with an
-// index adopts its tensors read-only: their files are never written or removed by this swapper,
-// so a snapshot survives any number of opens.
+// DirectoryLocked. close() removes the lock file (while still holding it), so one found unheld was
+// left by a process that ended without closing its swapper: the next open removes the swap files
+// nobody owns (*.swap not listed in the directory's index, and index temporaries) and reports what
+// it removed, and whose they were, through nvio::warn. close() removes the swapper's own files;
+// with delete_files = false it keeps them and writes the index (nvio-swap.json), as snapshot()
+// does for a copy in another directory. Opening a directory with an index adopts its tensors
+// read-only: their files are never written or removed by this swapper (a name swapped out again
+// goes to a new file of its own), so a snapshot survives any number of opens.
 //
 // Thread-safety: every member function may be called from several threads at once. One mutex
 // guards the swapper's state; I/O is waited for outside it. A swap_in (or prefetch) of a name whose

@@ -392,9 +392,9 @@ struct Swapper::Impl {
   }
 
   void drop_prefetched(const std::string& name, Entry& e) {
-    if (!e.prefetched || e.prefetch_pending) return;
-    e.prefetched.reset();
     prefetched_names.erase(name);
+    if (e.prefetch_pending) return;
+    e.prefetched.reset();
   }
 
   // ---- waiting ------------------------------------------------------------------------------
@@ -485,6 +485,7 @@ struct Swapper::Impl {
       return it == entries.end() ||
              (it->second.writing == 0 && !(prefetch && it->second.prefetch_pending));
     });
+    check_open();  // closed by another thread while this one waited
     auto it = entries.find(name);
     if (it == entries.end()) {
       throw InvalidArgument(fmt::format("swapper: no tensor named '{}' in '{}'", name, dir));
@@ -524,8 +525,8 @@ struct Swapper::Impl {
       const std::uint64_t held = pool->held();
       throw BudgetExceeded(
           fmt::format("swapper: {} needs {} bytes, but {} of the budget of {} bytes of '{}' are "
-                      "held ({} by buffers lent by swap_in that are still alive, {} by "
-                      "write-behind) and no I/O in flight can free them",
+                      "held ({} by pool buffers in use: lent by swap_in and still alive, or "
+                      "being read into; {} by write-behind) and no I/O in flight can free them",
                       what, needed, held, budget, dir, pool->mapped() - pool->free_bytes(),
                       pool->charged()),
           needed, budget, held);
@@ -619,6 +620,7 @@ Swapper::SwapId Swapper::swap_out(const std::string& name, const void* buf, std:
       auto it = s.entries.find(name);
       return it == s.entries.end() || (it->second.writing == 0 && it->second.readers == 0);
     });
+    s.check_open();  // closed by another thread while this one waited
   } catch (...) {
     s.pool->uncharge(charge);
     throw;
@@ -788,6 +790,7 @@ std::size_t Swapper::prefetch(std::span<const std::string> names) {
     if (!buffer) break;  // no room: the rest is left to swap_in
     taken.emplace_back(name, std::move(buffer));
   }
+  s.check_open();  // closed by another thread while this one waited
   std::vector<ReadExtent> extents;
   Impl::Op op;
   for (auto& [name, buffer] : taken) {
@@ -823,6 +826,7 @@ bool Swapper::evict(const std::string& name) {
     auto it = s.entries.find(name);
     return it == s.entries.end() || (it->second.writing == 0 && it->second.readers == 0);
   });
+  s.check_open();
   auto it = s.entries.find(name);
   if (it == s.entries.end()) return false;
   s.drop_prefetched(name, it->second);

@@ -18,6 +18,8 @@
 #include "test_util.hpp"
 
 namespace nvio_test {
+// Named, so that a unity build (scripts/test.sh) can put this file beside others' helpers.
+namespace swapper {
 namespace {
 
 nvio::Options handle_options() {
@@ -426,4 +428,5 @@ TEST(Swapper, CloseKeepingFilesMakesADirectoryThatOpensAgain) {
 }
 
 }  // namespace
+}  // namespace swapper
 }  // namespace nvio_test

@@ -703,11 +703,18 @@ void bind_swapper(py::module_& m) {
             return unlocked([&] { return s.evict(name); });
           },
           py::arg("name"))
-      .def("contains", &nvio::Swapper::contains, py::arg("name"))
+      // The swapper's mutex may be held through I/O (a snapshot holds it for its whole copy): even
+      // the queries wait for it without the GIL.
+      .def(
+          "contains",
+          [](const nvio::Swapper& s, const std::string& name) {
+            return unlocked([&] { return s.contains(name); });
+          },
+          py::arg("name"))
       .def(
           "info",
           [](const nvio::Swapper& s, const std::string& name) -> py::object {
-            const auto info = s.info(name);
+            const auto info = unlocked([&] { return s.info(name); });
             if (!info) return py::none();
             py::dict d;
             d["size"] = info->size;
@@ -718,8 +725,9 @@ void bind_swapper(py::module_& m) {
             return d;
           },
           py::arg("name"))
-      .def("names", &nvio::Swapper::names)
-      .def("stats", [](const nvio::Swapper& s) { return stats_dict(s.stats()); })
+      .def("names", [](const nvio::Swapper& s) { return unlocked([&] { return s.names(); }); })
+      .def("stats",
+           [](const nvio::Swapper& s) { return stats_dict(unlocked([&] { return s.stats(); })); })
       .def_property_readonly("directory",
                              [](const nvio::Swapper& s) { return path_text(s.directory()); })
       .def(

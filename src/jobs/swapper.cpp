@@ -67,6 +67,25 @@ bool ends_with(const std::string& s, const std::string& suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+// The names of a swapper's own files: "s<pid>-<tid>-<n>-<file number>.swap" (see new_file). Only
+// these are ever removed as stale, never another *.swap file the directory may hold.
+bool own_file_name(const std::string& name) {
+  if (name.size() < 2 || name[0] != 's' || !ends_with(name, kSwapSuffix)) return false;
+  const std::string middle = name.substr(1, name.size() - 1 - std::strlen(kSwapSuffix));
+  int dashes = 0;
+  char previous = '-';
+  for (const char c : middle) {
+    if (c == '-') {
+      if (previous == '-') return false;
+      ++dashes;
+    } else if (c < '0' || c > '9') {
+      return false;
+    }
+    previous = c;
+  }
+  return dashes == 3 && previous != '-';
+}
+
 std::string strip_trailing_slashes(std::string dir) {
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   return dir;
@@ -273,7 +292,7 @@ struct Swapper::Impl {
     std::error_code ec;
     for (const auto& item : fs::directory_iterator(dir, ec)) {
       const std::string name = item.path().filename().string();
-      const bool swap_file = ends_with(name, kSwapSuffix) && !indexed.contains(name);
+      const bool swap_file = own_file_name(name) && !indexed.contains(name);
       const bool index_temp = name.starts_with(std::string(kIndexName) + ".tmp.");
       if (!swap_file && !index_temp) continue;
       const std::string path = join(dir, name);

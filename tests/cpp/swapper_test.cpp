@@ -325,7 +325,8 @@ TEST(Swapper, CloseRemovesEveryFile) {
 TEST(Swapper, ADirectoryLeftByACrashedProcessIsCleanedWithAWarning) {
   NVIO_SKIP_FORK_UNDER_TSAN();
   TempDir dir;
-  pid_t child_pid = 0;
+  const char mine[] = "not the swapper's";
+  write_file(dir.file("mine.swap"), mine, sizeof(mine));  // only the swapper's own files go
   const int code = run_in_child([&] {
     nvio::Swapper swapper(dir.path(), swapper_options(8 * MiB), handle_options());
     for (int i = 0; i < 20; ++i) {
@@ -338,18 +339,18 @@ TEST(Swapper, ADirectoryLeftByACrashedProcessIsCleanedWithAWarning) {
     return 0;
   });
   ASSERT_EQ(code, 128 + SIGKILL);
-  (void)child_pid;
   const auto left = dir_entries(dir.path());
-  ASSERT_GT(left.size(), 1u);  // the lock file and swap files
+  ASSERT_GT(left.size(), 2u);  // the lock file, mine.swap and the swapper's files
   const std::size_t before = recorded_warnings().size();
   nvio::Swapper swapper(dir.path(), swapper_options(8 * MiB), handle_options());
   const auto warnings = recorded_warnings();
   ASSERT_EQ(warnings.size(), before + 1);
-  EXPECT_TRUE(contains(warnings.back(), "removed " + std::to_string(left.size() - 1)));
+  EXPECT_TRUE(contains(warnings.back(), "removed " + std::to_string(left.size() - 2)));
   EXPECT_TRUE(contains(warnings.back(), "ended without closing"));
   EXPECT_TRUE(contains(warnings.back(), dir.path()));
   EXPECT_TRUE(swapper.names().empty());
-  EXPECT_EQ(dir_entries(dir.path()), std::vector<std::string>{"nvio-swap.lock"});
+  EXPECT_EQ(dir_entries(dir.path()), (std::vector<std::string>{"mine.swap", "nvio-swap.lock"}));
+  EXPECT_EQ(read_file(dir.file("mine.swap")).size(), sizeof(mine));
 }
 
 TEST(Swapper, SnapshotRoundTrip) {

@@ -38,7 +38,8 @@ def check(t, seed: int, name: str) -> None:
     raw = t.contiguous().reshape(-1).view(torch.uint8)
     if raw.numel():
         bad = _nvio.pattern_first_mismatch(raw.data_ptr(), raw.numel(), 0, seed)
-        assert bad is None, f"tensor {name!r} ({raw.numel()} bytes, seed {seed}): first wrong byte at {bad}"
+        assert bad is None, (f"tensor {name!r} ({raw.numel()} bytes, seed {seed}): first wrong "
+                             f"byte at {bad}")
 
 
 def random_numel(rng: random.Random, itemsize: int) -> int:
@@ -84,7 +85,8 @@ def test_random_sequences_under_a_tight_budget_keep_every_byte(tmp_path):
                 assert sw.swap_in(name, out=out) is out
                 check(out, s, name)
             elif kind < 0.88:
-                sw.prefetch([n for n in (f"t{rng.randrange(1500)}" for _ in range(8)) if n in model])
+                wanted = (f"t{rng.randrange(1500)}" for _ in range(8))
+                sw.prefetch([n for n in wanted if n in model])
             elif kind < 0.95:
                 assert sw.evict(name)
                 del model[name]

@@ -146,7 +146,7 @@ void random_sequence(nvio::Swapper& swapper, std::uint64_t thread, std::size_t o
 TEST(Swapper, RandomSequencesUnderATightBudgetKeepEveryByte) {
   TempDir dir;
   nvio::Swapper swapper(dir.path(), swapper_options(6 * MiB), handle_options());
-  random_sequence(swapper, 0, 2500, 1000);
+  random_sequence(swapper, 0, 1600, 800);
   const nvio::SwapperStats stats = swapper.stats();
   EXPECT_GT(stats.prefetch_hits, 0u);
   EXPECT_GT(stats.budget_waits, 0u);

@@ -141,9 +141,11 @@ class Swapper {
   // has thrown yet.
   void wait();
 
-  // The bytes of `name` in a lent pool buffer (prefetched data when there is some). Throws
-  // InvalidArgument for an unknown name, BudgetExceeded, ChecksumMismatch or an IoError.
-  std::shared_ptr<SwapBuffer> swap_in(const std::string& name);
+  // The bytes of `name` in a lent pool buffer (prefetched data when there is some), and, when
+  // `meta` is given, the description it was swapped out with (read with the bytes, so the two
+  // match even while other threads swap the name out again). Throws InvalidArgument for an
+  // unknown name, BudgetExceeded, ChecksumMismatch or an IoError.
+  std::shared_ptr<SwapBuffer> swap_in(const std::string& name, std::string* meta = nullptr);
   // The bytes of `name` into the caller's buffer of exactly its size, host or device memory.
   void swap_in(const std::string& name, void* buf, std::size_t length, MemoryKind memory);
   // Starts reading the named tensors into pool buffers as one batch, for later swap_ins. Names

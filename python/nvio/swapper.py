@@ -120,9 +120,8 @@ class TensorSwapper:
         is used when there is some; a write still in flight is waited for first."""
         key = _name(name)
         if out is None:
-            buf = self._core.swap_in(key)
-            info = self._core.info(key)
-            return _rebuild(buf, buf.nbytes, info["meta"] if info else "")
+            buf, meta = self._core.swap_in(key)
+            return _rebuild(buf, buf.nbytes, meta)
         ref = _buffers.resolve(out, writable=True)
         if ref.device and self._checksums:
             info = self._core.info(key)

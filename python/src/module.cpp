@@ -681,7 +681,9 @@ void bind_swapper(py::module_& m) {
       .def(
           "swap_in",
           [](nvio::Swapper& s, const std::string& name) {
-            return LentBuffer(unlocked([&] { return s.swap_in(name); }));
+            std::string meta;
+            LentBuffer buffer(unlocked([&] { return s.swap_in(name, &meta); }));
+            return py::make_tuple(std::move(buffer), message_text(meta));
           },
           py::arg("name"))
       .def(

@@ -709,13 +709,14 @@ void Swapper::wait() {
   if (const std::exception_ptr first = s.take_failures()) std::rethrow_exception(first);
 }
 
-std::shared_ptr<SwapBuffer> Swapper::swap_in(const std::string& name) {
+std::shared_ptr<SwapBuffer> Swapper::swap_in(const std::string& name, std::string* meta) {
   Impl& s = *impl_;
   Impl::Lock lock(s.mutex);
   s.check_open();
   std::shared_ptr<SwapBuffer> buffer;
   for (;;) {
     Impl::Entry& e = s.settled(lock, name, true);
+    if (meta != nullptr) *meta = e.meta;
     if (e.prefetched) {
       ++s.counters.swap_ins;
       ++s.counters.prefetch_hits;

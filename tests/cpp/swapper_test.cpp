@@ -307,6 +307,25 @@ TEST(Swapper, TwoLiveSwappersOnOneDirectoryRaiseDirectoryLocked) {
   EXPECT_EQ(recorded_warnings().size(), warnings);  // a clean close leaves nothing to report
 }
 
+TEST(Swapper, EvictingEverythingInAPackFileRemovesIt) {
+  TempDir dir;
+  nvio::Swapper swapper(dir.path(), swapper_options(8 * MiB), handle_options());
+  for (int i = 0; i < 200; ++i) {  // 200 x ~20 KiB in 1 MiB pack files: several of them
+    const auto source = pattern(20000 + i, i);
+    swapper.swap_out("s" + std::to_string(i), source.data(), source.size(), nvio::MemoryKind::Host);
+    swapper.wait();
+  }
+  const nvio::SwapperStats full = swapper.stats();
+  EXPECT_GE(full.files, 4u);
+  EXPECT_EQ(dir_entries(dir.path()).size(), full.files + 1);  // and the lock file
+  for (int i = 0; i < 200; ++i) EXPECT_TRUE(swapper.evict("s" + std::to_string(i)));
+  const nvio::SwapperStats empty = swapper.stats();
+  EXPECT_EQ(empty.tensors, 0u);
+  EXPECT_LE(empty.files, 1u);  // the pack being filled stays, to be filled again from its start
+  EXPECT_EQ(empty.file_bytes, 0u);
+  EXPECT_LE(dir_entries(dir.path()).size(), 2u);
+}
+
 TEST(Swapper, CloseRemovesEveryFile) {
   TempDir dir;
   nvio::Swapper swapper(dir.path(), swapper_options(8 * MiB), handle_options());

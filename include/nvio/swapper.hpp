@@ -45,7 +45,9 @@
 // swap_out is in flight waits for that write first, so it never reads stale bytes; a swap_out or
 // evict of a name being read waits for the read. snapshot() holds the state for its whole copy
 // (other calls wait for it). Buffers lent by swap_in may outlive the swapper; they may be
-// destroyed on any thread.
+// destroyed on any thread. fork(): a swapper belongs to the process that opened it; in a forked
+// child every call throws InvalidArgument, and close() or the destructor there removes nothing
+// (the files, the lock and the I/O in flight are the parent's).
 #pragma once
 
 #include <cstddef>

@@ -163,6 +163,7 @@ struct Swapper::Impl {
 
   mutable std::mutex mutex;
   std::condition_variable changed;  // an operation finished, a read ended, the collector left
+  const pid_t owner_pid = detail::current_pid();
   bool closed = false;
   bool collecting = false;  // a thread is in handle.wait_some (see progress())
   detail::FileDescriptor lock_fd;
@@ -187,6 +188,18 @@ struct Swapper::Impl {
   SwapperStats counters;
 
   using Lock = std::unique_lock<std::mutex>;
+
+  // A forked child has a copy of the state but none of the threads, tickets or files behind it
+  // (and a mutex a parent thread held at the fork may stay locked in it): checked first, before
+  // the mutex.
+  void check_process() const {
+    if (detail::current_pid() != owner_pid) {
+      throw InvalidArgument(fmt::format(
+          "swapper: the swapper of '{}' belongs to process {}; a forked child cannot use it "
+          "(open a swapper of its own, on another directory)",
+          dir, owner_pid));
+    }
+  }
 
   void check_open() const {
     if (closed) throw InvalidArgument(fmt::format("swapper: the swapper of '{}' is closed", dir));
@@ -605,6 +618,13 @@ Swapper::Swapper(std::string directory, const SwapperOptions& options,
 }
 
 Swapper::~Swapper() {
+  if (detail::current_pid() != impl_->owner_pid) {
+    // A forked child: its copy of the state is left to the child's exit, as Handle does (a mutex
+    // or a pool buffer's release could wait for a parent thread that does not exist here).
+    close(true);
+    (void)impl_.release();
+    return;
+  }
   try {
     close(true);
   } catch (...) {  // a destructor cannot throw; close() explicitly to see errors
@@ -623,6 +643,7 @@ Swapper::SwapId Swapper::swap_out(const std::string& name, const void* buf, std:
   if (memory == MemoryKind::Auto) memory = memory_kind(buf);
   std::optional<std::uint64_t> checksum;
   if (s.options.checksums && memory == MemoryKind::Host) checksum = XXH3_64bits(buf, length);
+  s.check_process();
   Impl::Lock lock(s.mutex);
   s.check_open();
   // A pool buffer lent by swap_in is already counted: its write pins nothing more.
@@ -683,6 +704,7 @@ Swapper::SwapId Swapper::swap_out(const std::string& name, const void* buf, std:
 
 void Swapper::wait(SwapId id) {
   Impl& s = *impl_;
+  s.check_process();
   Impl::Lock lock(s.mutex);
   if (id == 0 || id >= s.next_id) {
     throw InvalidArgument(fmt::format("swapper: {} is not a swap_out of this swapper", id));
@@ -697,6 +719,7 @@ void Swapper::wait(SwapId id) {
 
 bool Swapper::done(SwapId id) {
   Impl& s = *impl_;
+  s.check_process();
   Impl::Lock lock(s.mutex);
   if (s.writes.contains(id)) s.progress(lock, false);
   return !s.writes.contains(id);
@@ -704,6 +727,7 @@ bool Swapper::done(SwapId id) {
 
 void Swapper::wait() {
   Impl& s = *impl_;
+  s.check_process();
   Impl::Lock lock(s.mutex);
   s.wait_until(lock, [&] { return s.ops.empty(); });
   if (const std::exception_ptr first = s.take_failures()) std::rethrow_exception(first);
@@ -711,6 +735,7 @@ void Swapper::wait() {
 
 std::shared_ptr<SwapBuffer> Swapper::swap_in(const std::string& name, std::string* meta) {
   Impl& s = *impl_;
+  s.check_process();
   Impl::Lock lock(s.mutex);
   s.check_open();
   std::shared_ptr<SwapBuffer> buffer;
@@ -744,6 +769,7 @@ std::shared_ptr<SwapBuffer> Swapper::swap_in(const std::string& name, std::strin
 void Swapper::swap_in(const std::string& name, void* buf, std::size_t length, MemoryKind memory) {
   Impl& s = *impl_;
   if (memory == MemoryKind::Auto) memory = memory_kind(buf);
+  s.check_process();
   Impl::Lock lock(s.mutex);
   s.check_open();
   Impl::Entry& e = s.settled(lock, name, true);
@@ -779,6 +805,7 @@ void Swapper::swap_in(const std::string& name, void* buf, std::size_t length, Me
 
 std::size_t Swapper::prefetch(std::span<const std::string> names) {
   Impl& s = *impl_;
+  s.check_process();
   Impl::Lock lock(s.mutex);
   s.check_open();
   for (const std::string& name : names) {
@@ -840,6 +867,7 @@ std::size_t Swapper::prefetch(std::span<const std::string> names) {
 
 bool Swapper::evict(const std::string& name) {
   Impl& s = *impl_;
+  s.check_process();
   Impl::Lock lock(s.mutex);
   s.check_open();
   s.wait_until(lock, [&] {
@@ -857,12 +885,14 @@ bool Swapper::evict(const std::string& name) {
 }
 
 bool Swapper::contains(const std::string& name) const {
+  impl_->check_process();
   std::lock_guard lock(impl_->mutex);
   return impl_->entries.contains(name);
 }
 
 std::optional<SwapEntryInfo> Swapper::info(const std::string& name) const {
   const Impl& s = *impl_;
+  s.check_process();
   std::lock_guard lock(s.mutex);
   auto it = s.entries.find(name);
   if (it == s.entries.end()) return std::nullopt;
@@ -878,6 +908,7 @@ std::optional<SwapEntryInfo> Swapper::info(const std::string& name) const {
 
 std::vector<std::string> Swapper::names() const {
   const Impl& s = *impl_;
+  s.check_process();
   std::lock_guard lock(s.mutex);
   std::vector<std::string> out;
   out.reserve(s.entries.size());
@@ -888,6 +919,7 @@ std::vector<std::string> Swapper::names() const {
 
 SwapperStats Swapper::stats() const {
   const Impl& s = *impl_;
+  s.check_process();
   std::lock_guard lock(s.mutex);
   SwapperStats out = s.counters;
   out.budget_bytes = s.options.budget_bytes;
@@ -911,6 +943,7 @@ SwapperStats Swapper::stats() const {
 
 void Swapper::snapshot(const std::string& dst_dir) {
   Impl& s = *impl_;
+  s.check_process();
   Impl::Lock lock(s.mutex);
   s.check_open();
   const std::string dst = strip_trailing_slashes(dst_dir);
@@ -1098,6 +1131,12 @@ void Swapper::snapshot(const std::string& dst_dir) {
 
 void Swapper::close(bool delete_files) {
   Impl& s = *impl_;
+  if (detail::current_pid() != s.owner_pid) {
+    // A forked child: the files, the lock and the I/O are its parent's. It lets go of its copy of
+    // the lock's descriptor (the parent's keeps the lock) and touches nothing else.
+    s.lock_fd = detail::FileDescriptor();
+    return;
+  }
   Impl::Lock lock(s.mutex);
   if (s.closed) return;
   s.drain(lock);

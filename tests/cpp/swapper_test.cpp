@@ -372,6 +372,33 @@ TEST(Swapper, ADirectoryLeftByACrashedProcessIsCleanedWithAWarning) {
   EXPECT_EQ(read_file(dir.file("mine.swap")).size(), sizeof(mine));
 }
 
+TEST(Swapper, AForkedChildCannotUseNorRemoveItsParentsSwapper) {
+  NVIO_SKIP_FORK_UNDER_TSAN();
+  TempDir dir;
+  auto swapper =
+      std::make_unique<nvio::Swapper>(dir.path(), swapper_options(8 * MiB), handle_options());
+  const auto source = pattern(300 * KiB, 3);
+  swapper->swap_out("a", source.data(), source.size(), nvio::MemoryKind::Host);
+  swapper->wait();
+  const auto before = dir_entries(dir.path());
+  const int code = run_in_child([&] {
+    try {
+      swapper->swap_in("a");
+      return 1;
+    } catch (const nvio::InvalidArgument&) {
+    }
+    swapper->close(true);  // nothing of the parent's goes
+    swapper.reset();       // nor at the child's end of it
+    return 0;
+  });
+  ASSERT_EQ(code, 0);
+  EXPECT_EQ(dir_entries(dir.path()), before);
+  const auto in = swapper->swap_in("a");
+  EXPECT_TRUE(holds_pattern(in->data(), in->size(), 3, "a"));
+  EXPECT_THROW(nvio::Swapper(dir.path(), swapper_options(MiB), handle_options()),
+               nvio::DirectoryLocked);  // still the parent's
+}
+
 TEST(Swapper, SnapshotRoundTrip) {
   TempDir dir;
   TempDir snap;

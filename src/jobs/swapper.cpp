@@ -1091,7 +1091,8 @@ void Swapper::snapshot(const std::string& dst_dir) {
             }
           }
         }
-        pending[k] = s.handle.submit_write_batch(writes);
+        pending[k] = s.handle.submit_write_batch(
+            writes, WriteOptions{Truncate::No, Durability::None, MemoryKind::Host});
         for (const ReadExtent& r : reads) s.counters.bytes_read += r.length;
         k ^= 1;
       }

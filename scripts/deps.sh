@@ -5,7 +5,7 @@ set -euo pipefail
 
 NVIO_PACKAGES=(
   build-essential cmake pkg-config
-  liburing-dev libaio-dev libisal-dev zlib1g-dev
+  liburing-dev libaio-dev libisal-dev zlib1g-dev libxxhash-dev
   libfmt-dev libcli11-dev nlohmann-json3-dev
   libgtest-dev
   python3 python3-dev python3-pytest pybind11-dev

@@ -9,7 +9,13 @@
 //   ├── GpuError              a CUDA driver or cuFile call failed, or no usable GPU for device
 //   │                         memory; carries the API, its error code and name, path and range
 //   ├── FormatError           a file's contents break its format (a malformed safetensors
-//   │                         header); carries the path and the problem
+//   │   │                     header); carries the path and the problem
+//   │   └── ChecksumMismatch  stored bytes whose checksum does not match (a swapped tensor);
+//   │                         carries the tensor's name, the path, offset, length and checksums
+//   ├── BudgetExceeded        a memory budget cannot make room for a request (the swapper);
+//   │                         carries the bytes needed, the budget and the bytes held
+//   ├── DirectoryLocked       a directory is in use by another owner (the swapper's lock file);
+//   │                         carries the path and the owner's pid
 //   └── IoError               a system call on a file failed; carries op, path, offset, length,
 //   errno
 //       ├── FileNotFound      ENOENT
@@ -101,6 +107,57 @@ class FormatError : public Error {
  private:
   std::string path_;
   std::string problem_;
+};
+
+// The bytes of tensor `name` read from [offset, offset + length) of `path` hash to `actual` where
+// `expected` was recorded when they were written.
+class ChecksumMismatch : public FormatError {
+ public:
+  ChecksumMismatch(std::string name, std::string path, std::uint64_t offset, std::uint64_t length,
+                   std::uint64_t expected, std::uint64_t actual);
+  const std::string& name() const noexcept { return name_; }
+  std::uint64_t offset() const noexcept { return offset_; }
+  std::uint64_t length() const noexcept { return length_; }
+  std::uint64_t expected() const noexcept { return expected_; }
+  std::uint64_t actual() const noexcept { return actual_; }
+
+ private:
+  std::string name_;
+  std::uint64_t offset_;
+  std::uint64_t length_;
+  std::uint64_t expected_;
+  std::uint64_t actual_;
+};
+
+// A request for `needed` bytes of a memory budget of `budget` bytes, of which `held` are in use
+// and cannot be freed by waiting (what() says by what); needed > budget when it can never fit.
+class BudgetExceeded : public Error {
+ public:
+  BudgetExceeded(const std::string& what, std::uint64_t needed, std::uint64_t budget,
+                 std::uint64_t held)
+      : Error(what), needed_(needed), budget_(budget), held_(held) {}
+  std::uint64_t needed() const noexcept { return needed_; }
+  std::uint64_t budget() const noexcept { return budget_; }
+  std::uint64_t held() const noexcept { return held_; }
+
+ private:
+  std::uint64_t needed_;
+  std::uint64_t budget_;
+  std::uint64_t held_;
+};
+
+// `path` (a directory) is held by another owner: process `owner_pid` (this process's own pid when
+// another object of it holds the directory; 0 when unknown).
+class DirectoryLocked : public Error {
+ public:
+  DirectoryLocked(const std::string& what, std::string path, long owner_pid)
+      : Error(what), path_(std::move(path)), owner_pid_(owner_pid) {}
+  const std::string& path() const noexcept { return path_; }
+  long owner_pid() const noexcept { return owner_pid_; }
+
+ private:
+  std::string path_;
+  long owner_pid_;
 };
 
 // What the failed system call was doing, in the words used in messages.

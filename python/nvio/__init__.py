@@ -10,6 +10,8 @@ Two APIs over one core:
   written atomically and durably, read with one parallel read (checkpoint.py).
 * ``nvio.tune(dir)``: finds the fastest options for a drive within a time budget; with
   ``save=True`` they become the default of every handle (``nvio.Handle()``).
+* ``nvio.TensorSwapper(dir, budget_bytes)``: named tensors swapped out to NVMe and back under a
+  memory budget in bytes (write-behind futures, prefetch batches, checksums, snapshots).
 * ``nvio.aio_handle``: a drop-in for DeepSpeed's DeepNVMe ``aio_handle`` (and
   ``nvio.deepspeed.AsyncIOBuilder`` for a one-line import change).
 
@@ -79,6 +81,12 @@ __all__ += ["FormatError", "safetensors"]
 from .sharded import load_sharded, save_sharded  # noqa: E402  (imports torch only when used)
 
 __all__ += ["save_sharded", "load_sharded"]
+
+# ---- tensor swapper (issue 13) ------------------------------------------------------------------
+from ._nvio import BudgetExceeded, ChecksumMismatch, DirectoryLocked  # noqa: E402
+from .swapper import TensorSwapper  # noqa: E402  (imports torch only when used)
+
+__all__ += ["TensorSwapper", "BudgetExceeded", "ChecksumMismatch", "DirectoryLocked"]
 
 
 def _is_torch_dtype(dtype: Any) -> bool:

@@ -111,6 +111,9 @@ struct PyErrors {
   PyObject* short_file;
   PyObject* gpu;
   PyObject* format;
+  PyObject* checksum;
+  PyObject* budget;
+  PyObject* locked;
 };
 PyErrors g_errors;
 
@@ -180,6 +183,27 @@ void translate(std::exception_ptr p) {
     exc.attr("offset") = e.offset();
     exc.attr("length") = e.length();
     PyErr_SetObject(g_errors.gpu, exc.ptr());
+  } catch (const nvio::ChecksumMismatch& e) {
+    py::object exc = py::reinterpret_borrow<py::object>(g_errors.checksum)(message_text(e.what()));
+    exc.attr("path") = path_text(e.path());
+    exc.attr("problem") = message_text(e.problem());
+    exc.attr("name") = message_text(e.name());
+    exc.attr("offset") = e.offset();
+    exc.attr("length") = e.length();
+    exc.attr("expected") = e.expected();
+    exc.attr("actual") = e.actual();
+    PyErr_SetObject(g_errors.checksum, exc.ptr());
+  } catch (const nvio::BudgetExceeded& e) {
+    py::object exc = py::reinterpret_borrow<py::object>(g_errors.budget)(message_text(e.what()));
+    exc.attr("needed") = e.needed();
+    exc.attr("budget") = e.budget();
+    exc.attr("held") = e.held();
+    PyErr_SetObject(g_errors.budget, exc.ptr());
+  } catch (const nvio::DirectoryLocked& e) {
+    py::object exc = py::reinterpret_borrow<py::object>(g_errors.locked)(message_text(e.what()));
+    exc.attr("path") = path_text(e.path());
+    exc.attr("owner_pid") = e.owner_pid();
+    PyErr_SetObject(g_errors.locked, exc.ptr());
   } catch (const nvio::FormatError& e) {
     py::object exc = py::reinterpret_borrow<py::object>(g_errors.format)(message_text(e.what()));
     exc.attr("path") = path_text(e.path());
@@ -565,8 +589,9 @@ void bind_safetensors(py::module_& m) {
       "safetensors_parse",
       [](const py::buffer& buffer, const std::string& name) {
         const py::buffer_info info = buffer.request();
-        const std::span<const unsigned char> bytes(static_cast<const unsigned char*>(info.ptr),
-                                                   static_cast<std::size_t>(info.size * info.itemsize));
+        const std::span<const unsigned char> bytes(
+            static_cast<const unsigned char*>(info.ptr),
+            static_cast<std::size_t>(info.size * info.itemsize));
         const st::Header header =
             unlocked([&] { return st::parse_safetensors_header(bytes, bytes.size(), name); });
         return header_tuple(header);
@@ -593,6 +618,151 @@ void bind_safetensors(py::module_& m) {
       },
       py::arg("handle"), py::arg("path"), py::arg("items"), py::arg("metadata"),
       py::arg("sync") = true, py::arg("device") = false);
+}
+
+// ---- the tensor swapper (issue 13) ----------------------------------------------------------
+// nvio/swapper.py's TensorSwapper over nvio::Swapper: buffers arrive as (address, nbytes, device)
+// resolved by nvio/_buffers.py, which keeps them alive through the Future of each swap_out.
+
+// A pool buffer lent by swap_in, exported through the buffer protocol (torch.frombuffer and
+// numpy.frombuffer keep this object, and so the buffer and its share of the budget, alive).
+class LentBuffer {
+ public:
+  explicit LentBuffer(std::shared_ptr<nvio::SwapBuffer> buffer) : buffer_(std::move(buffer)) {}
+  std::uintptr_t address() const { return reinterpret_cast<std::uintptr_t>(buffer_->data()); }
+  std::size_t nbytes() const { return buffer_->size(); }
+  py::buffer_info info() {
+    return py::buffer_info(buffer_->data(), 1, py::format_descriptor<std::uint8_t>::format(), 1,
+                           {static_cast<py::ssize_t>(buffer_->size())}, {1});
+  }
+
+ private:
+  std::shared_ptr<nvio::SwapBuffer> buffer_;
+};
+
+py::dict stats_dict(const nvio::SwapperStats& s) {
+  py::dict d;
+  d["budget_bytes"] = s.budget_bytes;
+  d["held_bytes"] = s.held_bytes;
+  d["writing_bytes"] = s.writing_bytes;
+  d["pool_bytes"] = s.pool_bytes;
+  d["prefetched_bytes"] = s.prefetched_bytes;
+  d["free_pool_bytes"] = s.free_pool_bytes;
+  d["tensors"] = s.tensors;
+  d["stored_bytes"] = s.stored_bytes;
+  d["files"] = s.files;
+  d["file_bytes"] = s.file_bytes;
+  d["writes_in_flight"] = s.writes_in_flight;
+  d["reads_in_flight"] = s.reads_in_flight;
+  d["swap_outs"] = s.swap_outs;
+  d["swap_ins"] = s.swap_ins;
+  d["prefetch_hits"] = s.prefetch_hits;
+  d["bytes_written"] = s.bytes_written;
+  d["bytes_read"] = s.bytes_read;
+  d["budget_waits"] = s.budget_waits;
+  return d;
+}
+
+void bind_swapper(py::module_& m) {
+  py::class_<LentBuffer>(m, "LentBuffer", py::buffer_protocol())
+      .def_property_readonly("address", &LentBuffer::address)
+      .def_property_readonly("nbytes", &LentBuffer::nbytes)
+      .def_buffer(&LentBuffer::info);
+
+  py::class_<nvio::Swapper>(m, "Swapper")
+      .def(py::init([](const std::string& directory, std::uint64_t budget_bytes,
+                       std::uint64_t pack_threshold, std::uint64_t pack_file_size, bool checksums,
+                       const py::kwargs& kwargs) {
+             std::string config_dir;
+             const nvio::OptionOverrides o = overrides(kwargs, config_dir);
+             nvio::SwapperOptions so;
+             so.budget_bytes = budget_bytes;
+             so.pack_threshold = pack_threshold;
+             so.pack_file_size = pack_file_size;
+             so.checksums = checksums;
+             return unlocked([&] {
+               const nvio::Options options = nvio::resolve_options(o, {}, config_dir).values;
+               return std::make_unique<nvio::Swapper>(directory, so, options);
+             });
+           }),
+           py::arg("directory"), py::arg("budget_bytes"), py::arg("pack_threshold"),
+           py::arg("pack_file_size"), py::arg("checksums"))
+      .def(
+          "swap_out",
+          [](nvio::Swapper& s, const std::string& name, std::uintptr_t address, std::size_t nbytes,
+             bool device, const std::string& meta) {
+            return unlocked(
+                [&] { return s.swap_out(name, as_ptr(address), nbytes, memory_of(device), meta); });
+          },
+          py::arg("name"), py::arg("address"), py::arg("nbytes"), py::arg("device"),
+          py::arg("meta"))
+      // wait_ticket / done: the names nvio.Future calls, so that a swap_out is a plain Future.
+      .def("wait_ticket", [](nvio::Swapper& s, std::uint64_t id) { unlocked([&] { s.wait(id); }); })
+      .def("done",
+           [](nvio::Swapper& s, std::uint64_t id) { return unlocked([&] { return s.done(id); }); })
+      .def("wait_all", [](nvio::Swapper& s) { unlocked([&] { s.wait(); }); })
+      .def(
+          "swap_in",
+          [](nvio::Swapper& s, const std::string& name) {
+            std::string meta;
+            LentBuffer buffer(unlocked([&] { return s.swap_in(name, &meta); }));
+            return py::make_tuple(std::move(buffer), message_text(meta));
+          },
+          py::arg("name"))
+      .def(
+          "swap_in_into",
+          [](nvio::Swapper& s, const std::string& name, std::uintptr_t address, std::size_t nbytes,
+             bool device) {
+            unlocked([&] { s.swap_in(name, as_ptr(address), nbytes, memory_of(device)); });
+          },
+          py::arg("name"), py::arg("address"), py::arg("nbytes"), py::arg("device"))
+      .def(
+          "prefetch",
+          [](nvio::Swapper& s, const std::vector<std::string>& names) {
+            return unlocked([&] { return s.prefetch(names); });
+          },
+          py::arg("names"))
+      .def(
+          "evict",
+          [](nvio::Swapper& s, const std::string& name) {
+            return unlocked([&] { return s.evict(name); });
+          },
+          py::arg("name"))
+      // The swapper's mutex may be held through I/O (a snapshot holds it for its whole copy): even
+      // the queries wait for it without the GIL.
+      .def(
+          "contains",
+          [](const nvio::Swapper& s, const std::string& name) {
+            return unlocked([&] { return s.contains(name); });
+          },
+          py::arg("name"))
+      .def(
+          "info",
+          [](const nvio::Swapper& s, const std::string& name) -> py::object {
+            const auto info = unlocked([&] { return s.info(name); });
+            if (!info) return py::none();
+            py::dict d;
+            d["size"] = info->size;
+            d["meta"] = info->meta;
+            d["path"] = path_text(info->path);
+            d["offset"] = info->offset;
+            d["checksum"] = info->checksum ? py::cast(*info->checksum) : py::none();
+            return d;
+          },
+          py::arg("name"))
+      .def("names", [](const nvio::Swapper& s) { return unlocked([&] { return s.names(); }); })
+      .def("stats",
+           [](const nvio::Swapper& s) { return stats_dict(unlocked([&] { return s.stats(); })); })
+      .def_property_readonly("directory",
+                             [](const nvio::Swapper& s) { return path_text(s.directory()); })
+      .def(
+          "snapshot",
+          [](nvio::Swapper& s, const std::string& dst) { unlocked([&] { s.snapshot(dst); }); },
+          py::arg("dst_dir"))
+      .def(
+          "close",
+          [](nvio::Swapper& s, bool delete_files) { unlocked([&] { s.close(delete_files); }); },
+          py::arg("delete_files") = true);
 }
 
 }  // namespace
@@ -630,6 +800,16 @@ PYBIND11_MODULE(_nvio, m) {
   g_errors.format = make_error(m, "FormatError", {g_errors.error, PyExc_ValueError},
                                "A file's contents break its format, e.g. a malformed safetensors "
                                "header (attributes: path, problem).");
+  g_errors.checksum =
+      make_error(m, "ChecksumMismatch", {g_errors.format},
+                 "Stored bytes whose checksum does not match, e.g. a corrupt swap file "
+                 "(attributes: name, path, offset, length, expected, actual, problem).");
+  g_errors.budget = make_error(m, "BudgetExceeded", {g_errors.error, PyExc_RuntimeError},
+                               "A memory budget cannot make room for a request (attributes: "
+                               "needed, budget, held).");
+  g_errors.locked = make_error(m, "DirectoryLocked", {g_errors.error, PyExc_RuntimeError},
+                               "A directory is in use by another owner (attributes: path, "
+                               "owner_pid).");
   py::register_exception_translator(&translate);
 
   nvio::set_warning_sink([](const std::string& msg) {
@@ -724,6 +904,7 @@ PYBIND11_MODULE(_nvio, m) {
       .def_property_readonly("engine_reason", &nvio::Handle::engine_reason);
   bind_batches(handle);
   bind_safetensors(m);
+  bind_swapper(m);
 
   py::class_<LockedMemory>(m, "LockedMemory", py::buffer_protocol())
       .def(py::init<std::size_t>(), py::arg("nbytes"))

@@ -53,6 +53,19 @@ FormatError::FormatError(std::string path, std::string problem)
       path_(std::move(path)),
       problem_(std::move(problem)) {}
 
+ChecksumMismatch::ChecksumMismatch(std::string name, std::string path, std::uint64_t offset,
+                                   std::uint64_t length, std::uint64_t expected,
+                                   std::uint64_t actual)
+    : FormatError(std::move(path),
+                  fmt::format("checksum mismatch in tensor '{}' ({} bytes at offset {}): XXH3 "
+                              "{:016x}, {:016x} when it was written",
+                              name, length, offset, actual, expected)),
+      name_(std::move(name)),
+      offset_(offset),
+      length_(length),
+      expected_(expected),
+      actual_(actual) {}
+
 ShortFile::ShortFile(IoOp op, std::string path, std::uint64_t offset, std::uint64_t length,
                      std::uint64_t file_size)
     : ShortFile(op, std::move(path), offset, length, file_size,

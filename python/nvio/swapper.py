@@ -1,0 +1,199 @@
+"""``nvio.TensorSwapper``: tensors swapped out to NVMe files and back under a memory budget.
+
+The core (``nvio::Swapper``, include/nvio/swapper.hpp) works on bytes; this layer turns tensors
+into (address, nbytes, device) and back, and keeps each tensor's dtype and shape with its name
+(also in snapshots), so that ``swap_in(name)`` can return a tensor of the right kind.
+
+The budget counts the caller's memory pinned by write-behind (each ``swap_out``'s tensor until its
+write has finished) plus the locked pool memory the swapper maps: tensors lent by ``swap_in``
+without ``out=`` (until the caller drops them), prefetched data not yet claimed, snapshot staging
+and free pool memory kept for reuse. It never exceeds ``budget_bytes``: new work waits for I/O to
+free memory, or raises ``nvio.BudgetExceeded`` with the sizes when it can never fit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any, Dict, Iterable, List, Optional, Union
+
+from . import _args, _buffers, _nvio
+from ._future import Count, Future, PendingFutures
+
+__all__ = ["TensorSwapper"]
+
+PathLike = Union[str, bytes, "os.PathLike[str]"]
+
+
+def _describe(obj: Any) -> str:
+    """What swap_in needs to rebuild `obj` from its bytes: the kind, dtype and shape (JSON)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        return json.dumps({"kind": "torch", "dtype": str(obj.dtype).removeprefix("torch."),
+                           "shape": list(obj.shape)})
+    if type(obj).__module__ == "numpy" and hasattr(obj, "__array_interface__"):
+        return json.dumps({"kind": "numpy", "dtype": obj.dtype.str, "shape": list(obj.shape)})
+    return json.dumps({"kind": "bytes"})
+
+
+def _rebuild(buf: Any, nbytes: int, meta: str) -> Any:
+    """A tensor (or array, or memoryview) over `buf`, a lent buffer of `nbytes` bytes."""
+    try:
+        desc = json.loads(meta) if meta else {"kind": "bytes"}
+    except ValueError:
+        desc = {"kind": "bytes"}
+    kind = desc.get("kind")
+    if kind == "torch":
+        import torch
+
+        dtype = getattr(torch, desc["dtype"])
+        shape = tuple(desc["shape"])
+        if nbytes == 0:
+            return torch.empty(shape, dtype=dtype)
+        return torch.frombuffer(buf, dtype=torch.uint8).view(dtype).view(shape)
+    if kind == "numpy":
+        import numpy
+
+        dtype = numpy.dtype(desc["dtype"])
+        shape = tuple(desc["shape"])
+        if nbytes == 0:
+            return numpy.empty(shape, dtype=dtype)
+        return numpy.frombuffer(buf, dtype=dtype).reshape(shape)
+    return memoryview(buf) if nbytes else memoryview(b"")
+
+
+class TensorSwapper:
+    """Swaps named tensors between memory and files in ``dir`` under a memory budget in bytes.
+
+    ``swap_out(name, tensor)`` starts writing the tensor and returns an ``nvio.Future``: the
+    tensor must stay unchanged until it has finished (its memory can then be released).
+    ``swap_in(name, out=None)`` returns the bytes in ``out`` (a tensor of any memory kind, CPU or
+    CUDA, of the same size) or in a tensor over a pooled locked buffer, with the dtype and shape
+    it was swapped out with. ``prefetch(names)`` starts reading names ahead as one batch;
+    ``evict(name)`` forgets one; ``wait()`` waits for all I/O in flight; ``snapshot(dst_dir)``
+    copies the swapped state into a directory another ``TensorSwapper`` can open.
+
+    Any size and dtype; small tensors share pack files, large ones (``pack_threshold`` bytes and
+    more) get files of their own at 4 KiB-aligned offsets. ``checksums=True`` keeps an XXH3-64 of
+    each CPU tensor, verified on every read back into host memory (``nvio.ChecksumMismatch`` names
+    the tensor, file and offset). The directory is locked while the swapper lives (a second one
+    raises ``nvio.DirectoryLocked``); the files left by a process that died holding it are removed
+    by the next open, with a ``RuntimeWarning`` saying what was removed. The keyword ``options``
+    are ``nvio.Handle``'s. Thread-safe; a context manager that closes on exit.
+    """
+
+    def __init__(self, dir: PathLike, budget_bytes: int, *, checksums: bool = False,
+                 pack_threshold: int = 1 << 20, pack_file_size: int = 64 << 20,
+                 **options: Any) -> None:
+        budget = _args.integer(budget_bytes, "budget_bytes")
+        threshold = _args.integer(pack_threshold, "pack_threshold")
+        pack_size = _args.integer(pack_file_size, "pack_file_size")
+        for value, name in ((budget, "budget_bytes"), (threshold, "pack_threshold"),
+                            (pack_size, "pack_file_size")):
+            if value < 0:
+                raise _nvio.InvalidArgument(f"nvio: {name} must not be negative, got {value}")
+        self._core = _nvio.Swapper(_args.path(dir, "dir"), budget, threshold, pack_size,
+                                   _args.boolean(checksums, "checksums"),
+                                   **_args.options(options, "nvio.TensorSwapper"))
+        self._checksums = bool(checksums)
+        self._pending = PendingFutures()
+
+    @property
+    def directory(self) -> str:
+        return self._core.directory
+
+    def swap_out(self, name: str, tensor: Any) -> Future:
+        """Starts writing `tensor` as `name` (replacing what the name held); returns its Future.
+
+        Blocks while write-behind fills the budget; raises ``nvio.BudgetExceeded`` when the
+        tensor is larger than the whole budget. Write errors come from the Future's ``wait()``,
+        ``wait()`` and ``swap_in(name)``."""
+        ref = _buffers.resolve(tensor, writable=False)
+        ticket = self._core.swap_out(_name(name), ref.address, ref.nbytes, ref.device,
+                                     _describe(tensor))
+        return self._pending.add(Future(self._core, ticket, ref.nbytes, ref.owner))
+
+    def swap_in(self, name: str, out: Any = None) -> Any:
+        """The tensor swapped out as `name`: read into `out` (returned), or into a tensor over a
+        pooled locked buffer that counts against the budget until it is dropped. Prefetched data
+        is used when there is some; a write still in flight is waited for first."""
+        key = _name(name)
+        if out is None:
+            buf, meta = self._core.swap_in(key)
+            return _rebuild(buf, buf.nbytes, meta)
+        ref = _buffers.resolve(out, writable=True)
+        if ref.device and self._checksums:
+            info = self._core.info(key)
+            if info is not None and info["checksum"] is not None:
+                # Verified in host memory, then copied to the device.
+                out.copy_(self.swap_in(key))
+                return out
+        self._core.swap_in_into(key, ref.address, ref.nbytes, ref.device)
+        return out
+
+    def prefetch(self, names: Iterable[str]) -> int:
+        """Starts reading `names` into pooled buffers as one batch, for the swap_ins to come;
+        returns how many it started (names whose write is in flight, already prefetched, empty,
+        or finding no room in the budget are skipped)."""
+        if isinstance(names, (str, bytes)):
+            names = [names]
+        return self._core.prefetch([_name(n) for n in names])
+
+    def evict(self, name: str) -> bool:
+        """Forgets `name` and frees its file space (after its I/O in flight); False if unknown."""
+        return self._core.evict(_name(name))
+
+    def wait(self) -> None:
+        """Waits for every write and prefetch in flight; raises the first write failure."""
+        self._core.wait_all()
+
+    def stats(self) -> Dict[str, int]:
+        """Counters: the budget and what holds it (held_bytes = writing_bytes + pool_bytes),
+        tensors and bytes stored, files, I/O in flight, totals since open."""
+        return self._core.stats()
+
+    def info(self, name: str) -> Optional[Dict[str, Any]]:
+        """Size, description, file, offset and checksum of `name`, or None."""
+        return self._core.info(_name(name))
+
+    def names(self) -> List[str]:
+        return self._core.names()
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self._core.contains(name)
+
+    def __len__(self) -> int:
+        return len(self._core.names())
+
+    def snapshot(self, dst_dir: PathLike) -> None:
+        """Copies every tensor (after the writes in flight) into `dst_dir`, which must hold no
+        swap data yet: one data file and an index, synced, that ``TensorSwapper(dst_dir, ...)``
+        swaps in from. Checksums are verified on the way. Staging memory comes from the budget."""
+        self._core.snapshot(_args.path(dst_dir, "dst_dir"))
+
+    def close(self, delete_files: bool = True) -> None:
+        """Waits for all I/O, removes the swap files (or, with ``delete_files=False``, keeps them
+        with an index so that the directory opens again) and releases the directory."""
+        try:
+            self._pending.wait_all(Count.WAITED)
+        except BaseException:
+            pass  # each Future keeps its error; close() raises the swapper's first below
+        self._core.close(_args.boolean(delete_files, "delete_files"))
+
+    def __enter__(self) -> "TensorSwapper":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        s = self._core.stats()
+        return (f"<nvio.TensorSwapper {self.directory!r}: {s['tensors']} tensors, "
+                f"{s['held_bytes']}/{s['budget_bytes']} budget bytes held>")
+
+
+def _name(name: Any) -> str:
+    if not isinstance(name, str):
+        raise _args.InvalidType(f"nvio: a tensor's name must be a str, got {type(name).__name__}")
+    return name

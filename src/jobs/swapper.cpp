@@ -1,0 +1,1180 @@
+// The tensor swapper (include/nvio/swapper.hpp): placement, the budget's waits, the directory's
+// lock and index, snapshots. Memory comes from the SwapPool (swap_pool.hpp); all I/O goes through
+// the swapper's own Handle as batches, whose tickets are collected by one thread at a time (the
+// "collector", see progress()) so that any thread waiting for any operation makes progress.
+#include "nvio/swapper.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/file.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+
+#include "core/posix.hpp"
+#include "core/replace_file.hpp"
+#include "core/unique_name.hpp"
+#include "jobs/swap_pool.hpp"
+#include "nvio/errors.hpp"
+#include "nvio/handle.hpp"
+#include "nvio/warnings.hpp"
+
+namespace nvio {
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr const char* kLockName = "nvio-swap.lock";
+constexpr const char* kIndexName = "nvio-swap.json";
+constexpr const char* kIndexFormat = "nvio-swap";
+constexpr const char* kSwapSuffix = ".swap";
+constexpr const char* kSnapshotData = "data.swap";
+constexpr std::uint64_t kNoFile = ~std::uint64_t{0};
+constexpr std::uint64_t kPage = 4096;
+// Removed files whose descriptors the handle may still keep (and so their disk space) before
+// the swapper asks it to let go of all of them.
+constexpr int kCloseFilesAfter = 16;
+// Staging buffer sizes a snapshot tries, largest first, until the budget holds two of them.
+constexpr std::array<std::size_t, 5> kStagingSizes{16u << 20, 4u << 20, 1u << 20, 128u << 10,
+                                                   kPage};
+
+std::uint64_t align_up(std::uint64_t n, std::uint64_t a) { return (n + a - 1) / a * a; }
+
+// Small tensors pack at 16 bytes; from a page on they start on a page so that their middle goes
+// through O_DIRECT without a bounce copy.
+std::uint64_t alignment_for(std::uint64_t size) { return size >= kPage ? kPage : 16; }
+
+std::string join(const std::string& dir, const std::string& name) { return dir + "/" + name; }
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The names of a swapper's own files: "s<pid>-<tid>-<n>-<file number>.swap" (see new_file). Only
+// these are ever removed as stale, never another *.swap file the directory may hold.
+bool own_file_name(const std::string& name) {
+  if (name.size() < 2 || name[0] != 's' || !ends_with(name, kSwapSuffix)) return false;
+  const std::string middle = name.substr(1, name.size() - 1 - std::strlen(kSwapSuffix));
+  int dashes = 0;
+  char previous = '-';
+  for (const char c : middle) {
+    if (c == '-') {
+      if (previous == '-') return false;
+      ++dashes;
+    } else if (c < '0' || c > '9') {
+      return false;
+    }
+    previous = c;
+  }
+  return dashes == 3 && previous != '-';
+}
+
+std::string strip_trailing_slashes(std::string dir) {
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  return dir;
+}
+
+void make_directories(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw_io_error(IoOp::Open, dir, 0, 0, ec.value(), "creating the swap directory");
+}
+
+void verify(const std::string& name, const std::string& path, std::uint64_t offset,
+            std::uint64_t size, const std::optional<std::uint64_t>& expected, const void* data) {
+  if (!expected) return;
+  const std::uint64_t actual = XXH3_64bits(data, size);
+  if (actual != *expected) throw ChecksumMismatch(name, path, offset, size, *expected, actual);
+}
+
+// A lent buffer of no bytes (a swap_in of an empty tensor); holds nothing of any budget.
+class EmptyBuffer final : public SwapBuffer {
+ public:
+  void* data() const noexcept override { return nullptr; }
+  std::size_t size() const noexcept override { return 0; }
+};
+
+// The text of the lock file: the owner's pid, or empty when the last owner closed cleanly.
+long read_pid(int fd) {
+  char text[32] = {};
+  const ssize_t n = ::pread(fd, text, sizeof(text) - 1, 0);
+  if (n <= 0) return 0;
+  return std::strtol(text, nullptr, 10);
+}
+
+}  // namespace
+
+struct Swapper::Impl {
+  // A file holding swapped bytes: one of this swapper's own (removed when nothing in it is live,
+  // and at close), or one adopted from the directory's index (never written nor removed).
+  struct File {
+    std::string path;
+    bool owned = false;
+    bool pack = false;
+    std::uint64_t end = 0;   // where the next packed tensor may go; the extents' end
+    std::uint64_t refs = 0;  // entries placed in it
+  };
+  struct Entry {
+    std::uint64_t size = 0;
+    std::uint64_t file = kNoFile;  // kNoFile for a tensor of no bytes
+    std::uint64_t offset = 0;
+    std::optional<std::uint64_t> checksum;
+    std::string meta;
+    SwapId writing = 0;  // the swap_out in flight
+    int readers = 0;     // reads in flight (blocking swap_ins and the prefetch)
+    std::shared_ptr<SwapBuffer> prefetched;
+    bool prefetch_pending = false;  // `prefetched` is being filled
+    std::exception_ptr error;       // its write failed: the bytes are not on disk
+  };
+  struct Op {
+    bool write = false;  // else a prefetch
+    SwapId id = 0;
+    std::uint64_t charged = 0;
+    std::vector<std::string> names;
+  };
+
+  Impl(std::string directory, const SwapperOptions& o, const Options& handle_options)
+      : dir(strip_trailing_slashes(std::move(directory))),
+        options(o),
+        handle(handle_options),
+        pool(std::make_shared<detail::SwapPool>(o.budget_bytes, o.lock)) {}
+
+  const std::string dir;
+  const SwapperOptions options;
+  Handle handle;
+  std::shared_ptr<detail::SwapPool> pool;
+
+  mutable std::mutex mutex;
+  std::condition_variable changed;  // an operation finished, a read ended, the collector left
+  const pid_t owner_pid = detail::current_pid();
+  bool closed = false;
+  bool collecting = false;  // a thread is in handle.wait_some (see progress())
+  detail::FileDescriptor lock_fd;
+  std::string session;  // the prefix of this swapper's own file names
+  std::uint64_t next_file_number = 0;
+  std::map<std::uint64_t, File> files;
+  std::uint64_t next_file_id = 0;
+  std::uint64_t current_pack = kNoFile;
+  int removed_since_close_files = 0;
+  std::unordered_map<std::string, Entry> entries;
+  std::unordered_set<std::string> prefetched_names;  // entries holding unclaimed prefetched data
+  std::unordered_map<Ticket, Op> ops;                // in flight, by handle ticket
+  std::unordered_map<SwapId, Ticket> writes;         // swap_outs in flight
+  // Failed swap_outs, until wait(id) throws theirs; `reported` once wait() has thrown it.
+  struct Failure {
+    std::exception_ptr error;
+    bool reported = false;
+  };
+  std::map<SwapId, Failure> failed;
+  SwapId next_id = 1;
+  int blocking_readers = 0;
+  SwapperStats counters;
+
+  using Lock = std::unique_lock<std::mutex>;
+
+  // A forked child has a copy of the state but none of the threads, tickets or files behind it
+  // (and a mutex a parent thread held at the fork may stay locked in it): checked first, before
+  // the mutex.
+  void check_process() const {
+    if (detail::current_pid() != owner_pid) {
+      throw InvalidArgument(fmt::format(
+          "swapper: the swapper of '{}' belongs to process {}; a forked child cannot use it "
+          "(open a swapper of its own, on another directory)",
+          dir, owner_pid));
+    }
+  }
+
+  void check_open() const {
+    if (closed) throw InvalidArgument(fmt::format("swapper: the swapper of '{}' is closed", dir));
+  }
+
+  // ---- the directory ----------------------------------------------------------------------
+
+  void open_directory() {
+    if (options.budget_bytes == 0) {
+      throw InvalidArgument("swapper: budget_bytes must be at least 1", "budget_bytes");
+    }
+    if (options.pack_file_size == 0) {
+      throw InvalidArgument("swapper: pack_file_size must be at least 1", "pack_file_size");
+    }
+    make_directories(dir);
+    const std::string lock_path = join(dir, kLockName);
+    int fd = -1;
+    // A clean close removes the lock file while holding it: a lock taken on a file that has just
+    // been removed (or replaced) would be nobody's, so the file locked must still be the one named.
+    for (;;) {
+      fd = detail::open_file(lock_path, O_RDWR | O_CREAT);
+      if (fd < 0) throw_io_error(IoOp::Open, lock_path, 0, 0, -fd);
+      lock_fd = detail::FileDescriptor(fd);
+      if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        const int err = errno;
+        if (err != EWOULDBLOCK) throw_io_error(IoOp::Open, lock_path, 0, 0, err, "flock");
+        const long owner = read_pid(fd);
+        throw DirectoryLocked(
+            fmt::format("swapper: '{}' is in use by another swapper (process {}{}); close it, or "
+                        "give each swapper its own directory",
+                        dir, owner, owner == ::getpid() ? ", this process" : ""),
+            dir, owner);
+      }
+      detail::FileFacts held;
+      detail::FileFacts named;
+      if (detail::file_facts(fd, held) == 0 && detail::path_facts(lock_path, named) == 0 &&
+          held.same_file(named)) {
+        break;
+      }
+    }
+    const long previous_owner = read_pid(fd);
+    const std::string pid = std::to_string(::getpid()) + "\n";
+    if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) < 0) {
+      throw_io_error(IoOp::Write, lock_path, 0, pid.size(), errno);
+    }
+    const std::unordered_set<std::string> indexed = load_index();
+    remove_stale(indexed, previous_owner);
+    session = "s" + detail::unique_suffix() + "-";
+  }
+
+  // Adopts the tensors of the directory's index; returns the file names it lists.
+  std::unordered_set<std::string> load_index() {
+    std::unordered_set<std::string> names;
+    const std::string path = join(dir, kIndexName);
+    detail::FileFacts facts;
+    const int rc = detail::path_facts(path, facts);
+    if (rc == -ENOENT) return names;
+    if (rc < 0) throw_io_error(IoOp::Stat, path, 0, 0, -rc);
+    std::string text(static_cast<std::size_t>(facts.size), '\0');
+    if (!text.empty())
+      handle.read(text.data(), text.size(), path, 0, ReadOptions{MemoryKind::Host});
+    json doc;
+    try {
+      doc = json::parse(text);
+      if (doc.at("format").get<std::string>() != kIndexFormat || doc.at("version") != 1) {
+        throw FormatError(path, "not a version 1 nvio swap index");
+      }
+      std::map<std::string, std::uint64_t> file_ids;
+      for (const json& e : doc.at("entries")) {
+        Entry entry;
+        entry.size = e.at("size").get<std::uint64_t>();
+        entry.offset = e.at("offset").get<std::uint64_t>();
+        entry.meta = e.at("meta").get<std::string>();
+        if (!e.at("checksum").is_null()) entry.checksum = e.at("checksum").get<std::uint64_t>();
+        const std::string file = e.at("file").get<std::string>();
+        if (entry.size > 0) {
+          if (file.empty() || file.find('/') != std::string::npos) {
+            throw FormatError(path, fmt::format("entry file '{}' is not a file name", file));
+          }
+          auto [it, fresh] = file_ids.emplace(file, next_file_id);
+          if (fresh) files[next_file_id++] = File{join(dir, file), false, false, 0, 0};
+          File& f = files[it->second];
+          f.end = std::max(f.end, entry.offset + entry.size);
+          ++f.refs;
+          entry.file = it->second;
+          names.insert(file);
+        }
+        const std::string name = e.at("name").get<std::string>();
+        if (!entries.emplace(name, std::move(entry)).second) {
+          throw FormatError(path, fmt::format("tensor '{}' is listed twice", name));
+        }
+      }
+    } catch (const json::exception& e) {
+      throw FormatError(path, fmt::format("malformed swap index: {}", e.what()));
+    }
+    return names;
+  }
+
+  // Removes the swap files nobody owns: those of a swapper that ended without closing.
+  void remove_stale(const std::unordered_set<std::string>& indexed, long previous_owner) {
+    std::vector<std::string> removed;
+    std::uint64_t bytes = 0;
+    std::error_code ec;
+    for (const auto& item : fs::directory_iterator(dir, ec)) {
+      const std::string name = item.path().filename().string();
+      const bool swap_file = own_file_name(name) && !indexed.contains(name);
+      const bool index_temp = name.starts_with(std::string(kIndexName) + ".tmp.");
+      if (!swap_file && !index_temp) continue;
+      const std::string path = join(dir, name);
+      detail::FileFacts facts;
+      if (detail::path_facts(path, facts) == 0) bytes += static_cast<std::uint64_t>(facts.size);
+      if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+        throw_io_error(IoOp::Open, path, 0, 0, errno, "removing a stale swap file");
+      }
+      removed.push_back(name);
+    }
+    if (ec) throw_io_error(IoOp::Open, dir, 0, 0, ec.value(), "listing the swap directory");
+    if (removed.empty()) return;
+    std::sort(removed.begin(), removed.end());
+    const std::string who =
+        previous_owner > 0
+            ? fmt::format("process {}, which ended without closing its swapper", previous_owner)
+            : std::string("a swapper that did not remove them");
+    const std::size_t shown = std::min<std::size_t>(removed.size(), 5);
+    std::string list;
+    for (std::size_t i = 0; i < shown; ++i) list += (i ? ", " : "") + removed[i];
+    if (shown < removed.size()) list += fmt::format(", ... ({} more)", removed.size() - shown);
+    warn(fmt::format("swapper: removed {} stale swap file{} ({} bytes) from '{}' left by {}: {}",
+                     removed.size(), removed.size() == 1 ? "" : "s", bytes, dir, who, list));
+  }
+
+  json index_document(const std::vector<std::pair<std::string, const Entry*>>& list,
+                      const std::function<std::string(const Entry&)>& file_name) const {
+    json doc = {{"format", kIndexFormat}, {"version", 1}, {"entries", json::array()}};
+    for (const auto& [name, e] : list) {
+      json item = {
+          {"name", name},        {"size", e->size},
+          {"offset", e->offset}, {"file", e->size > 0 ? file_name(*e) : std::string()},
+          {"meta", e->meta},     {"checksum", e->checksum ? json(*e->checksum) : json(nullptr)}};
+      doc["entries"].push_back(std::move(item));
+    }
+    return doc;
+  }
+
+  // Writes `doc` as the index of `directory`, durably and atomically.
+  void write_index(const std::string& directory, const json& doc) {
+    std::string text;
+    try {
+      text = doc.dump(1);
+    } catch (const json::exception& e) {
+      throw InvalidArgument(fmt::format(
+          "swapper: a tensor's name or description is not UTF-8 and cannot go into the index of "
+          "'{}': {}",
+          directory, e.what()));
+    }
+    detail::ReplacementFile file(join(directory, kIndexName));
+    handle.write(text.data(), text.size(), file.fd(), 0,
+                 WriteOptions{Truncate::No, Durability::Data, MemoryKind::Host});
+    file.commit(Durability::Data);
+  }
+
+  // ---- files and placement ----------------------------------------------------------------
+
+  std::uint64_t new_file(bool pack) {
+    const std::uint64_t id = next_file_id++;
+    files[id] = File{join(dir, session + std::to_string(next_file_number++) + kSwapSuffix), true,
+                     pack, 0, 0};
+    return id;
+  }
+
+  void place(Entry& e, std::uint64_t size) {
+    if (size >= options.pack_threshold) {
+      e.file = new_file(false);
+      e.offset = 0;
+      File& f = files[e.file];
+      f.end = size;
+      f.refs = 1;
+      return;
+    }
+    if (current_pack != kNoFile) {
+      File& f = files[current_pack];
+      const std::uint64_t offset = align_up(f.end, alignment_for(size));
+      if (f.end == 0 || offset + size <= options.pack_file_size) {
+        e.file = current_pack;
+        e.offset = offset;
+        f.end = offset + size;
+        ++f.refs;
+        return;
+      }
+    }
+    current_pack = new_file(true);  // the full one is removed once nothing in it is live
+    e.file = current_pack;
+    e.offset = 0;
+    File& f = files[current_pack];
+    f.end = size;
+    f.refs = 1;
+  }
+
+  void free_extent(Entry& e) {
+    if (e.file == kNoFile) return;
+    const std::uint64_t id = e.file;
+    e.file = kNoFile;
+    File& f = files.at(id);
+    if (--f.refs > 0) return;
+    if (!f.owned) {
+      files.erase(id);  // adopted: the file stays for the snapshot it belongs to
+      return;
+    }
+    if (id == current_pack) {
+      f.end = 0;  // the pack is empty: fill it again from the start
+      return;
+    }
+    const std::string path = f.path;
+    files.erase(id);
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+      throw_io_error(IoOp::Open, path, 0, 0, errno, "removing a swap file");
+    }
+    if (++removed_since_close_files >= kCloseFilesAfter) {
+      handle.close_files();
+      removed_since_close_files = 0;
+    }
+  }
+
+  void drop_prefetched(const std::string& name, Entry& e) {
+    prefetched_names.erase(name);
+    if (e.prefetch_pending) return;
+    e.prefetched.reset();
+  }
+
+  // ---- waiting ------------------------------------------------------------------------------
+
+  // Collects finished operations: at least one when `block`. One thread at a time collects (the
+  // handle's tickets are each collected once); the others wait for it to announce what finished.
+  // Called with the lock held and something in flight.
+  void progress(Lock& lock, bool block = true) {
+    if (collecting) {
+      if (block) changed.wait(lock);
+      return;
+    }
+    collecting = true;
+    lock.unlock();
+    std::array<Completion, 64> done;
+    std::size_t n = 0;
+    std::exception_ptr failure;
+    try {
+      n = handle.wait_some(done, block ? 1 : 0);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    lock.lock();
+    collecting = false;
+    for (std::size_t i = 0; i < n; ++i) finish(done[i]);
+    changed.notify_all();
+    if (failure) std::rethrow_exception(failure);
+  }
+
+  void finish(const Completion& c) {
+    auto it = ops.find(c.ticket);
+    if (it == ops.end()) return;
+    Op op = std::move(it->second);
+    ops.erase(it);
+    if (op.write) {
+      pool->uncharge(op.charged);
+      writes.erase(op.id);
+      auto e = entries.find(op.names.front());
+      if (e != entries.end() && e->second.writing == op.id) {
+        e->second.writing = 0;
+        if (c.error) {
+          e->second.error = c.error;
+        } else {
+          counters.bytes_written += e->second.size;
+        }
+      }
+      if (c.error) failed[op.id] = Failure{c.error, false};
+      return;
+    }
+    // A prefetch that failed (its read, or its checksum) is dropped: the swap_in that wanted it
+    // reads again and reports the failure with its own, precise error.
+    for (const std::string& name : op.names) {
+      auto e = entries.find(name);
+      if (e == entries.end()) continue;
+      Entry& entry = e->second;
+      --entry.readers;
+      entry.prefetch_pending = false;
+      bool good = !c.error;
+      if (good && entry.checksum) {
+        good = XXH3_64bits(entry.prefetched->data(), entry.size) == *entry.checksum;
+      }
+      if (good) {
+        prefetched_names.insert(name);
+        counters.bytes_read += entry.size;
+      } else {
+        entry.prefetched.reset();
+      }
+    }
+  }
+
+  template <class Pred>
+  void wait_until(Lock& lock, Pred pred) {
+    while (!pred()) {
+      if (!ops.empty()) {
+        progress(lock);
+      } else {
+        changed.wait(lock);  // a blocking read of another thread
+      }
+    }
+  }
+
+  // Waits until `name` has no write (and, with `prefetch`, no prefetch) in flight; returns its
+  // entry, with the lock held. Throws InvalidArgument for an unknown name and the error of a
+  // failed write.
+  Entry& settled(Lock& lock, const std::string& name, bool prefetch) {
+    wait_until(lock, [&] {
+      auto it = entries.find(name);
+      return it == entries.end() ||
+             (it->second.writing == 0 && !(prefetch && it->second.prefetch_pending));
+    });
+    check_open();  // closed by another thread while this one waited
+    auto it = entries.find(name);
+    if (it == entries.end()) {
+      throw InvalidArgument(fmt::format("swapper: no tensor named '{}' in '{}'", name, dir));
+    }
+    if (it->second.error) std::rethrow_exception(it->second.error);
+    return it->second;
+  }
+
+  // Makes room in the budget for `what` (`needed` bytes at most) through `attempt`, which returns
+  // something true once it fits: drops free pool memory (inside attempt), then, when `drop`,
+  // prefetched data nobody claimed, then waits for I/O in flight. Throws BudgetExceeded when none
+  // of that can help.
+  template <class Attempt>
+  auto reserve(Lock& lock, Attempt attempt, std::uint64_t needed, const std::string& what,
+               bool drop) -> decltype(attempt()) {
+    const std::uint64_t budget = options.budget_bytes;
+    if (needed > budget) {
+      throw BudgetExceeded(fmt::format("swapper: {} needs {} bytes, more than the whole budget "
+                                       "of {} bytes of '{}'",
+                                       what, needed, budget, dir),
+                           needed, budget, pool->held());
+    }
+    bool waited = false;
+    for (;;) {
+      if (auto r = attempt()) return r;
+      if (drop && !prefetched_names.empty()) {
+        const std::string name = *prefetched_names.begin();
+        drop_prefetched(name, entries.at(name));
+        continue;
+      }
+      if (!ops.empty()) {
+        if (!waited) ++counters.budget_waits;
+        waited = true;
+        progress(lock);
+        continue;
+      }
+      const std::uint64_t held = pool->held();
+      throw BudgetExceeded(
+          fmt::format("swapper: {} needs {} bytes, but {} of the budget of {} bytes of '{}' are "
+                      "held ({} by pool buffers in use: lent by swap_in and still alive, or "
+                      "being read into; {} by write-behind) and no I/O in flight can free them",
+                      what, needed, held, budget, dir, pool->mapped() - pool->free_bytes(),
+                      pool->charged()),
+          needed, budget, held);
+    }
+  }
+
+  void end_read(const std::string& name) {
+    --blocking_readers;
+    if (auto it = entries.find(name); it != entries.end()) --it->second.readers;
+    changed.notify_all();
+  }
+
+  // Reads `name`'s bytes into `buf` without the lock (the entry cannot move while it has a
+  // reader); verifies them when they land in host memory.
+  void read_unlocked(Lock& lock, const std::string& name, Entry& e, void* buf, MemoryKind memory) {
+    ++e.readers;
+    ++blocking_readers;
+    const std::string path = files.at(e.file).path;
+    const std::uint64_t offset = e.offset;
+    const std::uint64_t size = e.size;
+    const std::optional<std::uint64_t> checksum = e.checksum;
+    lock.unlock();
+    try {
+      const ReadExtent extent{buf, static_cast<std::size_t>(size), offset, path, -1};
+      handle.read_batch({&extent, 1}, ReadOptions{memory});
+      if (memory == MemoryKind::Host) verify(name, path, offset, size, checksum, buf);
+    } catch (...) {
+      lock.lock();
+      end_read(name);
+      throw;
+    }
+    lock.lock();
+    end_read(name);
+    counters.bytes_read += size;
+  }
+
+  void drain(Lock& lock) {
+    wait_until(lock, [&] { return ops.empty() && blocking_readers == 0 && !collecting; });
+  }
+
+  // The first failure no wait() has thrown yet (marked thrown); wait(id) still throws its own.
+  std::exception_ptr take_failures() {
+    for (auto& [id, f] : failed) {
+      if (!f.reported) {
+        f.reported = true;
+        return f.error;
+      }
+    }
+    return nullptr;
+  }
+};
+
+Swapper::Swapper(std::string directory, const SwapperOptions& options,
+                 const Options& handle_options)
+    : impl_(std::make_unique<Impl>(std::move(directory), options, handle_options)) {
+  impl_->open_directory();
+}
+
+Swapper::~Swapper() {
+  if (detail::current_pid() != impl_->owner_pid) {
+    // A forked child: its copy of the state is left to the child's exit, as Handle does (a mutex
+    // or a pool buffer's release could wait for a parent thread that does not exist here).
+    close(true);
+    (void)impl_.release();
+    return;
+  }
+  try {
+    close(true);
+  } catch (...) {  // a destructor cannot throw; close() explicitly to see errors
+  }
+}
+
+const std::string& Swapper::directory() const noexcept { return impl_->dir; }
+
+Swapper::SwapId Swapper::swap_out(const std::string& name, const void* buf, std::size_t length,
+                                  MemoryKind memory, const std::string& meta) {
+  Impl& s = *impl_;
+  if (length > 0 && buf == nullptr) {
+    throw InvalidArgument(
+        fmt::format("swapper: swap_out of '{}': a null buffer of {} bytes", name, length));
+  }
+  if (memory == MemoryKind::Auto) memory = memory_kind(buf);
+  std::optional<std::uint64_t> checksum;
+  if (s.options.checksums && memory == MemoryKind::Host) checksum = XXH3_64bits(buf, length);
+  s.check_process();
+  Impl::Lock lock(s.mutex);
+  s.check_open();
+  // A pool buffer lent by swap_in is already counted: its write pins nothing more.
+  const bool lent = memory == MemoryKind::Host && length > 0 && s.pool->owns(buf, length);
+  const std::uint64_t charge = lent ? 0 : length;
+  if (charge > 0) {
+    s.reserve(
+        lock, [&] { return s.pool->try_charge(charge); }, charge,
+        fmt::format("the write-behind of tensor '{}'", name), true);
+  }
+  try {
+    // The name's earlier write must land first, and no read may see its extent rewritten.
+    s.wait_until(lock, [&] {
+      auto it = s.entries.find(name);
+      return it == s.entries.end() || (it->second.writing == 0 && it->second.readers == 0);
+    });
+    s.check_open();  // closed by another thread while this one waited
+  } catch (...) {
+    s.pool->uncharge(charge);
+    throw;
+  }
+  Impl::Entry& e = s.entries[name];
+  s.drop_prefetched(name, e);
+  const bool in_place = e.file != kNoFile && s.files.at(e.file).owned && e.size == length;
+  try {
+    if (!in_place) {
+      s.free_extent(e);
+      if (length > 0) s.place(e, length);
+    }
+  } catch (...) {
+    s.pool->uncharge(charge);
+    s.entries.erase(name);
+    throw;
+  }
+  e.size = length;
+  e.checksum = checksum;
+  e.meta = meta;
+  e.error = nullptr;
+  const SwapId id = s.next_id++;
+  ++s.counters.swap_outs;
+  if (length == 0) return id;
+  const WriteExtent extent{buf, length, e.offset, s.files.at(e.file).path, -1};
+  Ticket ticket = 0;
+  try {
+    ticket = s.handle.submit_write_batch({&extent, 1},
+                                         WriteOptions{Truncate::No, Durability::None, memory});
+  } catch (...) {
+    s.pool->uncharge(charge);
+    s.free_extent(e);
+    s.entries.erase(name);
+    throw;
+  }
+  e.writing = id;
+  s.ops[ticket] = Impl::Op{true, id, charge, {name}};
+  s.writes[id] = ticket;
+  return id;
+}
+
+void Swapper::wait(SwapId id) {
+  Impl& s = *impl_;
+  s.check_process();
+  Impl::Lock lock(s.mutex);
+  if (id == 0 || id >= s.next_id) {
+    throw InvalidArgument(fmt::format("swapper: {} is not a swap_out of this swapper", id));
+  }
+  s.wait_until(lock, [&] { return !s.writes.contains(id); });
+  if (auto it = s.failed.find(id); it != s.failed.end()) {
+    const std::exception_ptr error = it->second.error;
+    s.failed.erase(it);
+    std::rethrow_exception(error);
+  }
+}
+
+bool Swapper::done(SwapId id) {
+  Impl& s = *impl_;
+  s.check_process();
+  Impl::Lock lock(s.mutex);
+  if (s.writes.contains(id)) s.progress(lock, false);
+  return !s.writes.contains(id);
+}
+
+void Swapper::wait() {
+  Impl& s = *impl_;
+  s.check_process();
+  Impl::Lock lock(s.mutex);
+  s.wait_until(lock, [&] { return s.ops.empty(); });
+  if (const std::exception_ptr first = s.take_failures()) std::rethrow_exception(first);
+}
+
+std::shared_ptr<SwapBuffer> Swapper::swap_in(const std::string& name, std::string* meta) {
+  Impl& s = *impl_;
+  s.check_process();
+  Impl::Lock lock(s.mutex);
+  s.check_open();
+  std::shared_ptr<SwapBuffer> buffer;
+  for (;;) {
+    Impl::Entry& e = s.settled(lock, name, true);
+    if (meta != nullptr) *meta = e.meta;
+    if (e.prefetched) {
+      ++s.counters.swap_ins;
+      ++s.counters.prefetch_hits;
+      s.prefetched_names.erase(name);
+      return std::move(e.prefetched);
+    }
+    if (e.size == 0) {
+      ++s.counters.swap_ins;
+      return std::make_shared<EmptyBuffer>();
+    }
+    if (buffer && buffer->size() == e.size) {
+      s.read_unlocked(lock, name, e, buffer->data(), MemoryKind::Host);
+      ++s.counters.swap_ins;
+      return buffer;
+    }
+    // (Again) a buffer of its size: the wait for room may have let another thread replace it.
+    buffer.reset();
+    const std::size_t size = e.size;
+    buffer = s.reserve(
+        lock, [&] { return s.pool->try_allocate(size); }, detail::SwapPool::footprint(size),
+        fmt::format("the swap_in of tensor '{}' ({} bytes)", name, size), true);
+  }
+}
+
+void Swapper::swap_in(const std::string& name, void* buf, std::size_t length, MemoryKind memory) {
+  Impl& s = *impl_;
+  if (memory == MemoryKind::Auto) memory = memory_kind(buf);
+  s.check_process();
+  Impl::Lock lock(s.mutex);
+  s.check_open();
+  Impl::Entry& e = s.settled(lock, name, true);
+  if (length != e.size) {
+    throw InvalidArgument(
+        fmt::format("swapper: tensor '{}' holds {} bytes, the buffer given to "
+                    "swap_in has {}",
+                    name, e.size, length));
+  }
+  if (length > 0 && buf == nullptr) {
+    throw InvalidArgument(fmt::format("swapper: swap_in of '{}' into a null buffer", name));
+  }
+  ++s.counters.swap_ins;
+  if (e.prefetched) {
+    std::shared_ptr<SwapBuffer> data = std::move(e.prefetched);
+    s.prefetched_names.erase(name);
+    if (memory == MemoryKind::Host) {
+      ++s.counters.prefetch_hits;
+      lock.unlock();
+      std::memcpy(buf, data->data(), length);
+      return;
+    }
+  }
+  if (length == 0) return;
+  if (memory == MemoryKind::Device && e.checksum) {
+    throw InvalidArgument(fmt::format(
+        "swapper: tensor '{}' has a checksum, which is verified in host memory: swap it in to a "
+        "host buffer (or a lent one) and copy it to the device",
+        name));
+  }
+  s.read_unlocked(lock, name, e, buf, memory);
+}
+
+std::size_t Swapper::prefetch(std::span<const std::string> names) {
+  Impl& s = *impl_;
+  s.check_process();
+  Impl::Lock lock(s.mutex);
+  s.check_open();
+  for (const std::string& name : names) {
+    if (!s.entries.contains(name)) {
+      throw InvalidArgument(
+          fmt::format("swapper: prefetch of '{}': no tensor of that name in '{}'", name, s.dir));
+    }
+  }
+  const auto wanted = [&](const std::string& name) -> Impl::Entry* {
+    auto it = s.entries.find(name);
+    if (it == s.entries.end()) return nullptr;
+    Impl::Entry& e = it->second;
+    if (e.writing != 0 || e.prefetched || e.size == 0 || e.error) return nullptr;
+    return &e;
+  };
+  // Buffers first (the waits for room unlock), then, under one hold of the lock, the batch.
+  std::vector<std::pair<std::string, std::shared_ptr<SwapBuffer>>> taken;
+  std::unordered_set<std::string> seen;
+  for (const std::string& name : names) {
+    const Impl::Entry* e = wanted(name);
+    if (e == nullptr || !seen.insert(name).second) continue;
+    const std::size_t size = e->size;
+    std::shared_ptr<SwapBuffer> buffer = s.pool->try_allocate(size);
+    while (!buffer && !s.writes.empty()) {
+      ++s.counters.budget_waits;
+      s.progress(lock);
+      buffer = s.pool->try_allocate(size);
+    }
+    if (!buffer) break;  // no room: the rest is left to swap_in
+    taken.emplace_back(name, std::move(buffer));
+  }
+  s.check_open();  // closed by another thread while this one waited
+  std::vector<ReadExtent> extents;
+  Impl::Op op;
+  for (auto& [name, buffer] : taken) {
+    Impl::Entry* e = wanted(name);
+    if (e == nullptr || buffer->size() != e->size) continue;
+    extents.push_back({buffer->data(), buffer->size(), e->offset, s.files.at(e->file).path, -1});
+    e->prefetched = std::move(buffer);
+    e->prefetch_pending = true;
+    ++e->readers;
+    op.names.push_back(name);
+  }
+  if (extents.empty()) return 0;
+  try {
+    const Ticket ticket = s.handle.submit_read_batch(extents, ReadOptions{MemoryKind::Host});
+    s.ops[ticket] = op;
+  } catch (...) {
+    for (const std::string& name : op.names) {
+      Impl::Entry& e = s.entries.at(name);
+      e.prefetched.reset();
+      e.prefetch_pending = false;
+      --e.readers;
+    }
+    throw;
+  }
+  return op.names.size();
+}
+
+bool Swapper::evict(const std::string& name) {
+  Impl& s = *impl_;
+  s.check_process();
+  Impl::Lock lock(s.mutex);
+  s.check_open();
+  s.wait_until(lock, [&] {
+    auto it = s.entries.find(name);
+    return it == s.entries.end() || (it->second.writing == 0 && it->second.readers == 0);
+  });
+  s.check_open();
+  auto it = s.entries.find(name);
+  if (it == s.entries.end()) return false;
+  s.drop_prefetched(name, it->second);
+  Impl::Entry entry = std::move(it->second);
+  s.entries.erase(it);
+  s.free_extent(entry);
+  return true;
+}
+
+bool Swapper::contains(const std::string& name) const {
+  impl_->check_process();
+  std::lock_guard lock(impl_->mutex);
+  return impl_->entries.contains(name);
+}
+
+std::optional<SwapEntryInfo> Swapper::info(const std::string& name) const {
+  const Impl& s = *impl_;
+  s.check_process();
+  std::lock_guard lock(s.mutex);
+  auto it = s.entries.find(name);
+  if (it == s.entries.end()) return std::nullopt;
+  const Impl::Entry& e = it->second;
+  SwapEntryInfo out;
+  out.size = e.size;
+  out.meta = e.meta;
+  out.path = e.file == kNoFile ? std::string() : s.files.at(e.file).path;
+  out.offset = e.offset;
+  out.checksum = e.checksum;
+  return out;
+}
+
+std::vector<std::string> Swapper::names() const {
+  const Impl& s = *impl_;
+  s.check_process();
+  std::lock_guard lock(s.mutex);
+  std::vector<std::string> out;
+  out.reserve(s.entries.size());
+  for (const auto& [name, e] : s.entries) out.push_back(name);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+SwapperStats Swapper::stats() const {
+  const Impl& s = *impl_;
+  s.check_process();
+  std::lock_guard lock(s.mutex);
+  SwapperStats out = s.counters;
+  out.budget_bytes = s.options.budget_bytes;
+  out.writing_bytes = s.pool->charged();
+  out.pool_bytes = s.pool->mapped();
+  out.held_bytes = out.writing_bytes + out.pool_bytes;
+  out.free_pool_bytes = s.pool->free_bytes();
+  out.tensors = s.entries.size();
+  for (const auto& [name, e] : s.entries) {
+    out.stored_bytes += e.size;
+    out.reads_in_flight += static_cast<std::uint64_t>(e.readers);
+  }
+  for (const std::string& name : s.prefetched_names) {
+    out.prefetched_bytes += s.entries.at(name).size;
+  }
+  out.files = s.files.size();
+  for (const auto& [id, f] : s.files) out.file_bytes += f.end;
+  out.writes_in_flight = s.writes.size();
+  return out;
+}
+
+void Swapper::snapshot(const std::string& dst_dir) {
+  Impl& s = *impl_;
+  s.check_process();
+  Impl::Lock lock(s.mutex);
+  s.check_open();
+  const std::string dst = strip_trailing_slashes(dst_dir);
+  make_directories(dst);
+  std::error_code ec;
+  if (fs::equivalent(dst, s.dir, ec)) {
+    throw InvalidArgument(fmt::format(
+        "swapper: snapshot into '{}', the swapper's own directory: give another directory "
+        "(close(delete_files=false) keeps the files in place)",
+        dst));
+  }
+  for (const auto& item : fs::directory_iterator(dst, ec)) {
+    const std::string name = item.path().filename().string();
+    if (name == kIndexName || ends_with(name, kSwapSuffix)) {
+      throw InvalidArgument(
+          fmt::format("swapper: snapshot into '{}', which already holds swap "
+                      "data ('{}'): give an empty directory",
+                      dst, name));
+    }
+  }
+  if (ec) throw_io_error(IoOp::Open, dst, 0, 0, ec.value(), "listing the snapshot directory");
+  // Every byte on disk first: the copy reads the files, not the caller's buffers.
+  s.drain(lock);
+  if (const std::exception_ptr first = s.take_failures()) std::rethrow_exception(first);
+
+  // The layout: sources in file order (sequential reads), packed into one data file.
+  struct Item {
+    std::string name;
+    const Impl::Entry* entry;
+    std::string source;
+    std::uint64_t offset;  // in the snapshot's data file
+  };
+  std::vector<Item> items;
+  items.reserve(s.entries.size());
+  for (const auto& [name, e] : s.entries) {
+    if (e.error) std::rethrow_exception(e.error);
+    items.push_back({name, &e, e.file == kNoFile ? std::string() : s.files.at(e.file).path, 0});
+  }
+  std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
+    return std::tie(a.source, a.entry->offset) < std::tie(b.source, b.entry->offset);
+  });
+  std::uint64_t total = 0;
+  for (Item& item : items) {
+    if (item.entry->size == 0) continue;
+    item.offset = align_up(total, alignment_for(item.entry->size));
+    total = item.offset + item.entry->size;
+  }
+
+  const std::string data_path = join(dst, kSnapshotData);
+  if (total > 0) {
+    // Two staging buffers from the budget, so that one chunk is written while the next is read.
+    std::array<std::shared_ptr<SwapBuffer>, 2> staging;
+    for (std::size_t size : kStagingSizes) {
+      try {
+        for (auto& b : staging) {
+          b = s.reserve(
+              lock, [&] { return s.pool->try_allocate(size); }, 2 * size, "a snapshot's staging",
+              true);
+        }
+        break;
+      } catch (const BudgetExceeded&) {
+        for (auto& b : staging) b.reset();
+        if (size == kStagingSizes.back()) throw;
+      }
+    }
+    const std::size_t chunk = staging[0]->size();
+    const int fd = detail::open_file(data_path, O_WRONLY | O_CREAT | O_TRUNC);
+    if (fd < 0) throw_io_error(IoOp::Open, data_path, 0, 0, -fd);
+    detail::FileDescriptor data(fd);
+    std::array<Ticket, 2> pending{0, 0};
+    const auto wait_pending = [&](std::size_t k) {
+      if (pending[k] != 0) {
+        const Ticket t = std::exchange(pending[k], 0);
+        s.handle.wait(t);
+      }
+    };
+    try {
+      std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> hash(XXH3_createState(),
+                                                                    &XXH3_freeState);
+      if (!hash) throw MemoryError("swapper: XXH3_createState failed", ENOMEM);
+      XXH3_64bits_reset(hash.get());
+      std::size_t k = 0;  // staging buffer in use
+      std::size_t item = 0;
+      std::uint64_t done_in_item = 0;  // bytes of items[item] already staged
+      while (item < items.size()) {
+        wait_pending(k);
+        std::byte* base = static_cast<std::byte*>(staging[k]->data());
+        std::vector<ReadExtent> reads;
+        std::vector<WriteExtent> writes;
+        struct Piece {
+          std::size_t item;
+          std::byte* data;
+          std::uint64_t length;
+          bool last;
+        };
+        std::vector<Piece> pieces;
+        std::size_t used = 0;
+        while (item < items.size() && used < chunk) {
+          const Item& it = items[item];
+          const std::uint64_t size = it.entry->size;
+          if (size == 0) {
+            ++item;
+            continue;
+          }
+          // Staged at the data file offset's residue modulo a page: the write's middle is then
+          // aligned in memory as on disk and goes through O_DIRECT without a bounce.
+          const std::uint64_t target = it.offset + done_in_item;
+          std::size_t at = used;
+          if (size - done_in_item >= kPage) {
+            at = static_cast<std::size_t>(align_up(used, kPage) + target % kPage);
+            if (at >= chunk) at = used;
+          }
+          const std::uint64_t length = std::min<std::uint64_t>(size - done_in_item, chunk - at);
+          reads.push_back({base + at, static_cast<std::size_t>(length),
+                           it.entry->offset + done_in_item, it.source, -1});
+          writes.push_back({base + at, static_cast<std::size_t>(length), target, {}, fd});
+          done_in_item += length;
+          const bool last = done_in_item == size;
+          pieces.push_back({item, base + at, length, last});
+          used = at + static_cast<std::size_t>(length);
+          if (last) {
+            ++item;
+            done_in_item = 0;
+          }
+        }
+        if (reads.empty()) continue;
+        s.handle.read_batch(reads, ReadOptions{MemoryKind::Host});
+        for (const Piece& p : pieces) {
+          const Item& it = items[p.item];
+          if (!it.entry->checksum) continue;
+          if (p.length == it.entry->size) {
+            verify(it.name, it.source, it.entry->offset, p.length, it.entry->checksum, p.data);
+            continue;
+          }
+          // An item split over chunks is hashed piece by piece, in order.
+          if (XXH3_64bits_update(hash.get(), p.data, p.length) != XXH_OK) {
+            throw MemoryError("swapper: XXH3_64bits_update failed", EINVAL);
+          }
+          if (p.last) {
+            const std::uint64_t actual = XXH3_64bits_digest(hash.get());
+            XXH3_64bits_reset(hash.get());
+            if (actual != *it.entry->checksum) {
+              throw ChecksumMismatch(it.name, it.source, it.entry->offset, it.entry->size,
+                                     *it.entry->checksum, actual);
+            }
+          }
+        }
+        pending[k] = s.handle.submit_write_batch(
+            writes, WriteOptions{Truncate::No, Durability::None, MemoryKind::Host});
+        for (const ReadExtent& r : reads) s.counters.bytes_read += r.length;
+        k ^= 1;
+      }
+      wait_pending(0);
+      wait_pending(1);
+      if (::fdatasync(fd) != 0) throw_io_error(IoOp::Sync, data_path, 0, total, errno);
+    } catch (...) {
+      for (Ticket& t : pending) {
+        if (t != 0) {
+          try {
+            s.handle.wait(std::exchange(t, 0));
+          } catch (...) {  // the first failure is the one being thrown
+          }
+        }
+      }
+      ::unlink(data_path.c_str());
+      throw;
+    }
+  }
+  std::vector<std::pair<std::string, const Impl::Entry*>> list;
+  std::unordered_map<const Impl::Entry*, std::uint64_t> offsets;
+  for (const Item& item : items) {
+    list.emplace_back(item.name, item.entry);
+    offsets[item.entry] = item.offset;
+  }
+  std::sort(list.begin(), list.end());
+  json doc = s.index_document(list, [](const Impl::Entry&) { return std::string(kSnapshotData); });
+  for (std::size_t i = 0; i < list.size(); ++i)
+    doc["entries"][i]["offset"] = offsets[list[i].second];
+  try {
+    s.write_index(dst, doc);
+  } catch (...) {
+    ::unlink(data_path.c_str());
+    throw;
+  }
+}
+
+void Swapper::close(bool delete_files) {
+  Impl& s = *impl_;
+  if (detail::current_pid() != s.owner_pid) {
+    // A forked child: the files, the lock and the I/O are its parent's. It lets go of its copy of
+    // the lock's descriptor (the parent's keeps the lock) and touches nothing else.
+    s.lock_fd = detail::FileDescriptor();
+    return;
+  }
+  Impl::Lock lock(s.mutex);
+  if (s.closed) return;
+  s.drain(lock);
+  s.closed = true;
+  for (auto& [name, e] : s.entries) e.prefetched.reset();
+  s.prefetched_names.clear();
+  std::exception_ptr first = s.take_failures();
+  try {
+    if (delete_files) {
+      for (const auto& [id, f] : s.files) {
+        if (f.owned && ::unlink(f.path.c_str()) != 0 && errno != ENOENT) {
+          throw_io_error(IoOp::Open, f.path, 0, 0, errno, "removing a swap file");
+        }
+      }
+    } else {
+      std::vector<std::pair<std::string, const Impl::Entry*>> list;
+      for (const auto& [name, e] : s.entries) {
+        if (!e.error) list.emplace_back(name, &e);
+      }
+      std::sort(list.begin(), list.end());
+      s.write_index(s.dir, s.index_document(list, [&](const Impl::Entry& e) {
+        return fs::path(s.files.at(e.file).path).filename().string();
+      }));
+    }
+    s.handle.close_files();
+  } catch (...) {
+    if (!first) first = std::current_exception();
+  }
+  // A clean end: the lock file goes, while still held (one left behind, naming its pid, tells
+  // the next open that its owner crashed).
+  const std::string lock_path = join(s.dir, kLockName);
+  if (::unlink(lock_path.c_str()) != 0 && errno != ENOENT && !first) {
+    first = std::make_exception_ptr(
+        IoError(IoOp::Open, lock_path, 0, 0, errno, "removing the lock file"));
+  }
+  s.lock_fd = detail::FileDescriptor();  // closing it releases the flock
+  if (first) std::rethrow_exception(first);
+}
+
+}  // namespace nvio

@@ -3,7 +3,8 @@
 For each tensor size (default 1, 16 and 64 MiB), --total bytes of tensors (locked memory) are
 swapped out (every swap_out started, then wait(): write-behind under --budget) and swapped back
 in (after dropping the swap files' pages: fsync + posix_fadvise DONTNEED) into the same tensors,
-one swap_in at a time, then again after one prefetch of every name; in the same round, `nvio bench --op write` and `--op read` move the same byte count
+one swap_in at a time, then all in one swap_in_batch, then again after one prefetch of every
+name; in the same round, `nvio bench --op write` and `--op read` move the same byte count
 with the same handle settings (--block-size, --queue-depth, --parallelism). Rounds alternate the
 two so that a drive's drift affects both; medians are printed with the ratio to `nvio bench`.
 
@@ -53,8 +54,8 @@ def one_size(nvio, size: int, args, settings: dict) -> dict:
     tensors = [nvio.empty_locked(size) for _ in range(count)]
     for i, t in enumerate(tensors):
         t.fill_(i % 251)
-    times: dict = {k: [] for k in ("swap_out", "bench write", "swap_in", "prefetch+swap_in",
-                                    "bench read")}
+    times: dict = {k: [] for k in ("swap_out", "bench write", "swap_in", "swap_in_batch",
+                                    "prefetch+swap_in", "bench read")}
     swap_dir = args.dir / "swap"
     with nvio.TensorSwapper(swap_dir, args.budget, **settings) as sw:
         for _ in range(args.rounds):
@@ -71,6 +72,12 @@ def one_size(nvio, size: int, args, settings: dict) -> dict:
             for i, t in enumerate(tensors):
                 sw.swap_in(f"t{i}", out=t)
             times["swap_in"].append(time.perf_counter() - t0)
+
+            # All of them as one swap_in_batch: the reads in flight together.
+            drop_directory_cache(swap_dir)
+            t0 = time.perf_counter()
+            sw.swap_in_batch([(f"t{i}", t) for i, t in enumerate(tensors)])
+            times["swap_in_batch"].append(time.perf_counter() - t0)
 
             # Prefetched: one read batch for every name (as far as the budget holds them), then
             # each swap_in copies from the pool.
@@ -130,7 +137,9 @@ def main() -> int:
         print(f"  {r['count']} x {human(r['size'])}: swap_out {g['swap_out']:6.2f} GB/s "
               f"({g['swap_out'] / g['bench write']:.2f}x bench write {g['bench write']:.2f}), "
               f"swap_in {g['swap_in']:6.2f} GB/s ({g['swap_in'] / g['bench read']:.2f}x bench "
-              f"read {g['bench read']:.2f}), prefetch+swap_in {g['prefetch+swap_in']:6.2f} GB/s")
+              f"read {g['bench read']:.2f}), swap_in_batch {g['swap_in_batch']:6.2f} GB/s "
+              f"({g['swap_in_batch'] / g['bench read']:.2f}x), prefetch+swap_in "
+              f"{g['prefetch+swap_in']:6.2f} GB/s")
     return 0
 
 

@@ -717,6 +717,18 @@ void bind_swapper(py::module_& m) {
           },
           py::arg("name"), py::arg("address"), py::arg("nbytes"), py::arg("device"))
       .def(
+          "swap_in_batch",
+          [](nvio::Swapper& s,
+             const std::vector<std::tuple<std::string, std::uintptr_t, std::size_t, bool>>& items) {
+            std::vector<nvio::Swapper::Target> targets;
+            targets.reserve(items.size());
+            for (const auto& [name, address, nbytes, device] : items) {
+              targets.push_back({name, as_ptr(address), nbytes, memory_of(device)});
+            }
+            unlocked([&] { s.swap_in(targets); });
+          },
+          py::arg("items"))
+      .def(
           "prefetch",
           [](nvio::Swapper& s, const std::vector<std::string>& names) {
             return unlocked([&] { return s.prefetch(names); });

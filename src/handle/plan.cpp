@@ -2,13 +2,9 @@
 
 #include <algorithm>
 
+#include "core/align.hpp"
+
 namespace nvio::detail {
-namespace {
-
-std::uint64_t round_up(std::uint64_t n, std::uint64_t a) { return (n + a - 1) / a * a; }
-std::uint64_t round_down(std::uint64_t n, std::uint64_t a) { return n / a * a; }
-
-}  // namespace
 
 std::size_t Plan::middle_pieces() const noexcept {
   return tail_begin > head_end

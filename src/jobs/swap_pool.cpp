@@ -4,6 +4,8 @@
 #include <bit>
 #include <utility>
 
+#include "core/align.hpp"
+
 namespace nvio::detail {
 
 namespace {
@@ -11,8 +13,6 @@ namespace {
 constexpr std::uint64_t kHugePage = std::uint64_t{2} << 20;
 constexpr std::uint64_t kPage = 4096;
 constexpr std::size_t kMinSlot = 16;
-
-std::uint64_t round_up(std::uint64_t n, std::uint64_t a) { return (n + a - 1) / a * a; }
 
 std::size_t slot_size(std::size_t size) { return std::bit_ceil(std::max(size, kMinSlot)); }
 

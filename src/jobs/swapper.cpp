@@ -25,6 +25,7 @@
 #include <unordered_set>
 #include <utility>
 
+#include "core/align.hpp"
 #include "core/posix.hpp"
 #include "core/replace_file.hpp"
 #include "core/unique_name.hpp"
@@ -53,8 +54,6 @@ constexpr int kCloseFilesAfter = 16;
 // Staging buffer sizes a snapshot tries, largest first, until the budget holds two of them.
 constexpr std::array<std::size_t, 5> kStagingSizes{16u << 20, 4u << 20, 1u << 20, 128u << 10,
                                                    kPage};
-
-std::uint64_t align_up(std::uint64_t n, std::uint64_t a) { return (n + a - 1) / a * a; }
 
 // Small tensors pack at 16 bytes; from a page on they start on a page so that their middle goes
 // through O_DIRECT without a bounce copy.
@@ -381,7 +380,7 @@ struct Swapper::Impl {
     }
     if (current_pack != kNoFile) {
       File& f = files[current_pack];
-      const std::uint64_t offset = align_up(f.end, alignment_for(size));
+      const std::uint64_t offset = detail::round_up(f.end, alignment_for(size));
       if (f.end == 0 || offset + size <= options.pack_file_size) {
         e.file = current_pack;
         e.offset = offset;
@@ -803,6 +802,103 @@ void Swapper::swap_in(const std::string& name, void* buf, std::size_t length, Me
   s.read_unlocked(lock, name, e, buf, memory);
 }
 
+void Swapper::swap_in(std::span<const Target> targets) {
+  Impl& s = *impl_;
+  s.check_process();
+  Impl::Lock lock(s.mutex);
+  s.check_open();
+  // All settled under one hold of the lock: waiting for one name may let another change.
+  s.wait_until(lock, [&] {
+    return std::all_of(targets.begin(), targets.end(), [&](const Target& t) {
+      auto it = s.entries.find(t.name);
+      return it == s.entries.end() || (it->second.writing == 0 && !it->second.prefetch_pending);
+    });
+  });
+  s.check_open();
+  std::vector<MemoryKind> kinds;
+  kinds.reserve(targets.size());
+  for (const Target& t : targets) {  // every target checked before any state changes
+    auto it = s.entries.find(t.name);
+    if (it == s.entries.end()) {
+      throw InvalidArgument(fmt::format("swapper: no tensor named '{}' in '{}'", t.name, s.dir));
+    }
+    const Impl::Entry& e = it->second;
+    if (e.error) std::rethrow_exception(e.error);
+    if (t.length != e.size) {
+      throw InvalidArgument(
+          fmt::format("swapper: tensor '{}' holds {} bytes, the buffer given to swap_in has {}",
+                      t.name, e.size, t.length));
+    }
+    if (t.length > 0 && t.buf == nullptr) {
+      throw InvalidArgument(fmt::format("swapper: swap_in of '{}' into a null buffer", t.name));
+    }
+    const MemoryKind memory = t.memory == MemoryKind::Auto ? memory_kind(t.buf) : t.memory;
+    if (memory == MemoryKind::Device && e.checksum && e.size > 0) {
+      throw InvalidArgument(fmt::format(
+          "swapper: tensor '{}' has a checksum, which is verified in host memory: swap it in to "
+          "a host buffer (or a lent one) and copy it to the device",
+          t.name));
+    }
+    kinds.push_back(memory);
+  }
+  // What each target needs: a copy of prefetched data, or a read (the entry keeps a reader, so it
+  // cannot move while the lock is let go).
+  struct Read {
+    const Target* target;
+    std::string path;
+    std::uint64_t offset;
+    std::optional<std::uint64_t> checksum;
+  };
+  std::vector<std::pair<const Target*, std::shared_ptr<SwapBuffer>>> copies;
+  std::vector<Read> reads;
+  for (std::size_t i = 0; i < targets.size(); ++i) {
+    const Target& t = targets[i];
+    Impl::Entry& e = s.entries.at(t.name);
+    ++s.counters.swap_ins;
+    if (e.prefetched) {
+      std::shared_ptr<SwapBuffer> data = std::move(e.prefetched);
+      s.prefetched_names.erase(t.name);
+      if (kinds[i] == MemoryKind::Host) {
+        ++s.counters.prefetch_hits;
+        copies.emplace_back(&t, std::move(data));
+        continue;
+      }
+    }
+    if (t.length == 0) continue;
+    ++e.readers;
+    ++s.blocking_readers;
+    reads.push_back({&t, s.files.at(e.file).path, e.offset, e.checksum});
+  }
+  lock.unlock();
+  std::exception_ptr failure;
+  try {
+    for (const auto& [t, data] : copies) std::memcpy(t->buf, data->data(), t->length);
+    for (const MemoryKind memory : {MemoryKind::Host, MemoryKind::Device}) {
+      std::vector<ReadExtent> extents;
+      for (std::size_t i = 0; i < reads.size(); ++i) {
+        const Target& t = *reads[i].target;
+        if (kinds[static_cast<std::size_t>(&t - targets.data())] != memory) continue;
+        extents.push_back({t.buf, t.length, reads[i].offset, reads[i].path, -1});
+      }
+      if (!extents.empty()) s.handle.read_batch(extents, ReadOptions{memory});
+    }
+    for (const Read& r : reads) {
+      const Target& t = *r.target;
+      if (kinds[static_cast<std::size_t>(&t - targets.data())] == MemoryKind::Host) {
+        verify(t.name, r.path, r.offset, t.length, r.checksum, t.buf);
+      }
+    }
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  lock.lock();
+  for (const Read& r : reads) {
+    s.end_read(r.target->name);
+    if (!failure) s.counters.bytes_read += r.target->length;
+  }
+  if (failure) std::rethrow_exception(failure);
+}
+
 std::size_t Swapper::prefetch(std::span<const std::string> names) {
   Impl& s = *impl_;
   s.check_process();
@@ -988,7 +1084,7 @@ void Swapper::snapshot(const std::string& dst_dir) {
   std::uint64_t total = 0;
   for (Item& item : items) {
     if (item.entry->size == 0) continue;
-    item.offset = align_up(total, alignment_for(item.entry->size));
+    item.offset = detail::round_up(total, alignment_for(item.entry->size));
     total = item.offset + item.entry->size;
   }
 
@@ -1053,7 +1149,7 @@ void Swapper::snapshot(const std::string& dst_dir) {
           const std::uint64_t target = it.offset + done_in_item;
           std::size_t at = used;
           if (size - done_in_item >= kPage) {
-            at = static_cast<std::size_t>(align_up(used, kPage) + target % kPage);
+            at = static_cast<std::size_t>(detail::round_up(used, kPage) + target % kPage);
             if (at >= chunk) at = used;
           }
           const std::uint64_t length = std::min<std::uint64_t>(size - done_in_item, chunk - at);

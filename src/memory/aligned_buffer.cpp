@@ -1,3 +1,4 @@
+#include <fmt/format.h>
 #include <sys/mman.h>
 
 #include <cerrno>
@@ -6,8 +7,7 @@
 #include <map>
 #include <mutex>
 
-#include <fmt/format.h>
-
+#include "core/align.hpp"
 #include "core/fork.hpp"
 #include "nvio/errors.hpp"
 #include "nvio/memory.hpp"
@@ -18,7 +18,9 @@ namespace {
 
 constexpr std::size_t kHugePage = std::size_t{2} << 20;
 
-std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
+std::size_t round_up(std::size_t n, std::size_t a) {
+  return static_cast<std::size_t>(detail::round_up(n, a));
+}
 
 // Regions this process locked through AlignedBuffer, keyed by start address.
 struct LockedRegions {
@@ -28,7 +30,7 @@ struct LockedRegions {
 
 LockedRegions& locked_regions() {
   static auto* r = [] {
-    auto* created = new LockedRegions;  // leaked: buffers may outlive static destruction
+    auto* created = new LockedRegions;         // leaked: buffers may outlive static destruction
     detail::hold_across_fork(created->mutex);  // a leaf: nothing is taken under it
     return created;
   }();
@@ -36,7 +38,8 @@ LockedRegions& locked_regions() {
 }
 // Made when the library is loaded, before any of its threads exist: a worker making it (which
 // allocates) while another thread forks would leave the child its initialisation guard taken, and
-// the child's first bounce buffer would wait for ever (seen: Sharing.ForkWithOperationsInFlight...).
+// the child's first bounce buffer would wait for ever (seen:
+// Sharing.ForkWithOperationsInFlight...).
 [[maybe_unused]] const LockedRegions& g_locked_regions_at_load = locked_regions();
 
 // Maps `size` bytes (a multiple of 2 MiB) at a 2 MiB-aligned address so that transparent huge
@@ -65,9 +68,9 @@ AlignedBuffer::AlignedBuffer(std::size_t size, LockMode lock) {
   // Small buffers are page-rounded; large ones use whole huge pages (see memory.hpp for why).
   const bool huge = size >= kHugePage;
   mapped_ = huge ? round_up(size, kHugePage) : round_up(size, 4096);
-  void* p = huge ? map_huge_aligned(mapped_)
-                 : ::mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                          -1, 0);
+  void* p =
+      huge ? map_huge_aligned(mapped_)
+           : ::mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == nullptr || p == MAP_FAILED) {
     const int err = errno;
     throw MemoryError(fmt::format("mmap of {} bytes failed: {}", mapped_, std::strerror(err)), err);

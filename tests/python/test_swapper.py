@@ -172,6 +172,45 @@ def test_a_corrupt_swap_file_raises_checksum_mismatch(tmp_path, nbytes):
             sw.swap_in("w", out=torch.empty(nbytes, dtype=torch.uint8))
 
 
+@pytest.mark.parametrize("checksums", [False, True])
+def test_swap_in_batch_reads_many_tensors_at_once(tmp_path, checksums):
+    rng = random.Random(11)
+    with nvio.TensorSwapper(tmp_path, 64 * MiB, checksums=checksums) as sw:
+        sizes = {}
+        for i in range(300):
+            dtype = DTYPES[i % len(DTYPES)]
+            t = patterned(random_numel(rng, torch.empty((), dtype=dtype).element_size()), dtype,
+                          100 + i)
+            sizes[f"t{i}"] = (t.numel(), dtype)
+            sw.swap_out(f"t{i}", t)
+        sw.swap_out("empty", torch.empty(0))
+        sw.wait()  # a name whose write is in flight is not prefetched
+        # Some served from prefetched data.
+        assert sw.prefetch([f"t{i}" for i in range(0, 300, 7)]) == len(range(0, 300, 7))
+        before = sw.stats()
+        names = [f"t{i}" for i in range(300)]
+        outs = [torch.empty(sizes[n][0], dtype=sizes[n][1]) for n in names]
+        got = sw.swap_in_batch(list(zip(names, outs)) + [("empty", torch.empty(0))])
+        assert all(a is b for a, b in zip(got, outs))
+        for i, t in enumerate(outs):
+            check(t, 100 + i, f"t{i}")
+        after = sw.stats()
+        assert after["swap_ins"] - before["swap_ins"] == 301
+        assert after["prefetch_hits"] - before["prefetch_hits"] == len(range(0, 300, 7))
+        # A dict works too; every pair is checked before any is read.
+        out = torch.full((sizes["t1"][0],), 0, dtype=sizes["t1"][1])
+        sw.swap_in_batch({"t1": out})
+        check(out, 101, "t1")
+        sentinel = torch.zeros(sizes["t2"][0], dtype=sizes["t2"][1])
+        with pytest.raises(nvio.InvalidArgument, match="no tensor named 'nope'"):
+            sw.swap_in_batch([("t2", sentinel), ("nope", torch.empty(4))])
+        with pytest.raises(nvio.InvalidArgument, match="holds"):
+            sw.swap_in_batch([("t2", sentinel), ("t3", torch.empty(1, dtype=torch.uint8))])
+        assert not sentinel.view(torch.uint8).any()  # nothing was read
+        with pytest.raises(nvio.InvalidType):
+            sw.swap_in_batch(["t1"])
+
+
 def test_two_live_swappers_on_one_directory_raise_directory_locked(tmp_path):
     first = nvio.TensorSwapper(tmp_path, MiB)
     with pytest.raises(nvio.DirectoryLocked) as e:

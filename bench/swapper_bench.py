@@ -4,7 +4,7 @@ For each tensor size (default 1, 16 and 64 MiB), --total bytes of tensors (locke
 swapped out (every swap_out started, then wait(): write-behind under --budget) and swapped back
 in (after dropping the swap files' pages: fsync + posix_fadvise DONTNEED) into the same tensors,
 one swap_in at a time, then all in one swap_in_batch, then again after one prefetch of every
-name; in the same round, `nvio bench --op write` and `--op read` move the same byte count
+name; a snapshot() of them is timed after the swap_out; in the same round, `nvio bench --op write` and `--op read` move the same byte count
 with the same handle settings (--block-size, --queue-depth, --parallelism). Rounds alternate the
 two so that a drive's drift affects both; medians are printed with the ratio to `nvio bench`.
 
@@ -54,8 +54,8 @@ def one_size(nvio, size: int, args, settings: dict) -> dict:
     tensors = [nvio.empty_locked(size) for _ in range(count)]
     for i, t in enumerate(tensors):
         t.fill_(i % 251)
-    times: dict = {k: [] for k in ("swap_out", "bench write", "swap_in", "swap_in_batch",
-                                    "prefetch+swap_in", "bench read")}
+    times: dict = {k: [] for k in ("swap_out", "bench write", "snapshot", "swap_in",
+                                    "swap_in_batch", "prefetch+swap_in", "bench read")}
     swap_dir = args.dir / "swap"
     with nvio.TensorSwapper(swap_dir, args.budget, **settings) as sw:
         for _ in range(args.rounds):
@@ -66,6 +66,14 @@ def one_size(nvio, size: int, args, settings: dict) -> dict:
             os.sync()  # the bytes on the drive, as `nvio bench --op write` leaves them
             times["swap_out"].append(time.perf_counter() - t0)
             times["bench write"].append(nvio_bench("write", nbytes, args.dir, settings))
+
+            # A snapshot: every tensor copied (read back, written to one synced data file).
+            snap_dir = args.dir / "snapshot"
+            drop_directory_cache(swap_dir)
+            t0 = time.perf_counter()
+            sw.snapshot(snap_dir)
+            times["snapshot"].append(time.perf_counter() - t0)
+            shutil.rmtree(snap_dir)
 
             drop_directory_cache(swap_dir)
             t0 = time.perf_counter()
@@ -139,7 +147,8 @@ def main() -> int:
               f"swap_in {g['swap_in']:6.2f} GB/s ({g['swap_in'] / g['bench read']:.2f}x bench "
               f"read {g['bench read']:.2f}), swap_in_batch {g['swap_in_batch']:6.2f} GB/s "
               f"({g['swap_in_batch'] / g['bench read']:.2f}x), prefetch+swap_in "
-              f"{g['prefetch+swap_in']:6.2f} GB/s")
+              f"{g['prefetch+swap_in']:6.2f} GB/s, snapshot {g['snapshot']:6.2f} GB/s "
+              f"({g['snapshot'] / g['bench write']:.2f}x bench write)")
     return 0
 
 

@@ -38,6 +38,9 @@ DirectIoInfo probe_directory(const std::string& dir);
 struct SystemInfo {
   std::string kernel;                          // uname sysname and release, e.g. "Linux 6.1.0"
   std::optional<std::uint64_t> memlock_limit;  // bytes; nullopt when unlimited
+  // CAP_IPC_LOCK in the process's effective capabilities (root has it): mlock is then not bound
+  // by memlock_limit. nullopt when /proc/self/status cannot tell.
+  std::optional<bool> memlock_capability;
   std::optional<std::uint64_t> aio_max_nr;     // fs.aio-max-nr, when readable
   std::optional<std::uint64_t> aio_nr;         // fs.aio-nr, when readable
 };

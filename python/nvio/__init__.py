@@ -192,10 +192,27 @@ def page_cache(path: Any) -> "dict[str, Any]":
     return _nvio.page_cache_state(_args.path(path))
 
 
+def _cuda_version(v: Optional[int]) -> Optional[str]:
+    return f"{v // 1000}.{(v % 1000) // 10}" if v and v > 0 else None
+
+
+def _gpu_section(g: "dict[str, Any]") -> "dict[str, Any]":
+    """gpu_info() in the shape of ``nvio report --json``'s "gpu" (tools/nvio/report.cpp)."""
+    return {
+        "driver": {"loaded": g["driver_loaded"], "path": g["driver_path"],
+                   "reason": g["driver_reason"], "version": _cuda_version(g["driver_version"])},
+        "runtime": {"path": g["runtime_path"], "version": _cuda_version(g["runtime_version"])},
+        "devices": g["devices"],
+        "cufile": {"loaded": g["cufile_loaded"], "path": g["cufile_path"],
+                   "reason": g["cufile_reason"]},
+        "gds": {"mode": g["gds_mode"], "reason": g["gds_reason"]},
+    }
+
+
 def report(dir: Optional[str] = None) -> "dict[str, Any]":
     """The same data as ``nvio report --json``: engines, the auto choice, O_DIRECT support and
-    alignment of ``dir`` (default: the current directory), limits, and the effective options with
-    where each came from."""
+    alignment of ``dir`` (default: the current directory), limits (and whether CAP_IPC_LOCK lifts
+    RLIMIT_MEMLOCK), the GPU section, and the effective options with where each came from."""
     import os
 
     from . import _args
@@ -214,8 +231,10 @@ def report(dir: Optional[str] = None) -> "dict[str, Any]":
         "auto_reason": auto_reason,
         "dir": _nvio.probe_directory(target),
         "memlock_limit": info["memlock_limit"],
+        "memlock_capability": info["memlock_capability"],
         "aio_max_nr": info["aio_max_nr"],
         "aio_nr": info["aio_nr"],
+        "gpu": _gpu_section(gpu_info()),
         "options": {k: {"value": values[k], "source": sources[k]} for k in values},
         "config": config,
     }

@@ -1149,6 +1149,8 @@ PYBIND11_MODULE(_nvio, m) {
     py::dict d;
     d["kernel"] = s.kernel;
     d["memlock_limit"] = s.memlock_limit ? py::cast(*s.memlock_limit) : py::none();
+    d["memlock_capability"] =
+        s.memlock_capability ? py::cast(*s.memlock_capability) : py::none();
     d["aio_max_nr"] = s.aio_max_nr ? py::cast(*s.aio_max_nr) : py::none();
     d["aio_nr"] = s.aio_nr ? py::cast(*s.aio_nr) : py::none();
     return d;
@@ -1196,6 +1198,7 @@ PYBIND11_MODULE(_nvio, m) {
     d["driver_reason"] = g.driver_reason;
     d["driver_version"] = g.driver_version;
     d["runtime_version"] = g.runtime_version ? py::cast(*g.runtime_version) : py::none();
+    d["runtime_path"] = g.runtime_path;
     d["devices"] = devices;
     d["cufile_loaded"] = g.cufile_loaded;
     d["cufile_path"] = g.cufile_path;

@@ -61,6 +61,26 @@ DirectIoInfo probe_directory(const std::string& dir) {
   return info;
 }
 
+namespace {
+
+// CAP_IPC_LOCK (capability 14) in the "CapEff:" line of /proc/self/status, a hexadecimal mask.
+std::optional<bool> has_ipc_lock() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("CapEff:", 0) != 0) continue;
+    try {
+      const unsigned long long mask = std::stoull(line.substr(7), nullptr, 16);
+      return ((mask >> 14) & 1u) != 0;
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 SystemInfo system_info() {
   SystemInfo info;
   utsname u{};
@@ -69,6 +89,7 @@ SystemInfo system_info() {
   if (::getrlimit(RLIMIT_MEMLOCK, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY) {
     info.memlock_limit = lim.rlim_cur;
   }
+  info.memlock_capability = has_ipc_lock();
   info.aio_max_nr = read_number("/proc/sys/fs/aio-max-nr");
   info.aio_nr = read_number("/proc/sys/fs/aio-nr");
   return info;

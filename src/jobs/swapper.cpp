@@ -1109,6 +1109,13 @@ void Swapper::snapshot(const std::string& dst_dir) {
     const int fd = detail::open_file(data_path, O_WRONLY | O_CREAT | O_TRUNC);
     if (fd < 0) throw_io_error(IoOp::Open, data_path, 0, 0, -fd);
     detail::FileDescriptor data(fd);
+    // The final size first: direct writes inside the file are not extending writes, which file
+    // systems (ext4) serialise. The writes go by path, so that the handle opens the file for
+    // O_DIRECT: this descriptor is a buffered one, through which the whole snapshot went into the
+    // page cache (a second copy, and all of it written back by the final fdatasync).
+    if (::ftruncate(fd, static_cast<off_t>(total)) != 0) {
+      throw_io_error(IoOp::Truncate, data_path, 0, total, errno);
+    }
     std::array<Ticket, 2> pending{0, 0};
     const auto wait_pending = [&](std::size_t k) {
       if (pending[k] != 0) {
@@ -1155,7 +1162,7 @@ void Swapper::snapshot(const std::string& dst_dir) {
           const std::uint64_t length = std::min<std::uint64_t>(size - done_in_item, chunk - at);
           reads.push_back({base + at, static_cast<std::size_t>(length),
                            it.entry->offset + done_in_item, it.source, -1});
-          writes.push_back({base + at, static_cast<std::size_t>(length), target, {}, fd});
+          writes.push_back({base + at, static_cast<std::size_t>(length), target, data_path, -1});
           done_in_item += length;
           const bool last = done_in_item == size;
           pieces.push_back({item, base + at, length, last});

@@ -637,6 +637,11 @@ def test_report_json(tmp_path):
             assert d[key] > 0 and d[key] & (d[key] - 1) == 0  # a power of two
     for key in ("memlock_limit", "aio_max_nr", "aio_nr"):
         assert rep[key] is None or (isinstance(rep[key], int) and rep[key] >= 0)
+    with open("/proc/self/status") as status:  # this process's capabilities are the CLI's
+        capeff = next(int(line.split()[1], 16) for line in status if line.startswith("CapEff:"))
+    assert rep["memlock_capability"] is bool(capeff >> 14 & 1)
+    text = nvio("report", "--dir", tmp_path).stdout
+    assert ("CAP_IPC_LOCK" in text) == rep["memlock_capability"]
     assert set(rep["options"]) == OPTION_NAMES
     assert all(o["source"] == "default" for o in rep["options"].values())
     assert rep["options"]["block_size"]["value"] == 1 << 20

@@ -424,6 +424,30 @@ def test_report_keys(tmp_path):
     assert rep["options"]["block_size"]["source"] == "default"
 
 
+def test_report_matches_the_cli(tmp_path):
+    """nvio.report() and `nvio report --json` give the same sections (gpu and the memlock
+    capability included), where the CLI was built beside the package (build/bin/nvio)."""
+    import json
+    import os
+    import subprocess
+    from pathlib import Path
+
+    cli = Path(nvio.__file__).resolve().parents[2] / "bin" / "nvio"
+    if not cli.exists():
+        pytest.skip(f"no nvio CLI beside the package ({cli})")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NVIO_")}
+    env["NVIO_CONFIG"] = "none"
+    out = subprocess.run([str(cli), "report", "--json", "--dir", str(tmp_path)], env=env,
+                         capture_output=True, text=True, check=True).stdout
+    theirs = json.loads(out)
+    mine = nvio.report(str(tmp_path))
+    for key in ("gpu", "memlock_limit", "memlock_capability", "kernel", "auto_engine"):
+        assert mine[key] == theirs[key], key
+    with open("/proc/self/status") as status:
+        capeff = next(int(line.split()[1], 16) for line in status if line.startswith("CapEff:"))
+    assert mine["memlock_capability"] == bool(capeff >> 14 & 1)
+
+
 def test_report_sees_environment(monkeypatch):
     monkeypatch.setenv("NVIO_QUEUE_DEPTH", "17")
     rep = nvio.report()

@@ -181,6 +181,8 @@ json gather(const ReportArgs& args) {
               {"auto_reason", choice.reason},
               {"dir", dir_json(args.dir)},
               {"memlock_limit", optional_json(sys.memlock_limit)},
+          {"memlock_capability",
+           sys.memlock_capability ? json(*sys.memlock_capability) : json(nullptr)},
               {"aio_max_nr", optional_json(sys.aio_max_nr)},
               {"aio_nr", optional_json(sys.aio_nr)},
               {"gpu", gpu_json()},
@@ -213,8 +215,12 @@ void print_text(const json& r) {
   fmt::print("  mem_align       {}\n", d["mem_align"].get<std::uint64_t>());
   fmt::print("  offset_align    {}\n", d["offset_align"].get<std::uint64_t>());
   const json& memlock = r["memlock_limit"];
-  fmt::print("RLIMIT_MEMLOCK    {}\n",
-             memlock.is_null() ? "unlimited" : human_bytes(memlock.get<std::uint64_t>()));
+  const json& capable = r["memlock_capability"];
+  fmt::print("RLIMIT_MEMLOCK    {}{}\n",
+             memlock.is_null() ? "unlimited" : human_bytes(memlock.get<std::uint64_t>()),
+             capable.is_boolean() && capable.get<bool>()
+                 ? " (not binding: the process has CAP_IPC_LOCK and may lock more)"
+                 : "");
   fmt::print("fs.aio-max-nr     {}\n", text_of(r["aio_max_nr"]));
   fmt::print("fs.aio-nr         {}\n", text_of(r["aio_nr"]));
   const json& g = r["gpu"];

@@ -21,7 +21,8 @@ constinit std::atomic<std::size_t> g_reserved{0};
 constinit std::atomic<bool> g_installed{false};
 
 // Which slots the prepare handler locked, for the parent and child handlers (all three run in the
-// forking thread, one fork at a time: glibc serialises them under its atfork lock).
+// forking thread). An entry is written only by the thread holding that slot's mutex (set after
+// locking it, cleared before unlocking it), so two threads forking at once do not disturb it.
 constinit std::array<bool, kMaxForkMutexes> g_locked{};
 
 constexpr ForkRank kRanks[] = {ForkRank::Leaf, ForkRank::WarningState, ForkRank::WarningSink};

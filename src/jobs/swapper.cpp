@@ -766,40 +766,8 @@ std::shared_ptr<SwapBuffer> Swapper::swap_in(const std::string& name, std::strin
 }
 
 void Swapper::swap_in(const std::string& name, void* buf, std::size_t length, MemoryKind memory) {
-  Impl& s = *impl_;
-  if (memory == MemoryKind::Auto) memory = memory_kind(buf);
-  s.check_process();
-  Impl::Lock lock(s.mutex);
-  s.check_open();
-  Impl::Entry& e = s.settled(lock, name, true);
-  if (length != e.size) {
-    throw InvalidArgument(
-        fmt::format("swapper: tensor '{}' holds {} bytes, the buffer given to "
-                    "swap_in has {}",
-                    name, e.size, length));
-  }
-  if (length > 0 && buf == nullptr) {
-    throw InvalidArgument(fmt::format("swapper: swap_in of '{}' into a null buffer", name));
-  }
-  ++s.counters.swap_ins;
-  if (e.prefetched) {
-    std::shared_ptr<SwapBuffer> data = std::move(e.prefetched);
-    s.prefetched_names.erase(name);
-    if (memory == MemoryKind::Host) {
-      ++s.counters.prefetch_hits;
-      lock.unlock();
-      std::memcpy(buf, data->data(), length);
-      return;
-    }
-  }
-  if (length == 0) return;
-  if (memory == MemoryKind::Device && e.checksum) {
-    throw InvalidArgument(fmt::format(
-        "swapper: tensor '{}' has a checksum, which is verified in host memory: swap it in to a "
-        "host buffer (or a lent one) and copy it to the device",
-        name));
-  }
-  s.read_unlocked(lock, name, e, buf, memory);
+  const Target target{name, buf, length, memory};
+  swap_in(std::span<const Target>(&target, 1));
 }
 
 void Swapper::swap_in(std::span<const Target> targets) {

@@ -161,7 +161,7 @@ class DirectoryLocked : public Error {
 };
 
 // What the failed system call was doing, in the words used in messages.
-enum class IoOp { Open, Read, Write, Stat, Sync, Truncate, Submit, Wait, Rename };
+enum class IoOp { Open, Read, Write, Stat, Sync, Truncate, Submit, Wait, Rename, Remove };
 const char* to_string(IoOp op) noexcept;
 
 class IoError : public Error {

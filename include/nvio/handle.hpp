@@ -33,6 +33,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -65,10 +66,14 @@ struct WriteOptions {
 // Identifies one asynchronous operation (or batch) of one handle. 0 is never a valid ticket.
 using Ticket = std::uint64_t;
 
-// A finished asynchronous operation, as wait_some collects it: its failure, or null.
+// A finished asynchronous operation, as wait_some or wait_completion collect it: its failure, or
+// null, and when it finished (its last extent done, a write batch's files synced), which may be
+// well before the wait that collected it woke: per-operation timings stay honest when several are
+// waited for in turn.
 struct Completion {
   Ticket ticket = 0;
   std::exception_ptr error;
+  std::chrono::steady_clock::time_point finished;
 };
 
 // One extent of a batch: `length` bytes of `buf` at `offset` of the file named by `path`, or,
@@ -140,6 +145,9 @@ class Handle {
 
   // Waits for one ticket; throws its error. A ticket can be waited on once (InvalidArgument after).
   void wait(Ticket ticket);
+  // Waits for one ticket like wait(ticket), but returns its Completion instead of throwing its
+  // failure (an unknown ticket still throws InvalidArgument).
+  Completion wait_completion(Ticket ticket);
   // True when the operation has finished (successfully or not); does not collect it.
   bool done(Ticket ticket) const;
   // Waits for every outstanding asynchronous operation and returns how many completed (0 when

@@ -10,6 +10,7 @@
 #include "nvio/options.hpp"
 #include "nvio/pattern.hpp"
 #include "nvio/safetensors.hpp"
+#include "nvio/stripe.hpp"
 #include "nvio/swapper.hpp"
 #include "nvio/system.hpp"
 #include "nvio/tune.hpp"

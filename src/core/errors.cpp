@@ -18,6 +18,7 @@ const char* to_string(IoOp op) noexcept {
     case IoOp::Submit: return "submit";
     case IoOp::Wait: return "wait";
     case IoOp::Rename: return "rename";
+    case IoOp::Remove: return "remove";
   }
   return "?";
 }

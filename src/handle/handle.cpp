@@ -102,6 +102,12 @@ struct Job {
     }
     return true;
   }
+  // After wait(): when the last of its operations finished.
+  std::chrono::steady_clock::time_point finished_at() const {
+    std::chrono::steady_clock::time_point last;
+    for (const OperationPtr& op : ops) last = std::max(last, op->finished_at);
+    return last;
+  }
   // After wait(): the first failure in extent order, or null.
   std::exception_ptr error() const {
     for (const OperationPtr& op : ops) {
@@ -697,11 +703,15 @@ Ticket Handle::submit_write_batch(std::span<const WriteExtent> extents,
 }
 
 void Handle::wait(Ticket ticket) {
+  if (std::exception_ptr e = wait_completion(ticket).error) std::rethrow_exception(e);
+}
+
+Completion Handle::wait_completion(Ticket ticket) {
   Impl& s = impl();
   JobPtr job = s.find_ticket(ticket, /*collect=*/true);
   job->wait();
   s.end_collect(std::span(&job, 1));
-  if (std::exception_ptr e = job->error()) std::rethrow_exception(e);
+  return Completion{ticket, job->error(), job->finished_at()};
 }
 
 namespace {
@@ -748,7 +758,7 @@ std::size_t Handle::wait_some(std::span<Completion> out, std::size_t min_count) 
   // Their last operation is finishing (its listener ran): wait() covers the last few steps.
   for (std::size_t i = 0; i < mine.size(); ++i) {
     mine[i]->wait();
-    out[i] = Completion{mine[i]->ticket, mine[i]->error()};
+    out[i] = Completion{mine[i]->ticket, mine[i]->error(), mine[i]->finished_at()};
   }
   s.end_collect(mine);
   return mine.size();

@@ -149,6 +149,7 @@ void OperationQueue::finish_piece(Operation& op, std::size_t count) {
     op.cufile = cuda::CuFileHandle();  // deregistered before its descriptor closes
     op.file.reset();
     op.batch.reset();
+    op.finished_at = std::chrono::steady_clock::now();
   }
   // Before `finished`: a wait that collects the ticket (and may drop the listener's record of it)
   // waits for `finished`, so the listener's record is alive during the call.

@@ -131,6 +131,8 @@ struct Operation {
   std::mutex mutex;
   std::condition_variable finished_cv;
   bool finished = false;
+  // When the outcome became final (after the finishing steps), for Completion::finished.
+  std::chrono::steady_clock::time_point finished_at;
   // `finished`, for a waiter that polls before it sleeps (core/spin.hpp): stored (release) once
   // the outcome is final, under `mutex`.
   std::atomic<bool> finished_flag{false};

@@ -222,6 +222,40 @@ TEST_P(Batch, AFailingExtentFailsTheBatchNamingIt) {
   EXPECT_TRUE(buffer_has_pattern(bufs[1].data(), MiB, MiB, 23));
 }
 
+// wait_completion: a failure comes back in the Completion instead of being thrown, and `finished`
+// is when the operation finished, not when the wait collected it.
+TEST_P(Batch, WaitCompletionReturnsTheFailureAndWhenItFinished) {
+  ScopedEngineFactory factory([](nvio::EngineKind k, unsigned qd) {
+    return std::unique_ptr<nvio::engine::Engine>(
+        new FailingRangeEngine(nvio::engine::make_backend_engine(k, qd)));
+  });
+  nvio::Handle h(options());
+  write_pattern_file(file("src"), 4 * MiB, 31);
+  std::vector<unsigned char> small(10);
+  std::vector<unsigned char> big(4 * MiB);
+  const auto start = std::chrono::steady_clock::now();
+  const nvio::Ticket first = h.submit_read(small.data(), small.size(), file("src"));
+  run_within(60s, "a small read", [&] {
+    while (!h.done(first)) std::this_thread::yield();
+  });
+  std::this_thread::sleep_for(20ms);
+  const auto second_submitted = std::chrono::steady_clock::now();
+  const nvio::Ticket second = h.submit_read(big.data(), big.size(), file("src"));  // hits kBadBegin
+  const nvio::Completion failed = h.wait_completion(second);
+  const nvio::Completion ok = h.wait_completion(first);
+  const auto end = std::chrono::steady_clock::now();
+  EXPECT_EQ(failed.ticket, second);
+  ASSERT_TRUE(failed.error);
+  EXPECT_THROW(std::rethrow_exception(failed.error), nvio::IoError);
+  EXPECT_GE(failed.finished, second_submitted);
+  EXPECT_LE(failed.finished, end);
+  EXPECT_FALSE(ok.error);
+  EXPECT_GE(ok.finished, start);
+  EXPECT_LT(ok.finished, second_submitted);  // collected last, finished first
+  EXPECT_TRUE(buffer_has_pattern(small.data(), small.size(), 0, 31));
+  EXPECT_THROW(h.wait_completion(first), nvio::InvalidArgument);
+}
+
 // wait_some: every ticket is collected exactly once, in bulk, with its own failure and without
 // a throw; the others' bytes are right. Operations of very different sizes, so that completions
 // come out of submission order.

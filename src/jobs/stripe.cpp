@@ -1,0 +1,336 @@
+// StripedHandle: one batch per drive over the drives' own handles (see nvio/stripe.hpp).
+#include "nvio/stripe.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <numeric>
+#include <set>
+
+#include "core/posix.hpp"
+#include "nvio/errors.hpp"
+
+namespace nvio {
+
+namespace {
+
+constexpr std::size_t kStripeAlign = 4096;
+// The extended attribute that records a part's place in its layout (see nvio/stripe.hpp).
+constexpr const char* kLayoutAttr = "user.nvio.stripe";
+
+using Clock = std::chrono::steady_clock;
+
+void check_name(const std::string& name) {
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
+      name.find('\0') != std::string::npos) {
+    throw InvalidArgument(fmt::format(
+        "striped file name '{}' is not a plain file name (empty, '.', '..', or holding '/' or NUL)",
+        name));
+  }
+}
+
+// The extents of [offset, offset + length) of the striped file, one list per drive. Stripes that
+// follow each other in both the buffer and a part file (one drive) are merged into one extent.
+template <class Extent, class Byte>
+std::vector<std::vector<Extent>> split(const StripeLayout& layout, Byte* buf, std::size_t length,
+                                       std::uint64_t offset,
+                                       const std::vector<std::string>& parts) {
+  const std::size_t n = layout.directories.size();
+  const std::uint64_t stripe = layout.stripe_size;
+  std::vector<std::vector<Extent>> per_drive(n);
+  for (std::uint64_t at = offset, end = offset + length; at < end;) {
+    const std::uint64_t k = at / stripe;
+    const std::uint64_t within = at % stripe;
+    const std::size_t take = static_cast<std::size_t>(std::min(stripe - within, end - at));
+    const std::size_t drive = static_cast<std::size_t>(k % n);
+    const std::uint64_t part_offset = (k / n) * stripe + within;
+    Byte* from = buf + (at - offset);
+    std::vector<Extent>& list = per_drive[drive];
+    if (!list.empty() && list.back().offset + list.back().length == part_offset &&
+        static_cast<Byte*>(list.back().buf) + list.back().length == from) {
+      list.back().length += take;
+    } else {
+      Extent e;
+      e.buf = from;
+      e.length = take;
+      e.offset = part_offset;
+      e.path = parts[drive];
+      list.push_back(std::move(e));
+    }
+    at += take;
+  }
+  return per_drive;
+}
+
+Ticket submit(Handle& h, std::span<const ReadExtent> extents, const ReadOptions& options) {
+  return h.submit_read_batch(extents, options);
+}
+Ticket submit(Handle& h, std::span<const WriteExtent> extents, const WriteOptions& options) {
+  return h.submit_write_batch(extents, options);
+}
+
+}  // namespace
+
+void StripeLayout::validate() const {
+  if (directories.empty()) throw InvalidArgument("a striped file needs at least one directory");
+  std::set<std::string> seen;
+  for (const std::string& d : directories) {
+    if (d.empty() || d.find('\0') != std::string::npos) {
+      throw InvalidArgument(fmt::format("stripe directory '{}' is empty or holds a NUL byte", d));
+    }
+    if (!seen.insert(d).second) {
+      throw InvalidArgument(fmt::format("stripe directory '{}' is given twice", d));
+    }
+  }
+  if (stripe_size == 0 || stripe_size % kStripeAlign != 0) {
+    throw InvalidArgument(
+        fmt::format("stripe_size {} is not a positive multiple of {}", stripe_size, kStripeAlign),
+        "stripe_size");
+  }
+}
+
+std::uint64_t StripeLayout::part_size(std::size_t drive, std::uint64_t size) const {
+  const std::uint64_t n = directories.size();
+  const std::uint64_t full = size / stripe_size;
+  const std::uint64_t rest = size % stripe_size;
+  std::uint64_t stripes = full / n + (drive < full % n ? 1 : 0);
+  return stripes * stripe_size + (drive == full % n ? rest : 0);
+}
+
+struct StripedHandle::Impl {
+  StripeLayout layout;
+  std::vector<std::unique_ptr<Handle>> handles;  // one per directory, in its order
+
+  std::string part(std::size_t drive, const std::string& name) const {
+    return layout.directories[drive] + "/" + name;
+  }
+  std::vector<std::string> parts(const std::string& name) const {
+    std::vector<std::string> out;
+    for (std::size_t i = 0; i < layout.directories.size(); ++i) out.push_back(part(i, name));
+    return out;
+  }
+  std::string display(const std::string& name) const {
+    return fmt::format("{} (striped over {})", name, fmt::join(layout.directories, ", "));
+  }
+  // What part `drive` records of its layout.
+  std::string record(std::size_t drive) const {
+    return fmt::format("nvio stripe v1: part {} of {}, stripe_size {}", drive,
+                       layout.directories.size(), layout.stripe_size);
+  }
+  struct PartState {
+    std::int64_t size = -1;  // -1: missing
+    bool recorded = false;   // holds this layout's record
+  };
+  // Each part's size and record. A part whose layout record differs from this layout's is a
+  // FormatError (unless `replacing`: a write that replaces the whole file).
+  std::vector<PartState> part_states(const std::string& name, const std::vector<std::string>& parts,
+                                     bool replacing = false) const {
+    std::vector<PartState> states(parts.size());
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      detail::FileFacts facts;
+      const int rc = detail::path_facts(parts[i], facts);
+      if (rc == -ENOENT) continue;
+      if (rc < 0) throw_io_error(IoOp::Stat, parts[i], 0, 0, -rc, "a part of a striped file");
+      states[i].size = facts.size;
+      if (replacing) continue;
+      char got[128];
+      const ssize_t len = ::getxattr(parts[i].c_str(), kLayoutAttr, got, sizeof(got));
+      // No record (a copy that dropped it, a file system without extended attributes): nothing
+      // to check against.
+      if (len < 0) continue;
+      const std::string want = record(i);
+      states[i].recorded = std::string_view(got, static_cast<std::size_t>(len)) == want;
+      if (!states[i].recorded) {
+        throw FormatError(
+            display(name),
+            fmt::format("part {} records '{}' where this layout reads it as '{}' "
+                        "(other directories, order or stripe size than it was "
+                        "written with)",
+                        parts[i], std::string_view(got, static_cast<std::size_t>(len)), want));
+      }
+    }
+    return states;
+  }
+  // Records part `drive`'s place in the layout, where the file system keeps extended attributes.
+  void set_record(const std::string& part, std::size_t drive) const {
+    const std::string r = record(drive);
+    if (::setxattr(part.c_str(), kLayoutAttr, r.data(), r.size(), 0) != 0 && errno != ENOTSUP) {
+      throw_io_error(IoOp::Write, part, 0, 0, errno, "recording its place in the stripe layout");
+    }
+  }
+  // Makes part i at least (or, `exact`, exactly) part_size(i, end) bytes long, creating it when
+  // it must hold bytes, and records the layout in each part that lacks the record; with
+  // Durability::Data the new size is synced.
+  void size_parts(const std::string& name, const std::vector<std::string>& parts,
+                  std::uint64_t offset, std::uint64_t end, bool exact,
+                  Durability durability) const {
+    const std::vector<PartState> states = part_states(name, parts, exact && offset == 0);
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      const auto want = static_cast<std::int64_t>(layout.part_size(i, end));
+      const std::int64_t size = states[i].size;
+      if (size >= 0 && !states[i].recorded) set_record(parts[i], i);
+      if (size == want || (size < 0 && want == 0) || (!exact && size > want)) continue;
+      detail::FileDescriptor fd(detail::open_file(parts[i], O_WRONLY | O_CREAT));
+      if (!fd) throw_io_error(IoOp::Open, parts[i], 0, 0, -fd.get(), "a part of a striped file");
+      if (::ftruncate(fd.get(), want) != 0) {
+        throw_io_error(IoOp::Truncate, parts[i], static_cast<std::uint64_t>(want), 0, errno,
+                       "sizing a part of a striped file");
+      }
+      if (durability == Durability::Data && ::fdatasync(fd.get()) != 0) {
+        throw_io_error(IoOp::Sync, parts[i], 0, 0, errno, "a part of a striped file");
+      }
+      if (size < 0) set_record(parts[i], i);
+    }
+  }
+
+  // Submits each drive's batch, waits for every one submitted, and throws the first failure in
+  // directory order (a drive whose batch could not be submitted counts at its place).
+  template <class Extent, class Options>
+  StripedTransfer run(const std::vector<std::vector<Extent>>& per_drive,
+                      const Options& options) const {
+    const std::size_t n = per_drive.size();
+    StripedTransfer out;
+    out.drives.resize(n);
+    std::vector<Ticket> tickets(n, 0);
+    std::vector<std::exception_ptr> errors(n);
+    const Clock::time_point start = Clock::now();
+    for (std::size_t i = 0; i < n; ++i) {
+      out.drives[i].directory = layout.directories[i];
+      for (const Extent& e : per_drive[i]) out.drives[i].bytes += e.length;
+      out.bytes += out.drives[i].bytes;
+      if (per_drive[i].empty()) continue;
+      try {
+        tickets[i] = submit(*handles[i], std::span<const Extent>(per_drive[i]), options);
+      } catch (...) {
+        errors[i] = std::current_exception();
+        break;  // the batches already submitted are waited for below
+      }
+    }
+    Clock::time_point last = start;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (tickets[i] == 0) continue;
+      const Completion c = handles[i]->wait_completion(tickets[i]);
+      errors[i] = c.error;
+      out.drives[i].seconds = std::chrono::duration<double>(c.finished - start).count();
+      last = std::max(last, c.finished);
+    }
+    for (const std::exception_ptr& e : errors) {
+      if (e) std::rethrow_exception(e);
+    }
+    out.seconds = std::chrono::duration<double>(last - start).count();
+    return out;
+  }
+};
+
+StripedHandle::StripedHandle(StripeLayout layout, const OptionOverrides& overrides)
+    : impl_(std::make_unique<Impl>()) {
+  layout.validate();
+  for (const std::string& d : layout.directories) {
+    detail::FileFacts facts;
+    if (const int rc = detail::path_facts(d, facts); rc < 0) {
+      throw_io_error(IoOp::Stat, d, 0, 0, -rc, "a stripe directory");
+    }
+    if (facts.type != detail::FileType::Directory) {
+      throw InvalidArgument(fmt::format("stripe directory '{}' is not a directory", d));
+    }
+  }
+  impl_->layout = std::move(layout);
+  for (const std::string& d : impl_->layout.directories) {
+    impl_->handles.push_back(std::make_unique<Handle>(resolve_options(overrides, {}, d).values));
+  }
+}
+
+StripedHandle::~StripedHandle() = default;
+
+StripedTransfer StripedHandle::write(const void* buf, std::size_t length, const std::string& name,
+                                     std::uint64_t offset, const WriteOptions& write_options) {
+  check_name(name);
+  if (buf == nullptr && length > 0) throw InvalidArgument("write of a striped file from null");
+  const std::vector<std::string> parts = impl_->parts(name);
+  if (length > 0 || write_options.truncate == Truncate::AtEnd) {
+    impl_->size_parts(name, parts, offset, offset + length,
+                      write_options.truncate == Truncate::AtEnd, write_options.durability);
+  }
+  WriteOptions per_drive = write_options;
+  per_drive.truncate = Truncate::No;  // the parts were sized above; batches refuse AtEnd
+  return impl_->run(
+      split<WriteExtent>(impl_->layout, static_cast<const std::byte*>(buf), length, offset, parts),
+      per_drive);
+}
+
+StripedTransfer StripedHandle::read(void* buf, std::size_t length, const std::string& name,
+                                    std::uint64_t offset, const ReadOptions& read_options) {
+  check_name(name);
+  if (buf == nullptr && length > 0) throw InvalidArgument("read of a striped file into null");
+  const std::uint64_t have = size(name);
+  if (offset + length > have) {
+    throw ShortFile(IoOp::Read, impl_->display(name), offset, length, have);
+  }
+  return impl_->run(split<ReadExtent>(impl_->layout, static_cast<std::byte*>(buf), length, offset,
+                                      impl_->parts(name)),
+                    read_options);
+}
+
+std::uint64_t StripedHandle::size(const std::string& name) const {
+  check_name(name);
+  const std::vector<std::string> parts = impl_->parts(name);
+  const std::vector<Impl::PartState> states = impl_->part_states(name, parts);
+  if (std::all_of(states.begin(), states.end(), [](const auto& s) { return s.size < 0; })) {
+    throw_io_error(IoOp::Stat, impl_->display(name), 0, 0, ENOENT, "no part of it exists");
+  }
+  std::vector<std::uint64_t> sizes;
+  for (const auto& s : states)
+    sizes.push_back(static_cast<std::uint64_t>(std::max<std::int64_t>(s.size, 0)));
+  const std::uint64_t total = std::accumulate(sizes.begin(), sizes.end(), std::uint64_t{0});
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    const std::uint64_t want = impl_->layout.part_size(i, total);
+    if (sizes[i] != want) {
+      throw FormatError(impl_->display(name),
+                        fmt::format("part {} holds {} bytes where a striped file of {} bytes with "
+                                    "{}-byte stripes has {} there (other directories or stripe "
+                                    "size than it was written with?)",
+                                    parts[i], sizes[i], total, impl_->layout.stripe_size, want));
+    }
+  }
+  return total;
+}
+
+std::size_t StripedHandle::remove(const std::string& name) {
+  check_name(name);
+  std::size_t removed = 0;
+  for (const std::string& p : impl_->parts(name)) {
+    if (::unlink(p.c_str()) == 0) {
+      ++removed;
+    } else if (errno != ENOENT) {
+      throw_io_error(IoOp::Remove, p, 0, 0, errno, "a part of a striped file");
+    }
+  }
+  return removed;
+}
+
+std::string StripedHandle::part_path(std::size_t drive, const std::string& name) const {
+  check_name(name);
+  if (drive >= impl_->layout.directories.size()) {
+    throw InvalidArgument(fmt::format("drive {} of a striped file over {} directories", drive,
+                                      impl_->layout.directories.size()));
+  }
+  return impl_->part(drive, name);
+}
+
+const StripeLayout& StripedHandle::layout() const noexcept { return impl_->layout; }
+
+Handle& StripedHandle::drive(std::size_t drive) {
+  if (drive >= impl_->handles.size()) {
+    throw InvalidArgument(fmt::format("drive {} of a striped file over {} directories", drive,
+                                      impl_->handles.size()));
+  }
+  return *impl_->handles[drive];
+}
+
+}  // namespace nvio

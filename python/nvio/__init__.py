@@ -12,6 +12,8 @@ Two APIs over one core:
   ``save=True`` they become the default of every handle (``nvio.Handle()``).
 * ``nvio.TensorSwapper(dir, budget_bytes)``: named tensors swapped out to NVMe and back under a
   memory budget in bytes (write-behind futures, prefetch batches, checksums, snapshots).
+* ``nvio.StripedHandle(dirs)``: files striped over several drives, read and written on all of them
+  at once, with per-drive throughput.
 * ``nvio.aio_handle``: a drop-in for DeepSpeed's DeepNVMe ``aio_handle`` (and
   ``nvio.deepspeed.AsyncIOBuilder`` for a one-line import change).
 
@@ -87,6 +89,11 @@ from ._nvio import BudgetExceeded, ChecksumMismatch, DirectoryLocked  # noqa: E4
 from .swapper import TensorSwapper  # noqa: E402  (imports torch only when used)
 
 __all__ += ["TensorSwapper", "BudgetExceeded", "ChecksumMismatch", "DirectoryLocked"]
+
+# ---- several drives (issue 14) -----------------------------------------------------------------
+from .stripe import StripedHandle  # noqa: E402
+
+__all__ += ["StripedHandle"]
 
 
 def _is_torch_dtype(dtype: Any) -> bool:

@@ -822,3 +822,58 @@ def test_interrupted_run_removes_its_scratch_file(tmp_path):
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=20) == -signal.SIGINT
     assert list(tmp_path.iterdir()) == []
+
+
+# ---- several drives: --dir repeated ---------------------------------------------------------------
+
+
+def test_striped_bench_verifies_and_reports_each_drive(tmp_path):
+    dirs = [tmp_path / "a", tmp_path / "b", tmp_path / "c"]  # made by the run
+    args = [x for d in dirs for x in ("--dir", d)]
+    out = bench_json(*args, "--size", ODD_SIZE, "--stripe-size", "64K", "--loops", 2, "--verify",
+                     "--keep", "--block-size", "16K", "--seed", "99")
+    assert out["stripe"] == {"directories": [str(d) for d in dirs], "stripe_size": 65536}
+    for r in out["results"]:
+        assert r["verified"] is True
+        drives = r["drives"]
+        assert [d["directory"] for d in drives] == [str(d) for d in dirs]
+        assert sum(d["bytes"] for d in drives) == ODD_SIZE
+        assert all(d["gb_per_s"] > 0 and 0 < d["seconds"] for d in drives)
+    # The parts hold the layout's stripes: stripe k of the pattern in directory k % 3 at
+    # (k // 3) * 64K; checked against a --file run of the same seed.
+    name = out["file"]
+    parts = [(d / name).read_bytes() for d in dirs]
+    assert sum(map(len, parts)) == ODD_SIZE
+    whole = tmp_path / "whole.bin"
+    r = nvio("bench", "--op", "write", "--keep", "--file", whole, "--size", ODD_SIZE, "--loops", 1,
+             "--seed", "99")
+    assert r.returncode == 0, r.stderr
+    data = whole.read_bytes()
+    for k in range(math.ceil(ODD_SIZE / 65536)):
+        part = parts[k % 3]
+        at = (k // 3) * 65536
+        assert part[at:at + 65536] == data[k * 65536:(k + 1) * 65536], k
+
+
+def test_striped_bench_removes_every_part(tmp_path):
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    r = nvio("bench", "--dir", dirs[0], "--dir", dirs[1], "--size", "1M", "--loops", 1)
+    assert r.returncode == 0, r.stderr
+    assert "striped over 2 drives in 1 MiB stripes" in r.stdout
+    assert len([ln for ln in r.stdout.splitlines() if ln.strip().startswith("drive")]) == 4
+    assert list(dirs[0].iterdir()) == [] and list(dirs[1].iterdir()) == []
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--stripe-size", "64K"], "--stripe-size needs several --dir"),
+    (["--dir", "SECOND", "--stripe-size", "5000"], "stripe_size 5000"),
+    (["--dir", "SECOND", "--pattern", "random"], "--pattern random takes one --dir"),
+    (["--dir", "SECOND", "--file", "F"], "--file and --dir exclude each other"),
+    (["--dir", "FIRST"], "given twice"),
+])
+def test_striped_bench_bad_arguments(tmp_path, extra, needle):
+    first = tmp_path / "a"
+    extra = [str(tmp_path / "b") if x == "SECOND" else str(tmp_path / "f") if x == "F"
+             else str(first) if x == "FIRST" else x for x in extra]
+    line = assert_one_error_line(nvio("bench", "--dir", first, *extra, "--size", "1M"))
+    assert needle in line

@@ -6,6 +6,7 @@
 // skew the result.
 #include <fcntl.h>
 #include <fmt/core.h>
+#include <fmt/ranges.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -39,6 +40,7 @@
 #include "nvio/memory.hpp"
 #include "nvio/options.hpp"
 #include "nvio/pattern.hpp"
+#include "nvio/stripe.hpp"
 #include "nvio/system.hpp"
 
 namespace nvio_cli {
@@ -98,9 +100,14 @@ void add_option_flags(CLI::App& app, std::map<std::string, BenchArgs::OptionFlag
 }  // namespace
 
 void add_bench_options(CLI::App& app, BenchArgs& args) {
-  app.add_option("--dir", args.dir,
-                 "Directory for the scratch file nvio-bench-<pid>.dat (made if missing)")
+  app.add_option("--dir", args.dirs,
+                 "Directory for the scratch file nvio-bench-<pid>.dat (made if missing). Repeat "
+                 "it for several drives: the file is striped over them (--stripe-size), each "
+                 "drive with its own handle and saved profile, and each drive's GB/s is shown")
       ->type_name("DIR");
+  app.add_option("--stripe-size", args.stripe_size,
+                 "With several --dir: bytes per stripe, a multiple of 4K (default 1M)")
+      ->type_name("BYTES");
   app.add_option("--file", args.file,
                  "Use exactly this regular file instead of a scratch file under --dir. A file the "
                  "run creates is removed unless --keep. A file that existed before the run is "
@@ -205,7 +212,10 @@ struct RandomPlan {
 
 // Everything a run needs, parsed and validated before any file is touched.
 struct Plan {
+  // The file, or with several --dir the striped file's name in each of `stripe_dirs`.
   std::string path;
+  std::vector<std::string> stripe_dirs;  // empty: one file
+  std::size_t stripe_size = 0;
   bool scratch = false;  // path is our own nvio-bench-<pid>.dat under --dir
   // The size of a --file that existed before the run: the user's data, not ours.
   std::optional<std::uint64_t> existing_size;
@@ -222,6 +232,7 @@ struct Plan {
   enum class Memory { Host, Device, H2dOnly } memory = Memory::Host;
   int device = 0;
   nvio::EffectiveOptions options;
+  nvio::OptionOverrides overrides;  // the flags' options: a striped run resolves them per drive
 
   // The end of the bytes of the file the run reads or writes.
   std::uint64_t end() const {
@@ -246,14 +257,19 @@ struct Sample {
   double p50_us = 0;
   double p99_us = 0;
   double p999_us = 0;
+  // A striped run: each drive's seconds until its last byte, in directory order.
+  std::vector<double> drive_seconds;
 };
 
 struct OpResult {
+  OpResult(const char* op_name, std::size_t op_bytes, std::vector<std::uint64_t> drives = {})
+      : op(op_name), bytes(op_bytes), drive_bytes(std::move(drives)) {}
   const char* op = "";
   std::size_t bytes = 0;
   std::vector<Sample> samples;
   std::optional<bool> verified;             // nullopt: not verified
   std::optional<std::uint64_t> bad_offset;  // first mismatching file offset when verify failed
+  std::vector<std::uint64_t> drive_bytes;   // a striped run: each drive's share of `bytes`
 };
 
 // ---- argument parsing -------------------------------------------------------------------------
@@ -454,9 +470,13 @@ Plan make_plan(const BenchArgs& args) {
   if ((args.gds || args.h2d_only) && !args.gpu) throw UsageError("--gds and --h2d-only need --gpu");
   if (args.gds && args.h2d_only) throw UsageError("--gds and --h2d-only exclude each other");
   const bool needs_file = !args.h2d_only;
-  if (needs_file && !args.dir && !args.file) {
+  if (needs_file && args.dirs.empty() && !args.file) {
     throw UsageError("bench: --dir DIR or --file PATH is required");
   }
+  const bool striped = args.dirs.size() > 1;
+  if (args.file && !args.dirs.empty())
+    throw UsageError("bench: --file and --dir exclude each other");
+  if (args.stripe_size && !striped) throw UsageError("--stripe-size needs several --dir");
   Plan plan;
   if (args.gpu) {
     plan.memory = args.h2d_only ? Plan::Memory::H2dOnly : Plan::Memory::Device;
@@ -486,12 +506,20 @@ Plan make_plan(const BenchArgs& args) {
   if (args.file) {
     const std::filesystem::path parent = std::filesystem::path(*args.file).parent_path();
     if (!parent.empty()) config_dir = parent.string();
-  } else if (args.dir) {
-    config_dir = *args.dir;
+  } else if (!args.dirs.empty()) {
+    config_dir = args.dirs.front();
   }
+  plan.overrides = overrides;
   plan.options = nvio::resolve_options(overrides, {}, config_dir);
   if (bad_flag) throw *bad_flag;
   if (random) plan_random(args, plan);
+  if (striped) {
+    if (random) throw UsageError("--pattern random takes one --dir");
+    if (args.h2d_only) throw UsageError("--h2d-only touches no file: give no --dir");
+    plan.stripe_dirs = args.dirs;
+    plan.stripe_size = nvio::parse_size(args.stripe_size.value_or("1M"), "--stripe-size");
+    nvio::StripeLayout{plan.stripe_dirs, plan.stripe_size}.validate();
+  }
   if (args.gpu) {
     // Checked after the options, so that a bad flag is reported first; exit 2 like a bad flag.
     const nvio::GpuInfo& gpu = nvio::gpu_info();
@@ -506,8 +534,8 @@ Plan make_plan(const BenchArgs& args) {
     plan.path = *args.file;
     check_existing_file(args, plan);
   } else {
-    plan.path =
-        (std::filesystem::path(*args.dir) / fmt::format("nvio-bench-{}.dat", ::getpid())).string();
+    const std::string name = fmt::format("nvio-bench-{}.dat", ::getpid());
+    plan.path = striped ? name : (std::filesystem::path(args.dirs.front()) / name).string();
     plan.scratch = true;
   }
   return plan;
@@ -521,37 +549,46 @@ std::optional<std::uint64_t> file_size(const std::string& path) {
   return static_cast<std::uint64_t>(st.st_size);
 }
 
-// The scratch file to remove if the run is interrupted (Ctrl-C), so that a multi-GiB file is not
-// left behind. Only async-signal-safe calls are made from the handler.
-volatile std::sig_atomic_t g_have_cleanup_path = 0;
-char g_cleanup_path[4096];
+// The scratch files to remove if the run is interrupted (Ctrl-C), so that multi-GiB files are not
+// left behind: one, or a striped file's parts. Only async-signal-safe calls are made from the
+// handler.
+constexpr std::size_t kMaxCleanupPaths = 64;
+volatile std::sig_atomic_t g_cleanup_count = 0;
+char g_cleanup_paths[kMaxCleanupPaths][4096];
 
 extern "C" void remove_and_reraise(int sig) {
-  if (g_have_cleanup_path) ::unlink(g_cleanup_path);
+  for (std::sig_atomic_t i = 0; i < g_cleanup_count; ++i) ::unlink(g_cleanup_paths[i]);
   std::signal(sig, SIG_DFL);
   std::raise(sig);
 }
 
-// Removes the file at the end of the run (also on errors and SIGINT/SIGTERM) unless it must stay:
-// --keep, or a --file that existed before we started (it may be the user's data, not ours).
+// Removes the files at the end of the run (also on errors and SIGINT/SIGTERM) unless they must
+// stay: --keep, or a --file that existed before we started (it may be the user's data, not ours).
 class FileCleanup {
  public:
-  FileCleanup(std::string path, bool remove) : path_(std::move(path)), remove_(remove) {
-    if (!remove_ || path_.size() >= sizeof g_cleanup_path) return;
-    std::memcpy(g_cleanup_path, path_.c_str(), path_.size() + 1);
-    g_have_cleanup_path = 1;
+  FileCleanup(std::vector<std::string> paths, bool remove)
+      : paths_(std::move(paths)), remove_(remove) {
+    if (!remove_ || paths_.size() > kMaxCleanupPaths) return;
+    for (const std::string& p : paths_) {
+      if (p.size() >= sizeof g_cleanup_paths[0]) return;
+    }
+    for (std::size_t i = 0; i < paths_.size(); ++i) {
+      std::memcpy(g_cleanup_paths[i], paths_[i].c_str(), paths_[i].size() + 1);
+    }
+    g_cleanup_count = static_cast<std::sig_atomic_t>(paths_.size());
     std::signal(SIGINT, remove_and_reraise);
     std::signal(SIGTERM, remove_and_reraise);
   }
   ~FileCleanup() {
-    g_have_cleanup_path = 0;
-    if (remove_) ::unlink(path_.c_str());
+    g_cleanup_count = 0;
+    if (!remove_) return;
+    for (const std::string& p : paths_) ::unlink(p.c_str());
   }
   FileCleanup(const FileCleanup&) = delete;
   FileCleanup& operator=(const FileCleanup&) = delete;
 
  private:
-  std::string path_;
+  std::vector<std::string> paths_;
   bool remove_;
 };
 
@@ -615,8 +652,10 @@ Sample time_once(Fn&& fn) {
   auto t0 = Clock::now();
   fn();
   auto t1 = Clock::now();
-  return {std::chrono::duration<double>(t1 - t0).count(),
-          nvio::detail::process_cpu_seconds() - cpu0};
+  Sample s;
+  s.seconds = std::chrono::duration<double>(t1 - t0).count();
+  s.cpu_seconds = nvio::detail::process_cpu_seconds() - cpu0;
+  return s;
 }
 
 double median(std::vector<double> values) {
@@ -692,31 +731,109 @@ void check_pattern(Buffers& buf, const Plan& plan, OpResult& result) {
   result.verified = !result.bad_offset;
 }
 
-OpResult run_writes(nvio::Handle& handle, Buffers& buf, const Plan& plan, Progress& progress) {
-  OpResult result{"write", plan.size, {}, std::nullopt, std::nullopt};
+// Where a sequential run moves its bytes: plan.path through the handle, or with several --dir the
+// file plan.path striped over them through a StripedHandle (one handle per drive, each with its
+// drive's saved profile under the flags), whose per-drive times the samples keep.
+class Target {
+ public:
+  Target(nvio::Handle& handle, const Plan& plan) : handle_(handle), plan_(plan) {
+    if (!plan.stripe_dirs.empty()) {
+      striped_.emplace(nvio::StripeLayout{plan.stripe_dirs, plan.stripe_size}, plan.overrides);
+    }
+  }
+  // The files the run may create.
+  static std::vector<std::string> paths(const Plan& plan) {
+    if (plan.stripe_dirs.empty()) return {plan.path};
+    std::vector<std::string> out;
+    for (const std::string& d : plan.stripe_dirs) out.push_back(d + "/" + plan.path);
+    return out;
+  }
+  // Each drive's share of the run's bytes (empty for one file).
+  std::vector<std::uint64_t> drive_bytes() const {
+    std::vector<std::uint64_t> out;
+    if (!striped_) return out;
+    for (std::size_t d = 0; d < plan_.stripe_dirs.size(); ++d) {
+      // The bytes of [offset, offset + size) on drive d.
+      const nvio::StripeLayout& l = striped_->layout();
+      out.push_back(l.part_size(d, plan_.offset + plan_.size) - l.part_size(d, plan_.offset));
+    }
+    return out;
+  }
+  // Return each drive's seconds (empty for one file).
+  std::vector<double> write(const void* buf, const nvio::WriteOptions& options) {
+    if (!striped_) {
+      handle_.write(buf, plan_.size, plan_.path, plan_.offset, options);
+      return {};
+    }
+    return drive_seconds(striped_->write(buf, plan_.size, plan_.path, plan_.offset, options));
+  }
+  std::vector<double> read(void* buf, const nvio::ReadOptions& options) {
+    if (!striped_) {
+      handle_.read(buf, plan_.size, plan_.path, plan_.offset, options);
+      return {};
+    }
+    return drive_seconds(striped_->read(buf, plan_.size, plan_.path, plan_.offset, options));
+  }
+  // The file's size, nullopt when missing (or, striped, not one whole striped file).
+  std::optional<std::uint64_t> size() const {
+    if (!striped_) return file_size(plan_.path);
+    try {
+      return striped_->size(plan_.path);
+    } catch (const nvio::Error&) {
+      return std::nullopt;
+    }
+  }
+  // So that a buffered read really reads the device. Best effort: a failure only makes the read
+  // look faster, and the read itself reports real errors (missing file, permissions).
+  void evict() const {
+    for (const std::string& p : paths(plan_)) nvio::detail::evict_page_cache(p);
+  }
+
+ private:
+  static std::vector<double> drive_seconds(const nvio::StripedTransfer& t) {
+    std::vector<double> out;
+    for (const nvio::DriveTransfer& d : t.drives) out.push_back(d.seconds);
+    return out;
+  }
+  nvio::Handle& handle_;
+  const Plan& plan_;
+  std::optional<nvio::StripedHandle> striped_;
+};
+
+// One timed call of `target`, with its per-drive times.
+template <typename Fn>
+Sample time_target(Fn&& fn) {
+  std::vector<double> drives;
+  Sample s = time_once([&] { drives = fn(); });
+  s.drive_seconds = std::move(drives);
+  return s;
+}
+
+OpResult run_writes(Target& target, Buffers& buf, const Plan& plan, Progress& progress) {
+  OpResult result("write", plan.size, target.drive_bytes());
   nvio::pattern::fill(buf.host.data(), plan.size, plan.offset, plan.seed);
   buf.push();
   for (unsigned i = 0; i < plan.loops; ++i) {
     progress.set(fmt::format("write loop {}/{}", i + 1, plan.loops));
-    result.samples.push_back(time_once(
-        [&] { handle.write(buf.io(), plan.size, plan.path, plan.offset, buf.write_options()); }));
+    result.samples.push_back(
+        time_target([&] { return target.write(buf.io(), buf.write_options()); }));
   }
   return result;
 }
 
 // A read-only run needs a file to read: write the pattern first (untimed) if the run's own file is
 // missing or shorter than --offset + --size.
-void ensure_readable(nvio::Handle& handle, Buffers& buf, const Plan& plan) {
+void ensure_readable(Target& target, Buffers& buf, const Plan& plan) {
   if (plan.existing_size) return;  // the user's file: make_plan checked that it is long enough
-  auto size = file_size(plan.path);
+  auto size = target.size();
   if (size && *size >= plan.end()) return;
   nvio::pattern::fill(buf.host.data(), plan.size, plan.offset, plan.seed);
   buf.push();
-  handle.write(buf.io(), plan.size, plan.path, plan.offset, buf.write_options());
+  target.write(buf.io(), buf.write_options());
 }
 
-OpResult run_reads(nvio::Handle& handle, Buffers& buf, const Plan& plan, Progress& progress) {
-  OpResult result{"read", plan.size, {}, std::nullopt, std::nullopt};
+OpResult run_reads(Target& target, Buffers& buf, const Plan& plan, Progress& progress) {
+  OpResult result("read", plan.size, target.drive_bytes());
   for (unsigned i = 0; i < plan.loops; ++i) {
     progress.set(fmt::format("read loop {}/{}", i + 1, plan.loops));
     // Poison the buffer first, or a read that transferred nothing would pass --verify.
@@ -724,11 +841,9 @@ OpResult run_reads(nvio::Handle& handle, Buffers& buf, const Plan& plan, Progres
       std::memset(buf.host.data(), 0xA5, plan.size);
       buf.push();
     }
-    // So that a buffered read really reads the device. Best effort: a failure only makes the read
-    // look faster, and the read itself reports real errors (missing file, permissions).
-    nvio::detail::evict_page_cache(plan.path);
-    result.samples.push_back(time_once(
-        [&] { handle.read(buf.io(), plan.size, plan.path, plan.offset, buf.read_options()); }));
+    target.evict();
+    result.samples.push_back(
+        time_target([&] { return target.read(buf.io(), buf.read_options()); }));
     // Every loop's data is checked (untimed); the first failure is the one reported.
     if (plan.verify && result.verified != false) check_pattern(buf, plan, result);
   }
@@ -736,10 +851,10 @@ OpResult run_reads(nvio::Handle& handle, Buffers& buf, const Plan& plan, Progres
 }
 
 // For a write-only run: read the file back once (untimed) into a fresh buffer and check it.
-void verify_written(nvio::Handle& handle, const Plan& plan, OpResult& result) {
+void verify_written(Target& target, const Plan& plan, OpResult& result) {
   Buffers back(plan);
-  nvio::detail::evict_page_cache(plan.path);
-  handle.read(back.io(), plan.size, plan.path, plan.offset, back.read_options());
+  target.evict();
+  target.read(back.io(), back.read_options());
   check_pattern(back, plan, result);
 }
 
@@ -749,8 +864,8 @@ std::vector<OpResult> run_copies(const Plan& plan) {
   nvio::HostRegistration pinned(host.data(), plan.size);
   nvio::DeviceBuffer device(plan.size, plan.device);
   nvio::pattern::fill(host.data(), plan.size, 0, plan.seed);
-  OpResult h2d{"h2d", plan.size, {}, std::nullopt, std::nullopt};
-  OpResult d2h{"d2h", plan.size, {}, std::nullopt, std::nullopt};
+  OpResult h2d("h2d", plan.size);
+  OpResult d2h("d2h", plan.size);
   for (unsigned i = 0; i < plan.loops; ++i) {
     h2d.samples.push_back(time_once([&] { device.copy_from_host(host.data(), plan.size); }));
   }
@@ -768,14 +883,15 @@ std::vector<OpResult> run_copies(const Plan& plan) {
 
 std::vector<OpResult> run_ops(nvio::Handle& handle, const Plan& plan) {
   Buffers buf(plan);
+  Target target(handle, plan);
   Progress progress(::isatty(STDERR_FILENO) == 1);
   std::vector<OpResult> results;
-  if (plan.op == Op::Read) ensure_readable(handle, buf, plan);
-  if (plan.op != Op::Read) results.push_back(run_writes(handle, buf, plan, progress));
-  if (plan.op != Op::Write) results.push_back(run_reads(handle, buf, plan, progress));
+  if (plan.op == Op::Read) ensure_readable(target, buf, plan);
+  if (plan.op != Op::Read) results.push_back(run_writes(target, buf, plan, progress));
+  if (plan.op != Op::Write) results.push_back(run_reads(target, buf, plan, progress));
   if (!plan.verify) return results;
   if (plan.op == Op::Write) {
-    verify_written(handle, plan, results[0]);
+    verify_written(target, plan, results[0]);
   } else if (plan.op == Op::Both) {
     results[0].verified = results[1].verified;  // the reads checked what the writes stored
   }
@@ -1049,7 +1165,7 @@ Sample random_loop(nvio::Handle& handle, int fd, RandomState& st, const Plan& pl
 OpResult random_op(nvio::Handle& handle, int fd, RandomState& st, const Plan& plan, Op op,
                    Progress& progress) {
   const bool read = op == Op::Read;
-  OpResult result{read ? "read" : "write", plan.size, {}, std::nullopt, std::nullopt};
+  OpResult result(read ? "read" : "write", plan.size);
   for (unsigned i = 0; i < plan.loops; ++i) {
     progress.set(fmt::format("random {} loop {}/{}", result.op, i + 1, plan.loops));
     // So that buffered reads (direct off) really read the device; best effort, as for sequential.
@@ -1118,6 +1234,22 @@ void add_random_json(nlohmann::json& j, const OpResult& r) {
   j["lat_us_all"] = latency;
 }
 
+// A striped run: each drive's bytes, median seconds until its last byte, and median GB/s.
+nlohmann::json drives_json(const OpResult& r, const Plan& plan) {
+  nlohmann::json out = nlohmann::json::array();
+  for (std::size_t d = 0; d < r.drive_bytes.size(); ++d) {
+    const auto bytes = static_cast<double>(r.drive_bytes[d]);
+    const double seconds = median_of(r, [&](const Sample& s) { return s.drive_seconds.at(d); });
+    out.push_back({{"directory", plan.stripe_dirs.at(d)},
+                   {"bytes", r.drive_bytes[d]},
+                   {"seconds", seconds},
+                   {"gb_per_s", median_of(r, [&](const Sample& s) {
+                      return s.drive_seconds.at(d) > 0 ? bytes / s.drive_seconds.at(d) / 1e9 : 0.0;
+                    })}});
+  }
+  return out;
+}
+
 nlohmann::json result_json(const OpResult& r, const nvio::Handle& handle, const Plan& plan) {
   double seconds = median_seconds(r);
   double bytes = static_cast<double>(r.bytes);
@@ -1135,6 +1267,7 @@ nlohmann::json result_json(const OpResult& r, const nvio::Handle& handle, const 
       {"loops", r.samples.size()},
       {"seconds_all", all}};
   if (plan.pattern == Pattern::Random) add_random_json(j, r);
+  if (!r.drive_bytes.empty()) j["drives"] = drives_json(r, plan);
   return j;
 }
 
@@ -1149,6 +1282,9 @@ void print_json(const std::vector<OpResult>& results, const nvio::Handle& handle
   out["options_sources"] = sources_to_json(plan.options);
   out["config"] = config_to_json(plan.options);
   out["file"] = plan.path;
+  if (!plan.stripe_dirs.empty()) {
+    out["stripe"] = {{"directories", plan.stripe_dirs}, {"stripe_size", plan.stripe_size}};
+  }
   out["size"] = plan.size;
   out["pattern"] = plan.pattern == Pattern::Random ? "random" : "sequential";
   if (plan.pattern == Pattern::Sequential) {
@@ -1210,6 +1346,11 @@ void print_table(const std::vector<OpResult>& results, const nvio::Handle& handl
     fmt::print("nvio bench: {} ({} bytes){}, {} loop(s), file {}\n", human_bytes(plan.size),
                plan.size, plan.offset ? fmt::format(" at offset {}", plan.offset) : "", plan.loops,
                plan.path);
+    if (!plan.stripe_dirs.empty()) {
+      fmt::print("striped over {} drives in {} stripes, one handle each: {}\n",
+                 plan.stripe_dirs.size(), human_bytes(plan.stripe_size),
+                 fmt::join(plan.stripe_dirs, ", "));
+    }
   }
   // The engine in use (never auto) and why, then every other option as resolved.
   std::string settings;
@@ -1247,6 +1388,13 @@ void print_table(const std::vector<OpResult>& results, const nvio::Handle& handl
     fmt::print("{:<6} {:>14} {:>10.4f} {:>9.3f} {:>9.3f} {:>10.4f} {:>9}\n", r.op, r.bytes,
                j["seconds"].get<double>(), j["gb_per_s"].get<double>(),
                j["gib_per_s"].get<double>(), j["cpu_s_per_gb"].get<double>(), verified);
+    if (!j.contains("drives")) continue;
+    for (const auto& d : j["drives"]) {
+      fmt::print("  drive {:>14} {:>10.4f} {:>9.3f} {:>9.3f}  {}\n",
+                 d["bytes"].get<std::uint64_t>(), d["seconds"].get<double>(),
+                 d["gb_per_s"].get<double>(), d["gb_per_s"].get<double>() * 1e9 / (1 << 30),
+                 d["directory"].get<std::string>());
+    }
   }
 }
 
@@ -1276,9 +1424,11 @@ int run_bench(const BenchArgs& args) {
     return report_verification(results, handle) ? kExitOk : kExitFailure;
   }
   if (plan.scratch) {
-    std::filesystem::create_directories(std::filesystem::path(plan.path).parent_path());
+    for (const std::string& p : Target::paths(plan)) {
+      std::filesystem::create_directories(std::filesystem::path(p).parent_path());
+    }
   }
-  FileCleanup cleanup(plan.path, !plan.keep && (plan.scratch || !plan.existing_size));
+  FileCleanup cleanup(Target::paths(plan), !plan.keep && (plan.scratch || !plan.existing_size));
 
   std::vector<OpResult> results =
       plan.pattern == Pattern::Random ? run_random(handle, plan) : run_ops(handle, plan);

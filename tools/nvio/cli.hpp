@@ -11,6 +11,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "nvio/options.hpp"
 
@@ -32,7 +33,10 @@ class UsageError : public std::runtime_error {
 };
 
 struct BenchArgs {
-  std::optional<std::string> dir;
+  // One directory: a scratch file in it. Several: a scratch file striped over them (one drive
+  // each), with per-drive figures.
+  std::vector<std::string> dirs;
+  std::optional<std::string> stripe_size;  // several --dir: default 1M
   std::optional<std::string> file;
   std::optional<std::string> size;  // unset: 1G for --pattern sequential, 4K for random
   std::optional<std::string> op;    // unset: both, but an existing --file then is not overwritten

@@ -494,12 +494,7 @@ Plan make_plan(const BenchArgs& args) {
   if (random) plan_random(args, plan);
   if (args.gpu) {
     // Checked after the options, so that a bad flag is reported first; exit 2 like a bad flag.
-    const nvio::GpuInfo& gpu = nvio::gpu_info();
-    if (!gpu.usable()) throw UsageError("--gpu: no usable GPU here: " + gpu.driver_reason);
-    if (plan.device < 0 || static_cast<std::size_t>(plan.device) >= gpu.devices.size()) {
-      throw UsageError(fmt::format("--device: {} is not a GPU here ({} found)", plan.device,
-                                   gpu.devices.size()));
-    }
+    require_gpu(plan.device);
   }
   if (!needs_file) return plan;
   if (args.file) {
@@ -1276,7 +1271,7 @@ int run_bench(const BenchArgs& args) {
     return report_verification(results, handle) ? kExitOk : kExitFailure;
   }
   if (plan.scratch) {
-    std::filesystem::create_directories(std::filesystem::path(plan.path).parent_path());
+    make_directory(std::filesystem::path(plan.path).parent_path().string());
   }
   FileCleanup cleanup(plan.path, !plan.keep && (plan.scratch || !plan.existing_size));
 

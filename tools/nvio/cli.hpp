@@ -78,6 +78,11 @@ struct TuneArgs {
   bool json = false;
   bool save = false;
   bool keep = false;
+  // Device memory: --gpu measures trials that move a cuMemAlloc buffer (the host bounce path,
+  // gpu_direct=off), --gds adds cuFile (gpu_direct=on) to the search.
+  bool gpu = false;
+  bool gds = false;
+  std::string device = "0";
 };
 
 struct ReportArgs {
@@ -114,5 +119,13 @@ std::string configured_names(const nvio::EffectiveOptions& options);
 
 // Renders a byte count for people: "1 GiB", "4 KiB", or plain bytes when not a whole unit.
 std::string human_bytes(unsigned long long bytes);
+
+// Creates a --dir that does not exist yet, with its parents (as mkdir -p). Throws
+// std::filesystem::filesystem_error naming the directory when that fails.
+void make_directory(const std::string& dir);
+
+// Throws UsageError unless `device` is the ordinal of a usable GPU here, saying why not (no
+// driver, no device, or how many there are).
+void require_gpu(int device);
 
 }  // namespace nvio_cli

@@ -27,10 +27,12 @@ SKIPPED_AT_TOP = {".git", ".venv", "dist", ".whl", ".gl"}
 def skip_reason():
     if not os.access(PYTHON, os.X_OK):
         return f"{PYTHON} is missing"
-    probe = subprocess.run([PYTHON, "-c", "import venv, pip, setuptools, wheel"],
+    # setuptools first: imported after pip (which imports distutils), it refuses to load.
+    probe = subprocess.run([PYTHON, "-c", "import setuptools, wheel, pip, venv"],
                            capture_output=True, text=True)
     if probe.returncode != 0:
-        return "venv, pip, setuptools or wheel cannot be imported: " + probe.stderr.strip()
+        last = (probe.stderr.strip().splitlines() or ["?"])[-1]
+        return f"setuptools, wheel, pip or venv cannot be imported by {PYTHON}: {last}"
     return None
 
 
@@ -140,11 +142,15 @@ def test_exit_status_and_errors_are_the_programs(installed):
 
 @pytest.mark.parametrize("script, subcommand", [("nvio-ds-io", "ds-io"),
                                                 ("nvio-ds-nvme-tune", "ds-nvme-tune")])
-def test_compatibility_scripts_forward_to_their_subcommand(installed, script, subcommand):
-    r = run(installed, script, "--help")
-    # The subcommand's own help where this build has it; else the program's refusal, which
-    # names it (so the script did reach the program with it first).
-    if r.returncode == 0:
-        assert subcommand in r.stdout, r.stdout
-    else:
-        assert r.returncode == 2 and subcommand in r.stderr, (r.returncode, r.stderr)
+def test_compatibility_scripts_are_their_subcommand(installed, script, subcommand):
+    for args in (["--help"], ["--no-such-flag"]):
+        via = run(installed, script, *args)
+        direct = run(installed, "nvio", subcommand, *args)
+        assert (via.returncode, via.stdout, via.stderr) == (
+            direct.returncode, direct.stdout, direct.stderr), args
+    refused = run(installed, script, "--no-such-flag")
+    assert refused.returncode == 2 and refused.stderr.startswith("nvio: error:"), refused.stderr
+    if subcommand in run(installed, "nvio", "--help").stdout:
+        # The subcommand's own help, not the program's.
+        helped = run(installed, script, "--help")
+        assert helped.returncode == 0 and f"Usage: nvio {subcommand}" in helped.stdout, helped.stdout

@@ -178,9 +178,7 @@ void add_bench_options(CLI::App& app, BenchArgs& args) {
   app.add_flag("--h2d-only", args.h2d_only,
                "With --gpu: time only copies between locked host memory and the GPU (no file), "
                "the PCIe bound the device path is measured against");
-  app.add_option("--device", args.device, "With --gpu: the CUDA device ordinal")
-      ->type_name("N")
-      ->capture_default_str();
+  add_device_option(app, args.device);
 }
 
 namespace {
@@ -460,7 +458,7 @@ Plan make_plan(const BenchArgs& args) {
   Plan plan;
   if (args.gpu) {
     plan.memory = args.h2d_only ? Plan::Memory::H2dOnly : Plan::Memory::Device;
-    plan.device = static_cast<int>(parse_unsigned(args.device, "--device"));
+    plan.device = parse_device(args.device);
   }
   plan.pattern = parse_pattern(args.pattern);
   const bool random = plan.pattern == Pattern::Random;

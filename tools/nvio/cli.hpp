@@ -124,6 +124,13 @@ std::string human_bytes(unsigned long long bytes);
 // std::filesystem::filesystem_error naming the directory when that fails.
 void make_directory(const std::string& dir);
 
+// --device N, for the subcommands that take --gpu.
+void add_device_option(CLI::App& app, std::string& device);
+
+// The CUDA device ordinal that --device names; throws nvio::InvalidArgument / UsageError for text
+// that is not one.
+int parse_device(const std::string& text);
+
 // Throws UsageError unless `device` is the ordinal of a usable GPU here, saying why not (no
 // driver, no device, or how many there are).
 void require_gpu(int device);

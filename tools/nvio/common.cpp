@@ -1,11 +1,14 @@
 // Helpers that more than one subcommand uses.
 #include <fmt/core.h>
 
+#include <CLI/CLI.hpp>
 #include <filesystem>
+#include <limits>
 #include <system_error>
 
 #include "cli.hpp"
 #include "nvio/gpu.hpp"
+#include "nvio/options.hpp"
 
 namespace nvio_cli {
 
@@ -16,6 +19,20 @@ void make_directory(const std::string& dir) {
   if (dir.empty() || std::filesystem::exists(std::filesystem::symlink_status(dir, ec))) return;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw std::filesystem::filesystem_error("--dir: cannot create the directory", dir, ec);
+}
+
+void add_device_option(CLI::App& app, std::string& device) {
+  app.add_option("--device", device, "With --gpu: the CUDA device ordinal")
+      ->type_name("N")
+      ->capture_default_str();
+}
+
+int parse_device(const std::string& text) {
+  const std::size_t device = nvio::parse_count(text, "--device");
+  if (device > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
+    throw UsageError(fmt::format("--device: {} is out of range", text));
+  }
+  return static_cast<int>(device);
 }
 
 void require_gpu(int device) {

@@ -11,7 +11,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
@@ -57,9 +56,7 @@ void add_tune_options(CLI::App& app, TuneArgs& args) {
   app.add_flag("--gds", args.gds,
                "With --gpu: also try cuFile / GPUDirect Storage (gpu_direct=on) and pick between "
                "the two");
-  app.add_option("--device", args.device, "With --gpu: the CUDA device ordinal")
-      ->type_name("N")
-      ->capture_default_str();
+  add_device_option(app, args.device);
 }
 
 namespace {
@@ -196,17 +193,14 @@ class ProgressLine {
 int check_gpu_flags(const TuneArgs& args) {
   if (args.gds && !args.gpu) throw UsageError("--gds needs --gpu");
   if (!args.gpu) return 0;
-  const std::size_t device = nvio::parse_count(args.device, "--device");
-  if (device > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
-    throw UsageError(fmt::format("--device: {} is out of range", args.device));
-  }
-  require_gpu(static_cast<int>(device));
+  const int device = parse_device(args.device);
+  require_gpu(device);
   // Tuning cuFile where it falls back to the bounce path would measure the bounce path twice.
   const nvio::GpuInfo& gpu = nvio::gpu_info();
   if (args.gds && gpu.gds_mode == nvio::GdsMode::Unavailable) {
     throw UsageError("--gds: cuFile cannot be used here: " + gpu.gds_reason);
   }
-  return static_cast<int>(device);
+  return device;
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
-"""Builds the nvio._nvio extension with the project's CMake for `pip install`.
+"""Builds the nvio._nvio extension and the `nvio` command with the project's CMake for `pip install`.
 
-The extension has the core compiled in, so the installed package needs no libnvio.so. Dependencies
-come from Debian packages (see scripts/deps.sh); nothing is downloaded.
+Both have the core compiled in, so the installed package needs no libnvio.so. The command is
+shipped inside the package as nvio/_bin/nvio; the console scripts of pyproject.toml (nvio,
+nvio-ds-io, nvio-ds-nvme-tune) run it through nvio._cli. Dependencies come from Debian packages
+(see scripts/deps.sh); nothing is downloaded.
 """
 
 import os
@@ -14,6 +16,8 @@ from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
+# Where the package looks for its command (python/nvio/_cli.py), relative to the package.
+BUNDLED_CLI = Path("_bin") / "nvio"
 # Read by the interpreter at start from site-packages itself (not from the package): with
 # NVIO_DEEPSPEED=1 it runs nvio.deepspeed.install_from_environment(); otherwise it imports nothing.
 DEEPSPEED_PTH = "nvio-deepspeed.pth"
@@ -25,6 +29,8 @@ class CMakeExtension(Extension):
 
 
 class CMakeBuild(build_ext):
+    """The extension and, beside it in the package, the command (one CMake build for both)."""
+
     def build_extension(self, ext: Extension) -> None:
         out_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
         build_dir = Path(self.build_temp).resolve() / "cmake"
@@ -39,11 +45,19 @@ class CMakeBuild(build_ext):
             check=True,
         )
         jobs = str(os.cpu_count() or 2)
-        subprocess.run(["cmake", "--build", str(build_dir), "--target", "_nvio", "-j", jobs],
-                       check=True)
-        built = next((build_dir / "python" / "nvio").glob("_nvio*.so"))
+        subprocess.run(["cmake", "--build", str(build_dir), "--target", "_nvio", "nvio_bundled_cli",
+                        "-j", jobs], check=True)
+        package = build_dir / "python" / "nvio"
+        built = next(package.glob("_nvio*.so"))
         out_dir.mkdir(parents=True, exist_ok=True)
         self.copy_file(str(built), str(out_dir / built.name))
+        # copy_file keeps the mode, so the command stays executable in the wheel.
+        (out_dir / BUNDLED_CLI.parent).mkdir(parents=True, exist_ok=True)
+        self.copy_file(str(package / BUNDLED_CLI), str(out_dir / BUNDLED_CLI))
+
+    def get_outputs(self) -> "list[str]":
+        package = Path(self.get_ext_fullpath("nvio._nvio")).parent
+        return super().get_outputs() + [str(package / BUNDLED_CLI)]
 
 
 class BuildPyWithPth(build_py):

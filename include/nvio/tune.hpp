@@ -15,7 +15,11 @@
 // With both modes, a final share measures the best points of each mode in the other, and the
 // mixed pick maximises the harmonic mean of read and write throughput (equal bytes each way).
 // Dimensions that an engine ignores (psync: queue depth, single_submit, overlap_events) are held
-// at one value for it.
+// at one value for it. With device memory (TuneRequest::device_memory), gpu_direct is a dimension
+// too: off measures the pipelined host bounce path, on cuFile (GPUDirect Storage). cuFile moves
+// each piece with one synchronous call on a worker, on the O_DIRECT descriptor, so for gpu_direct
+// on the engine (the first of the space), direct (on), queue depth, single_submit and
+// overlap_events are held at one value.
 //
 // Thread-safety: search() and tune_directory() run on the calling thread; the progress callback
 // is called on it too.
@@ -29,6 +33,7 @@
 #include <vector>
 
 #include "nvio/config.hpp"
+#include "nvio/gpu.hpp"
 #include "nvio/options.hpp"
 
 namespace nvio {
@@ -45,9 +50,11 @@ struct TuneSpace {
   std::vector<bool> single_submit{false, true};
   std::vector<bool> overlap_events{false, true};
   std::vector<DirectIo> direct{DirectIo::On, DirectIo::Off};  // On / Off only
+  // On / Off only; On needs device memory (it decides only how device memory moves).
+  std::vector<GpuDirect> gpu_direct{GpuDirect::Off};
 
   // The documented default: available engines, 128 KiB..16 MiB, queue depth 1..256, parallelism
-  // 1..2x the online CPUs (powers of two), both booleans, direct on and off.
+  // 1..2x the online CPUs (powers of two), both booleans, direct on and off, gpu_direct off.
   static TuneSpace defaults();
   void validate() const;
   // Every configuration in the space, with the dimensions an engine ignores held at one value.
@@ -131,6 +138,11 @@ struct TuneResult {
   std::uint64_t file_size = 0;
   std::uint64_t trial_bytes = 0;
   std::vector<std::string> warnings;
+  // Device when the trials moved device memory (then the options carry gpu_direct).
+  MemoryKind memory = MemoryKind::Host;
+  // Set by search(): gpu_direct took more than one value, so the pick's gpu_direct is a finding
+  // (saved with the profile); with one value it was a given, and the profile leaves it alone.
+  bool gpu_direct_searched = false;
 
   // The options to save and use by default: mixed when both modes ran, else the one measured.
   Options recommended() const;
@@ -148,20 +160,36 @@ ConfigProfile to_profile(const TuneResult& result);
 // settings; exceptions from the measurer propagate.
 TuneResult search(const TuneSpace& space, Measurer& measurer, const TuneSettings& settings);
 
+// Device memory the trials move instead of host memory (`nvio tune --gpu`). The caller owns it
+// (DeviceBuffer; tests: a fake device) and keeps it alive while tuning.
+struct TuneDeviceMemory {
+  void* data = nullptr;
+  std::size_t size = 0;  // at least the trial size; an automatic trial size is capped at it
+};
+
 struct TuneRequest {
   std::string directory;
   std::uint64_t file_size = std::uint64_t{1} << 30;
-  // Bytes per trial; 0 picks about a quarter second's worth at the speed the file was written.
+  // Bytes per trial; 0 picks about a quarter second's worth at the speed the file was written,
+  // at most max_auto_trial_bytes(file_size).
   std::uint64_t trial_bytes = 0;
   TuneSpace space = TuneSpace::defaults();
   TuneSettings settings;
   bool keep_file = false;
+  std::optional<TuneDeviceMemory> device_memory;
 };
+
+// The largest trial an automatic trial size picks for a file of `file_size` bytes: the device
+// memory that `nvio tune --gpu` allocates when no trial size is given.
+std::uint64_t max_auto_trial_bytes(std::uint64_t file_size) noexcept;
 
 // Creates a scratch file of request.file_size in request.directory (removed afterwards unless
 // keep_file), then runs search() with trials that read or write it. Each write trial ends with
 // fdatasync (so write-back caching cannot flatter it); a buffered read trial first evicts its
-// range from the page cache (posix_fadvise). Throws IoError / NoSpace for the directory.
+// range from the page cache (posix_fadvise). With device_memory, the trials read into and write
+// from it as MemoryKind::Device; it is first filled from the file (untimed), so writes carry the
+// file's pattern. Throws IoError / NoSpace for the directory, InvalidArgument for gpu_direct on
+// without device memory or a trial larger than it, GpuError from the device path.
 TuneResult tune_directory(const TuneRequest& request);
 
 }  // namespace nvio

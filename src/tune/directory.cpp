@@ -16,6 +16,7 @@
 #include "core/unique_name.hpp"
 #include "nvio/config.hpp"
 #include "nvio/errors.hpp"
+#include "nvio/gpu.hpp"
 #include "nvio/handle.hpp"
 #include "nvio/memory.hpp"
 #include "nvio/pattern.hpp"
@@ -71,16 +72,28 @@ void add_cache_warnings(TuneResult& r) {
   }
 }
 
+constexpr std::uint64_t kPatternSeed = 0x7475'6e65;
+
 class FileMeasurer final : public Measurer {
  public:
+  // Trials move `device` memory when it is set, else a host buffer of their own.
   FileMeasurer(std::string path, std::uint64_t file_size, std::uint64_t trial_bytes,
-               Clock::time_point start)
+               Clock::time_point start, const std::optional<TuneDeviceMemory>& device)
       : path_(std::move(path)),
         file_size_(file_size),
         trial_(trial_bytes),
         start_(start),
-        buffer_(static_cast<std::size_t>(trial_bytes), LockMode::Try) {
-    pattern::fill(buffer_.data(), buffer_.size(), 0, 0x7475'6e65);
+        memory_(device ? MemoryKind::Device : MemoryKind::Host) {
+    if (device) {
+      data_ = device->data;
+      // Untimed: the write trials then carry the file's pattern rather than whatever the device
+      // memory held.
+      Handle(Options{}).read(data_, trial_, path_, 0, ReadOptions{memory_});
+    } else {
+      buffer_ = AlignedBuffer(static_cast<std::size_t>(trial_bytes), LockMode::Try);
+      pattern::fill(buffer_.data(), buffer_.size(), 0, kPatternSeed);
+      data_ = buffer_.data();
+    }
   }
 
   TuneSample measure(const Options& options, TuneMode mode) override {
@@ -92,11 +105,11 @@ class FileMeasurer final : public Measurer {
     const double cpu0 = detail::process_cpu_seconds();
     const auto t0 = Clock::now();
     if (mode == TuneMode::Read) {
-      handle.read(buffer_.data(), trial_, path_, offset);
+      handle.read(data_, trial_, path_, offset, ReadOptions{memory_});
     } else {
       // fdatasync at the end: the time until the data is on the drive, not in the page cache.
-      handle.write(buffer_.data(), trial_, path_, offset,
-                   WriteOptions{Truncate::No, Durability::Data});
+      handle.write(data_, trial_, path_, offset,
+                   WriteOptions{Truncate::No, Durability::Data, memory_});
     }
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     TuneSample s;
@@ -119,7 +132,9 @@ class FileMeasurer final : public Measurer {
   std::uint64_t file_size_;
   std::uint64_t trial_;
   Clock::time_point start_;
-  AlignedBuffer buffer_;
+  MemoryKind memory_;
+  AlignedBuffer buffer_;  // host trials only
+  void* data_ = nullptr;  // what the trials move: buffer_ or the caller's device memory
   std::uint64_t next_slot_ = 0;
 };
 
@@ -139,11 +154,41 @@ class ScratchFile {
   bool keep_;
 };
 
+bool tries_cufile(const TuneSpace& space) {
+  return std::ranges::find(space.gpu_direct, GpuDirect::On) != space.gpu_direct.end();
+}
+
+// The device memory's own checks, before anything is written.
+void check_device_memory(const TuneRequest& request) {
+  const auto& device = request.device_memory;
+  if (!device) {
+    if (tries_cufile(request.space)) {
+      throw InvalidArgument(
+          "gpu_direct on moves device memory: tuning it needs device memory for the trials");
+    }
+    return;
+  }
+  if (device->data == nullptr || device->size == 0) {
+    throw InvalidArgument(fmt::format("the device memory for the trials is empty ({} bytes at {})",
+                                      device->size, device->data));
+  }
+  if (request.trial_bytes > device->size) {
+    throw InvalidArgument(fmt::format("trial size {} is larger than the device memory, {} bytes",
+                                      request.trial_bytes, device->size));
+  }
+}
+
 }  // namespace
+
+std::uint64_t max_auto_trial_bytes(std::uint64_t file_size) noexcept {
+  const std::uint64_t floor = 32 << 20;
+  return std::min(file_size, std::max(floor, file_size / 4));
+}
 
 TuneResult tune_directory(const TuneRequest& request) {
   const auto start = Clock::now();
   request.space.validate();
+  check_device_memory(request);
   for (EngineKind e : request.space.engines) {
     const EngineProbe& probe = probe_engine(e);
     if (!probe.available) {
@@ -197,6 +242,12 @@ TuneResult tune_directory(const TuneRequest& request) {
     if (space.direct.empty()) space.direct.push_back(DirectIo::Off);
   }
   add_cache_warnings(pre);
+  if (tries_cufile(space) && gpu_info().gds_mode == GdsMode::Unavailable) {
+    pre.warnings.push_back(fmt::format(
+        "cuFile cannot be used here ({}): the gpu_direct on trials moved device memory through the "
+        "host bounce path, as gpu_direct off does",
+        gpu_info().gds_reason));
+  }
 
   ScratchFile file(fmt::format("{}/nvio-tune.{}.dat", dir, detail::unique_suffix()),
                    request.keep_file);
@@ -224,9 +275,10 @@ TuneResult tune_directory(const TuneRequest& request) {
     if (trial == 0) {
       const double speed = double(request.file_size) / std::max(secs, 1e-6);
       const std::uint64_t want = static_cast<std::uint64_t>(speed * 0.25) / mib * mib;
-      trial = std::clamp<std::uint64_t>(want, 32 * mib,
-                                        std::max<std::uint64_t>(32 * mib, request.file_size / 4));
-      trial = std::min(trial, request.file_size);
+      trial = std::min(std::max<std::uint64_t>(want, 32 * mib),
+                       max_auto_trial_bytes(request.file_size));
+      if (request.device_memory)
+        trial = std::min<std::uint64_t>(trial, request.device_memory->size);
     }
   }
   if (trial < 64 * mib) {
@@ -234,8 +286,9 @@ TuneResult tune_directory(const TuneRequest& request) {
         "trials move only {} MiB each: small transfers make the figures noisier", trial / mib));
   }
 
-  FileMeasurer measurer(file.path(), request.file_size, trial, start);
+  FileMeasurer measurer(file.path(), request.file_size, trial, start, request.device_memory);
   TuneResult result = search(space, measurer, request.settings);
+  result.memory = request.device_memory ? MemoryKind::Device : MemoryKind::Host;
   result.directory = pre.directory;
   result.device = pre.device;
   result.filesystem = pre.filesystem;

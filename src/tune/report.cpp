@@ -13,16 +13,20 @@ namespace {
 
 using nlohmann::json;
 
-json options_json(const Options& o) {
-  return {{"engine", to_string(o.engine)},      {"block_size", o.block_size},
-          {"queue_depth", o.queue_depth},       {"single_submit", o.single_submit},
-          {"overlap_events", o.overlap_events}, {"intra_op_parallelism", o.intra_op_parallelism},
-          {"direct", to_string(o.direct)}};
+// gpu_direct only for device memory: host trials never consult it.
+json options_json(const Options& o, MemoryKind memory) {
+  json out = {
+      {"engine", to_string(o.engine)},      {"block_size", o.block_size},
+      {"queue_depth", o.queue_depth},       {"single_submit", o.single_submit},
+      {"overlap_events", o.overlap_events}, {"intra_op_parallelism", o.intra_op_parallelism},
+      {"direct", to_string(o.direct)}};
+  if (memory == MemoryKind::Device) out["gpu_direct"] = to_string(o.gpu_direct);
+  return out;
 }
 
-json pick_json(const std::optional<TunePick>& p) {
+json pick_json(const std::optional<TunePick>& p, MemoryKind memory) {
   if (!p) return nullptr;
-  return {{"options", options_json(p->options)},
+  return {{"options", options_json(p->options, memory)},
           {"median_gbps", p->gbps},
           {"spread", p->spread},
           {"repeats", p->repeats},
@@ -42,7 +46,7 @@ std::string to_json(const TuneResult& r, int indent) {
     json samples = json::array();
     for (const TuneSample& s : p.samples) samples.push_back(s.gbps);
     points.push_back({{"mode", to_string(p.mode)},
-                      {"options", options_json(p.options)},
+                      {"options", options_json(p.options, r.memory)},
                       {"samples_gbps", samples},
                       {"median_gbps", p.median_gbps()},
                       {"spread", p.spread()},
@@ -52,7 +56,7 @@ std::string to_json(const TuneResult& r, int indent) {
   for (TuneMode m : r.modes) modes.push_back(to_string(m));
   json mixed = nullptr;
   if (r.mixed) {
-    mixed = {{"options", options_json(r.mixed->options)},
+    mixed = {{"options", options_json(r.mixed->options, r.memory)},
              {"read_gbps", r.mixed->read_gbps},
              {"write_gbps", r.mixed->write_gbps},
              {"mixed_gbps", r.mixed->mixed_gbps}};
@@ -75,13 +79,17 @@ std::string to_json(const TuneResult& r, int indent) {
       {"filesystem", r.filesystem},
       {"file_size", r.file_size},
       {"trial_bytes", r.trial_bytes},
+      {"memory", to_string(r.memory)},
       {"strategy", to_string(r.strategy)},
       {"budget_s", r.budget_s},
       {"elapsed_s", r.elapsed_s},
       {"modes", modes},
       {"warnings", r.warnings},
       {"points", points},
-      {"best", {{"read", pick_json(r.read)}, {"write", pick_json(r.write)}, {"mixed", mixed}}},
+      {"best",
+       {{"read", pick_json(r.read, r.memory)},
+        {"write", pick_json(r.write, r.memory)},
+        {"mixed", mixed}}},
       {"recommended", (r.read || r.write || r.mixed) ? json(pick_name(r)) : json(nullptr)},
       {"deepspeed", deepspeed}};
   return out.dump(indent);
@@ -111,6 +119,7 @@ ConfigProfile to_profile(const TuneResult& r) {
   p.options.single_submit = best.single_submit;
   p.options.overlap_events = best.overlap_events;
   p.options.direct = best.direct;
+  if (r.gpu_direct_searched) p.options.gpu_direct = best.gpu_direct;
   return p;
 }
 

@@ -91,6 +91,7 @@ void TuneSpace::validate() const {
   nonempty(single_submit.empty(), "single_submit values");
   nonempty(overlap_events.empty(), "overlap_events values");
   nonempty(direct.empty(), "direct I/O modes");
+  nonempty(gpu_direct.empty(), "gpu_direct modes");
   for (EngineKind e : engines) {
     if (e == EngineKind::Auto) {
       throw InvalidArgument(
@@ -100,6 +101,10 @@ void TuneSpace::validate() const {
   for (DirectIo d : direct) {
     if (d == DirectIo::Auto)
       throw InvalidArgument("the tuning space's direct modes must be on or off");
+  }
+  for (GpuDirect g : gpu_direct) {
+    if (g == GpuDirect::Auto)
+      throw InvalidArgument("the tuning space's gpu_direct modes must be on or off");
   }
   // A value listed twice would be searched as two points that are one.
   auto unique = [](auto v, const char* what) {
@@ -115,6 +120,7 @@ void TuneSpace::validate() const {
   unique(single_submit, "single_submit value");
   unique(overlap_events, "overlap_events value");
   unique(direct, "direct I/O mode");
+  unique(gpu_direct, "gpu_direct mode");
   Options probe;
   for (std::size_t b : block_sizes) {
     probe.block_size = b;
@@ -135,7 +141,7 @@ void TuneSpace::validate() const {
 namespace {
 
 // A point of the space as indices into its dimensions.
-enum Dim { kEngine, kDirect, kBlock, kQueue, kPar, kSingle, kOverlap, kDims };
+enum Dim { kEngine, kDirect, kBlock, kQueue, kPar, kSingle, kOverlap, kGpuDirect, kDims };
 using Coord = std::array<int, kDims>;
 
 struct Space {
@@ -150,6 +156,7 @@ struct Space {
       case kPar: return static_cast<int>(s.parallelism.size());
       case kSingle: return static_cast<int>(s.single_submit.size());
       case kOverlap: return static_cast<int>(s.overlap_events.size());
+      case kGpuDirect: return static_cast<int>(s.gpu_direct.size());
     }
     return 0;
   }
@@ -172,9 +179,16 @@ struct Space {
   }
 
   // psync runs each request to completion on the worker thread: queue depth and the submission
-  // and reaping policies change nothing, so they are held at one value for it.
+  // and reaping policies change nothing, so they are held at one value for it. cuFile
+  // (gpu_direct on) does the same in place of the engine, on the O_DIRECT descriptor: the engine
+  // and direct are held too.
   Coord canon(Coord c) const {
-    if (s.engines[c[kEngine]] == EngineKind::Psync) {
+    const bool cufile = s.gpu_direct[c[kGpuDirect]] == GpuDirect::On;
+    if (cufile) {
+      c[kEngine] = 0;
+      c[kDirect] = index_of(s.direct, DirectIo::On);
+    }
+    if (cufile || s.engines[c[kEngine]] == EngineKind::Psync) {
       c[kQueue] = 0;
       c[kSingle] = index_of(s.single_submit, false);
       c[kOverlap] = index_of(s.overlap_events, true);
@@ -191,14 +205,16 @@ struct Space {
     o.intra_op_parallelism = s.parallelism[c[kPar]];
     o.single_submit = s.single_submit[c[kSingle]];
     o.overlap_events = s.overlap_events[c[kOverlap]];
+    o.gpu_direct = s.gpu_direct[c[kGpuDirect]];
     return o;
   }
 
   // Middling settings: where the seeds start.
-  Coord seed(int engine, int direct) const {
+  Coord seed(int engine, int direct, int gpu_direct) const {
     Coord c{};
     c[kEngine] = engine;
     c[kDirect] = direct;
+    c[kGpuDirect] = gpu_direct;
     c[kBlock] = nearest(s.block_sizes, double(1 << 20));
     c[kQueue] = nearest(s.queue_depths, 32.0);
     c[kPar] = 0;
@@ -369,8 +385,14 @@ class Searcher {
     const double begin = m_.now();
     const double climb_end = begin + 0.7 * (end - begin);
     std::vector<Coord> seeds;
-    for (int e = 0; e < space_.size(kEngine); ++e) {
-      for (int d = 0; d < space_.size(kDirect); ++d) seeds.push_back(space_.seed(e, d));
+    for (int g = 0; g < space_.size(kGpuDirect); ++g) {
+      for (int e = 0; e < space_.size(kEngine); ++e) {
+        for (int d = 0; d < space_.size(kDirect); ++d) {
+          // cuFile seeds fold into one (it holds the engine and direct).
+          const Coord c = space_.seed(e, d, g);
+          if (std::find(seeds.begin(), seeds.end(), c) == seeds.end()) seeds.push_back(c);
+        }
+      }
     }
     for (const Coord& c : seeds) {
       if (!sample(mode, c, climb_end, "seed")) break;
@@ -598,6 +620,7 @@ TuneResult search(const TuneSpace& space, Measurer& measurer, const TuneSettings
   result.strategy = settings.strategy;
   result.budget_s = settings.strategy == TuneStrategy::Grid ? 0 : settings.budget_s;
   result.modes = settings.modes;
+  result.gpu_direct_searched = space.gpu_direct.size() > 1;
   Searcher(space, measurer, settings, result).run();
   return result;
 }

@@ -4,10 +4,13 @@ changes (`nvio report`, a plain `nvio bench`), and argument errors."""
 import json
 import os
 
-from test_cli import OPTION_NAMES, assert_one_error_line, bench_json, clean_env, nvio
+import pytest
+
+from test_cli import OPTION_NAMES, assert_one_error_line, bench_json, clean_env, nvio, report
 
 TINY = ("--size", "32M", "--budget", "3")
-# The tuner measures host memory: gpu_direct is not part of its space, nor of what it saves.
+# Without --gpu the tuner measures host memory: gpu_direct is not part of its space, nor of what it
+# shows or saves.
 TUNED = OPTION_NAMES - {"gpu_direct"}
 
 
@@ -149,10 +152,62 @@ def test_argument_errors(tmp_path):
         assert needle in line, (args, line)
     line = assert_one_error_line(nvio("tune"))
     assert "--dir" in line
-    # A missing directory is a failure of the run (exit 1), naming it.
-    line = assert_one_error_line(nvio("tune", "--dir", tmp_path / "nope", *TINY), code=1)
-    assert "nope" in line
+    # A directory that cannot be made is a failure of the run (exit 1), naming it.
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    line = assert_one_error_line(nvio("tune", "--dir", blocker / "sub", *TINY), code=1)
+    assert str(blocker / "sub") in line
+    blocker.unlink()
     line = assert_one_error_line(
         nvio("tune", "--dir", tmp_path, *TINY, "--save", env=clean_env(NVIO_CONFIG="none")))
     assert "--save" in line
     assert os.listdir(tmp_path) == []
+
+
+def test_missing_directory_is_created(tmp_path):
+    d = tmp_path / "a" / "b"
+    doc, _ = tune_json(d, "--read-only", "--engines", "psync")
+    assert doc["directory"] == str(d)
+    assert doc["memory"] == "host"
+    assert d.is_dir() and os.listdir(d) == []  # made, and the scratch file removed
+
+
+def has_gpu(tmp_path):
+    return bool(report(str(tmp_path))["gpu"]["devices"])
+
+
+def test_gpu_without_a_gpu_is_one_clear_line_before_anything_is_made(tmp_path):
+    if has_gpu(tmp_path):
+        pytest.skip("a GPU is present")
+    d = tmp_path / "not-made"
+    for args in (["--gpu"], ["--gpu", "--gds"], ["--gpu", "--device", "3"]):
+        line = assert_one_error_line(nvio("tune", "--dir", d, *TINY, *args))
+        assert line.startswith("nvio: error: --gpu: no usable GPU here: "), (args, line)
+        assert len(line) > len("nvio: error: --gpu: no usable GPU here: ")  # and why
+    assert not d.exists()
+
+
+def test_gpu_flag_errors(tmp_path):
+    line = assert_one_error_line(nvio("tune", "--dir", tmp_path, *TINY, "--gds"))
+    assert "--gds needs --gpu" in line
+    line = assert_one_error_line(nvio("tune", "--dir", tmp_path, *TINY, "--gpu", "--device", "x"))
+    assert "--device" in line
+    assert os.listdir(tmp_path) == []
+
+
+def test_gpu_tunes_the_device_path(tmp_path):
+    if not has_gpu(tmp_path):
+        pytest.skip("no GPU: " + report(str(tmp_path))["gpu"]["driver"]["reason"])
+    gds = report(str(tmp_path))["gpu"]["gds"]["mode"] != "unavailable"
+    args = ["--gpu", "--gds"] if gds else ["--gpu"]
+    doc, r = tune_json(tmp_path, *args)
+    assert doc["memory"] == "device"
+    seen = {p["options"]["gpu_direct"] for p in doc["points"]}
+    assert seen == ({"off", "on"} if gds else {"off"}), seen
+    for p in doc["points"]:
+        assert set(p["options"]) == OPTION_NAMES
+        assert all(g > 0 for g in p["samples_gbps"])
+    assert doc["best"]["mixed"]["options"]["gpu_direct"] in seen
+    text = nvio("tune", "--dir", tmp_path, *TINY, *args, "--write-only", timeout=120)
+    assert text.returncode == 0, text.stderr
+    assert "gpu_direct" in text.stdout and "GPU 0" in text.stdout

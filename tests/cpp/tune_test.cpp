@@ -1,12 +1,17 @@
 // The tuner's search on simulated throughput surfaces (with noise and a virtual clock): it must
 // find the optimum (within 5%) in far fewer trials than the grid, keep to its budget, and report
-// what it measured consistently. The real file measurer is exercised end to end by the CLI tests.
+// what it measured consistently. The real file measurer is exercised end to end by the CLI tests,
+// and here with device memory on the fake device.
 #include "nvio/tune.hpp"
 
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <map>
 #include <random>
 
+#include "fake_device.hpp"
+#include "nvio/pattern.hpp"
 #include "test_util.hpp"
 
 namespace nvio_test {
@@ -14,6 +19,7 @@ namespace {
 
 using nvio::DirectIo;
 using nvio::EngineKind;
+using nvio::GpuDirect;
 using nvio::Options;
 using nvio::TuneMode;
 
@@ -35,7 +41,21 @@ class SimulatedDrive final : public nvio::Measurer {
   SimulatedDrive(unsigned seed, double noise, bool write_prefers_small = false)
       : rng_(seed), noise_(noise), write_prefers_small_(write_prefers_small) {}
 
+  // cuFile (gpu_direct on) moves `gds_gain` times what the best bounce-path point of its block
+  // size and parallelism would; it ignores the engine, queue and policies.
+  double gds_gain_ = 1.0;
+
   double truth(const Options& o, TuneMode mode) const {
+    if (o.gpu_direct == GpuDirect::On) {
+      Options bounce = o;
+      bounce.gpu_direct = GpuDirect::Off;
+      bounce.engine = EngineKind::IoUring;
+      bounce.direct = DirectIo::On;
+      bounce.queue_depth = 32;
+      bounce.single_submit = false;
+      bounce.overlap_events = true;
+      return gds_gain_ * truth(bounce, mode);
+    }
     const double lb = std::log2(double(o.block_size));
     const double lq = std::log2(double(o.queue_depth));
     const double best_lb = mode == TuneMode::Write && write_prefers_small_ ? 18.0 : 21.0;  // 2 MiB
@@ -166,6 +186,61 @@ TEST(TuneSearch, PsyncIgnoredDimensionsAreFolded) {
                                             space.parallelism.size() * 2 * 2 * 2);
 }
 
+TEST(TuneSearch, CuFileHoldsWhatItIgnoresAndIsPickedWhenFaster) {
+  nvio::TuneSpace space = test_space();
+  space.gpu_direct = {GpuDirect::Off, GpuDirect::On};
+  std::size_t cufile = 0;
+  for (const Options& o : space.all()) {
+    if (o.gpu_direct != GpuDirect::On) continue;
+    ++cufile;
+    EXPECT_EQ(o.engine, space.engines.front());
+    EXPECT_EQ(o.direct, DirectIo::On);
+    EXPECT_EQ(o.queue_depth, 1u);
+    EXPECT_FALSE(o.single_submit);
+    EXPECT_TRUE(o.overlap_events);
+  }
+  EXPECT_EQ(cufile, space.block_sizes.size() * space.parallelism.size());
+  nvio::TuneSpace bounce_only = test_space();
+  EXPECT_EQ(space.all().size(), cufile + bounce_only.all().size());
+
+  for (const double gain : {1.3, 0.7}) {
+    SCOPED_TRACE("cuFile gain " + std::to_string(gain));
+    SimulatedDrive drive(9, 0.03);
+    drive.gds_gain_ = gain;
+    nvio::TuneSettings settings;
+    settings.budget_s = 60;
+    nvio::TuneResult r = nvio::search(space, drive, settings);
+    ASSERT_TRUE(r.read && r.write && r.mixed);
+    const GpuDirect want = gain > 1 ? GpuDirect::On : GpuDirect::Off;
+    EXPECT_EQ(r.read->options.gpu_direct, want);
+    EXPECT_EQ(r.write->options.gpu_direct, want);
+    EXPECT_TRUE(r.gpu_direct_searched);
+    r.memory = nvio::MemoryKind::Device;
+    r.device = "dev:1:2";
+    const nvio::ConfigProfile p = nvio::to_profile(r);
+    ASSERT_TRUE(p.options.gpu_direct.has_value());
+    EXPECT_EQ(*p.options.gpu_direct, r.mixed->options.gpu_direct);
+    const std::string json = nvio::to_json(r);
+    EXPECT_TRUE(contains(json, "\"memory\": \"device\""));
+    EXPECT_TRUE(contains(json, std::string("\"gpu_direct\": \"") + nvio::to_string(want) + "\""));
+  }
+}
+
+TEST(TuneSearch, OneGpuDirectValueIsAGivenNotAFinding) {
+  // The bounce path alone (nvio tune --gpu without --gds): the profile leaves gpu_direct to its
+  // default rather than saving "off", and host results do not show it at all.
+  SimulatedDrive drive(2, 0.03);
+  nvio::TuneSettings settings;
+  settings.budget_s = 10;
+  nvio::TuneResult r = nvio::search(test_space(), drive, settings);
+  EXPECT_FALSE(r.gpu_direct_searched);
+  for (const nvio::TunePoint& p : r.points) EXPECT_EQ(p.options.gpu_direct, GpuDirect::Off);
+  r.device = "dev:1:2";
+  EXPECT_FALSE(nvio::to_profile(r).options.gpu_direct.has_value());
+  EXPECT_FALSE(contains(nvio::to_json(r), "gpu_direct"));
+  EXPECT_TRUE(contains(nvio::to_json(r), "\"memory\": \"host\""));
+}
+
 TEST(TuneSearch, TinyBudgetStillAnswersEachMode) {
   SimulatedDrive drive(3, 0.05);
   drive.clock_ = 5;  // the set-up already ate more than the budget
@@ -217,6 +292,13 @@ TEST(TuneSearch, RejectsBadSpacesAndSettings) {
   s = test_space();
   s.queue_depths.push_back(0);
   EXPECT_THROW(nvio::search(s, drive, settings), nvio::InvalidArgument);
+  s = test_space();
+  s.gpu_direct = {GpuDirect::Auto};
+  EXPECT_THROW(nvio::search(s, drive, settings), nvio::InvalidArgument);
+  s.gpu_direct = {GpuDirect::On, GpuDirect::On};
+  EXPECT_THROW(nvio::search(s, drive, settings), nvio::InvalidArgument);
+  s.gpu_direct = {};
+  EXPECT_THROW(nvio::search(s, drive, settings), nvio::InvalidArgument);
   settings.budget_s = 0;
   EXPECT_THROW(nvio::search(test_space(), drive, settings), nvio::InvalidArgument);
   settings.budget_s = std::nan("");
@@ -246,6 +328,150 @@ TEST(TuneSearch, JsonAndProfileCarryThePick) {
   EXPECT_EQ(p.options.engine, r.mixed->options.engine);
   nvio::TuneResult empty;
   EXPECT_THROW(empty.recommended(), nvio::InvalidArgument);
+}
+
+// ---- tune_directory with device memory, on the fake device ----------------------------------
+
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+// The seed of the pattern the tuner writes its scratch file with (src/tune/directory.cpp).
+constexpr std::uint64_t kScratchSeed = 0x7475'6e65;
+constexpr unsigned char kSentinel = 0xA5;
+
+nvio::TuneRequest device_request(const std::string& dir, unsigned char* memory, std::size_t size) {
+  nvio::TuneRequest req;
+  req.directory = dir;
+  req.file_size = 16 * kMiB;
+  req.trial_bytes = 4 * kMiB;
+  req.space.engines = {EngineKind::Psync};
+  req.space.block_sizes = {kMiB};
+  req.space.queue_depths = {1};
+  req.space.parallelism = {1, 2};
+  req.space.direct = {DirectIo::Off};  // the same on every file system
+  req.space.gpu_direct = {GpuDirect::Off, GpuDirect::On};
+  req.settings.strategy = nvio::TuneStrategy::Grid;
+  req.device_memory = nvio::TuneDeviceMemory{memory, size};
+  return req;
+}
+
+// The fewest copies between the fake device and the host the filling read and the trials of `r`
+// make: one per 1 MiB block of each 4 MiB transfer.
+std::size_t device_copies(const nvio::TuneResult& r) {
+  std::size_t trials = 0;
+  for (const nvio::TunePoint& p : r.points) trials += p.samples.size();
+  return 4 * (trials + 1);
+}
+
+TEST(TuneDevice, WriteTrialsCarryTheDeviceBytesThroughTheBouncePath) {
+  TempDir dir;
+  ScopedFakeDevice fake;
+  {
+    unsigned char* memory = fake->alloc(4 * kMiB, 1);
+    std::memset(memory, kSentinel, 4 * kMiB);
+    nvio::TuneRequest req = device_request(dir.path(), memory, 4 * kMiB);
+    req.settings.modes = {TuneMode::Write};
+    req.keep_file = true;
+    const nvio::TuneResult r = nvio::tune_directory(req);
+
+    EXPECT_EQ(r.memory, nvio::MemoryKind::Device);
+    EXPECT_TRUE(r.gpu_direct_searched);
+    ASSERT_TRUE(r.write);
+    EXPECT_GE(fake->copies(), device_copies(r)) << "every trial moves the device memory";
+    std::map<GpuDirect, std::size_t> points;
+    for (const nvio::TunePoint& p : r.points) ++points[p.options.gpu_direct];
+    // Each parallelism both ways; the fake device's memory is host memory, which cuFile must
+    // never see, so "on" bounces here as "off" does.
+    EXPECT_EQ(points[GpuDirect::Off], 2u);
+    EXPECT_EQ(points[GpuDirect::On], 2u);
+    if (nvio::gpu_info().gds_mode == nvio::GdsMode::Unavailable) {
+      EXPECT_TRUE(std::any_of(r.warnings.begin(), r.warnings.end(),
+                              [](const std::string& w) { return contains(w, "cuFile"); }));
+    }
+
+    // The device memory was filled from the file's first trial through the device path, and the
+    // write trials (at least one per slot: four points in turn over four slots) put those bytes
+    // in every slot.
+    EXPECT_EQ(nvio::pattern::first_mismatch(memory, 4 * kMiB, 0, kScratchSeed), std::nullopt);
+    std::vector<std::string> files;
+    for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
+      files.push_back(e.path().string());
+    }
+    ASSERT_EQ(files.size(), 1u);
+    const std::vector<unsigned char> bytes = read_file(files[0]);
+    ASSERT_EQ(bytes.size(), 16 * kMiB);
+    for (std::size_t slot = 0; slot < 4; ++slot) {
+      EXPECT_EQ(std::memcmp(bytes.data() + slot * 4 * kMiB, memory, 4 * kMiB), 0)
+          << "slot " << slot;
+    }
+  }
+  EXPECT_GT(fake->copies(), 0u);
+  EXPECT_EQ(fake->misuse(), 0u);
+  EXPECT_EQ(fake->live_objects(), 0u);
+}
+
+TEST(TuneDevice, ReadTrialsLandInTheDeviceMemory) {
+  TempDir dir;
+  ScopedFakeDevice fake;
+  {
+    // Trials walk the file's four trial-sized slots in turn and read-only trials never write, so
+    // the device memory ends up holding the slot of the last trial.
+    unsigned char* memory = fake->alloc(4 * kMiB, 0);
+    nvio::TuneRequest req = device_request(dir.path(), memory, 4 * kMiB);
+    req.space.gpu_direct = {GpuDirect::Off};
+    req.settings.modes = {TuneMode::Read};
+    const nvio::TuneResult r = nvio::tune_directory(req);
+    ASSERT_TRUE(r.read);
+    EXPECT_FALSE(r.gpu_direct_searched);
+    std::size_t trials = 0;
+    for (const nvio::TunePoint& p : r.points) trials += p.samples.size();
+    EXPECT_GE(fake->copies(), device_copies(r)) << "every trial moves the device memory";
+    const std::uint64_t last_slot = (trials - 1) % 4;
+    ASSERT_NE(last_slot, 0u) << "slot 0 is also what the device memory was filled with first";
+    EXPECT_EQ(nvio::pattern::first_mismatch(memory, 4 * kMiB, last_slot * 4 * kMiB, kScratchSeed),
+              std::nullopt)
+        << trials << " trials";
+  }
+  EXPECT_GT(fake->copies(), 0u);
+  EXPECT_EQ(fake->misuse(), 0u);
+}
+
+TEST(TuneDevice, BadDeviceMemoryIsRefusedBeforeAnythingIsWritten) {
+  TempDir dir;
+  ScopedFakeDevice fake;
+  unsigned char* memory = fake->alloc(kMiB);
+  nvio::TuneRequest req = device_request(dir.path(), memory, kMiB);
+  try {
+    nvio::tune_directory(req);  // 4 MiB trials in 1 MiB of device memory
+    FAIL() << "no error";
+  } catch (const nvio::InvalidArgument& e) {
+    EXPECT_TRUE(contains(e.what(), "larger than the device memory")) << e.what();
+  }
+  req.device_memory = nvio::TuneDeviceMemory{memory, 0};
+  EXPECT_THROW(nvio::tune_directory(req), nvio::InvalidArgument);
+  req.device_memory.reset();
+  try {
+    nvio::tune_directory(req);  // gpu_direct on, host memory
+    FAIL() << "no error";
+  } catch (const nvio::InvalidArgument& e) {
+    EXPECT_TRUE(contains(e.what(), "needs device memory")) << e.what();
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
+  EXPECT_EQ(fake->copies(), 0u);
+}
+
+TEST(TuneDevice, AutomaticTrialsFitTheDeviceMemory) {
+  EXPECT_EQ(nvio::max_auto_trial_bytes(16 * kMiB), 16 * kMiB);
+  EXPECT_EQ(nvio::max_auto_trial_bytes(64 * kMiB), 32 * kMiB);
+  EXPECT_EQ(nvio::max_auto_trial_bytes(std::uint64_t{1} << 30), std::uint64_t{256} * kMiB);
+  TempDir dir;
+  ScopedFakeDevice fake;
+  unsigned char* memory = fake->alloc(2 * kMiB);
+  nvio::TuneRequest req = device_request(dir.path(), memory, 2 * kMiB);
+  req.trial_bytes = 0;
+  req.space.gpu_direct = {GpuDirect::Off};
+  req.space.parallelism = {1};
+  req.settings.modes = {TuneMode::Read};
+  const nvio::TuneResult r = nvio::tune_directory(req);
+  EXPECT_EQ(r.trial_bytes, 2 * kMiB);
 }
 
 }  // namespace

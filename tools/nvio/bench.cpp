@@ -185,9 +185,7 @@ void add_bench_options(CLI::App& app, BenchArgs& args) {
   app.add_flag("--h2d-only", args.h2d_only,
                "With --gpu: time only copies between locked host memory and the GPU (no file), "
                "the PCIe bound the device path is measured against");
-  app.add_option("--device", args.device, "With --gpu: the CUDA device ordinal")
-      ->type_name("N")
-      ->capture_default_str();
+  add_device_option(app, args.device);
 }
 
 namespace {
@@ -480,7 +478,7 @@ Plan make_plan(const BenchArgs& args) {
   Plan plan;
   if (args.gpu) {
     plan.memory = args.h2d_only ? Plan::Memory::H2dOnly : Plan::Memory::Device;
-    plan.device = static_cast<int>(parse_unsigned(args.device, "--device"));
+    plan.device = parse_device(args.device);
   }
   plan.pattern = parse_pattern(args.pattern);
   const bool random = plan.pattern == Pattern::Random;
@@ -522,12 +520,7 @@ Plan make_plan(const BenchArgs& args) {
   }
   if (args.gpu) {
     // Checked after the options, so that a bad flag is reported first; exit 2 like a bad flag.
-    const nvio::GpuInfo& gpu = nvio::gpu_info();
-    if (!gpu.usable()) throw UsageError("--gpu: no usable GPU here: " + gpu.driver_reason);
-    if (plan.device < 0 || static_cast<std::size_t>(plan.device) >= gpu.devices.size()) {
-      throw UsageError(fmt::format("--device: {} is not a GPU here ({} found)", plan.device,
-                                   gpu.devices.size()));
-    }
+    require_gpu(plan.device);
   }
   if (!needs_file) return plan;
   if (args.file) {
@@ -1425,7 +1418,7 @@ int run_bench(const BenchArgs& args) {
   }
   if (plan.scratch) {
     for (const std::string& p : Target::paths(plan)) {
-      std::filesystem::create_directories(std::filesystem::path(p).parent_path());
+      make_directory(std::filesystem::path(p).parent_path().string());
     }
   }
   FileCleanup cleanup(Target::paths(plan), !plan.keep && (plan.scratch || !plan.existing_size));

@@ -82,6 +82,11 @@ struct TuneArgs {
   bool json = false;
   bool save = false;
   bool keep = false;
+  // Device memory: --gpu measures trials that move a cuMemAlloc buffer (the host bounce path,
+  // gpu_direct=off), --gds adds cuFile (gpu_direct=on) to the search.
+  bool gpu = false;
+  bool gds = false;
+  std::string device = "0";
 };
 
 struct ReportArgs {
@@ -118,5 +123,20 @@ std::string configured_names(const nvio::EffectiveOptions& options);
 
 // Renders a byte count for people: "1 GiB", "4 KiB", or plain bytes when not a whole unit.
 std::string human_bytes(unsigned long long bytes);
+
+// Creates a --dir that does not exist yet, with its parents (as mkdir -p). Throws
+// std::filesystem::filesystem_error naming the directory when that fails.
+void make_directory(const std::string& dir);
+
+// --device N, for the subcommands that take --gpu.
+void add_device_option(CLI::App& app, std::string& device);
+
+// The CUDA device ordinal that --device names; throws nvio::InvalidArgument / UsageError for text
+// that is not one.
+int parse_device(const std::string& text);
+
+// Throws UsageError unless `device` is the ordinal of a usable GPU here, saying why not (no
+// driver, no device, or how many there are).
+void require_gpu(int device);
 
 }  // namespace nvio_cli

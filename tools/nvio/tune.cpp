@@ -1,6 +1,7 @@
 // `nvio tune`: searches handle options for a directory within a time budget, prints the best ones
 // for read, write and mixed use (and DeepSpeed's "aio" section), and with --save writes them to the
-// configuration file that nvio then uses by default.
+// configuration file that nvio then uses by default. With --gpu the trials move GPU memory (the
+// host bounce path), and --gds adds cuFile to the search as gpu_direct=on.
 #include "nvio/tune.hpp"
 
 #include <fmt/core.h>
@@ -11,11 +12,13 @@
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "cli.hpp"
 #include "nvio/config.hpp"
 #include "nvio/errors.hpp"
+#include "nvio/gpu.hpp"
 #include "nvio/system.hpp"
 
 namespace nvio_cli {
@@ -23,7 +26,8 @@ namespace nvio_cli {
 using nlohmann::json;
 
 void add_tune_options(CLI::App& app, TuneArgs& args) {
-  app.add_option("--dir", args.dir, "Directory on the drive to tune (a scratch file goes there)")
+  app.add_option("--dir", args.dir,
+                 "Directory on the drive to tune (created if missing; a scratch file goes there)")
       ->required()
       ->type_name("DIR");
   app.add_option("--size", args.size, "Scratch file size (K/M/G suffixes)")
@@ -47,6 +51,12 @@ void add_tune_options(CLI::App& app, TuneArgs& args) {
   app.add_flag("--save", args.save,
                "Save the pick (mixed, else read or write) as this drive's default settings");
   app.add_flag("--keep", args.keep, "Keep the scratch file");
+  app.add_flag("--gpu", args.gpu,
+               "Trials move GPU memory (cuMemAlloc) through the host bounce path (gpu_direct=off)");
+  app.add_flag("--gds", args.gds,
+               "With --gpu: also try cuFile / GPUDirect Storage (gpu_direct=on) and pick between "
+               "the two");
+  add_device_option(app, args.device);
 }
 
 namespace {
@@ -77,21 +87,26 @@ std::vector<nvio::EngineKind> parse_engines(const std::string& list) {
   return out;
 }
 
-std::string describe(const nvio::Options& o) {
-  return fmt::format("{:<9} {:>8} {:>4} {:>4}  {:<6} {:<6} {}", nvio::to_string(o.engine),
-                     human_bytes(o.block_size), o.queue_depth, o.intra_op_parallelism,
-                     o.single_submit ? "true" : "false", o.overlap_events ? "true" : "false",
-                     nvio::to_string(o.direct));
+// gpu_direct is a column only for device memory, which alone consults it.
+std::string describe(const nvio::Options& o, nvio::MemoryKind memory) {
+  std::string out = fmt::format("{:<9} {:>8} {:>4} {:>4}  {:<6} {:<7} {:<6}",
+                                nvio::to_string(o.engine), human_bytes(o.block_size), o.queue_depth,
+                                o.intra_op_parallelism, o.single_submit ? "true" : "false",
+                                o.overlap_events ? "true" : "false", nvio::to_string(o.direct));
+  if (memory == nvio::MemoryKind::Device) out += fmt::format(" {}", nvio::to_string(o.gpu_direct));
+  while (!out.empty() && out.back() == ' ') out.pop_back();
+  return out;
 }
 
-void print_table(const nvio::TuneResult& r) {
+// `memory`: what the trials moved, in words.
+void print_table(const nvio::TuneResult& r, const std::string& memory) {
   const std::size_t measured = [&] {
     std::size_t n = 0;
     for (const auto& p : r.points) n += p.samples.size();
     return n;
   }();
-  fmt::print("nvio tune: {} ({}, {}), {} file, {} per trial\n", r.directory, r.filesystem, r.device,
-             human_bytes(r.file_size), human_bytes(r.trial_bytes));
+  fmt::print("nvio tune: {} ({}, {}), {} file, {} per trial, {}\n", r.directory, r.filesystem,
+             r.device, human_bytes(r.file_size), human_bytes(r.trial_bytes), memory);
   if (r.strategy == nvio::TuneStrategy::Grid) {
     fmt::print("grid: {} configurations, {} trials in {:.1f} s\n\n", r.points.size(), measured,
                r.elapsed_s);
@@ -99,18 +114,19 @@ void print_table(const nvio::TuneResult& r) {
     fmt::print("search: {} configurations, {} trials in {:.1f} s of a {:.0f} s budget\n\n",
                r.points.size(), measured, r.elapsed_s, r.budget_s);
   }
-  fmt::print("{:<6} {:>7} {:>8} {:>8} {:>9}  {:<9} {:>8} {:>4} {:>4}  {:<6} {:<6} {}\n", "mode",
+  const bool device = r.memory == nvio::MemoryKind::Device;
+  fmt::print("{:<6} {:>7} {:>8} {:>8} {:>9}  {:<9} {:>8} {:>4} {:>4}  {:<6} {:<7} {}{}\n", "mode",
              "GB/s", "spread", "repeats", "CPU s/GB", "engine", "block", "qd", "par", "single",
-             "overlap", "direct");
+             "overlap", device ? "direct " : "direct", device ? "gpu_direct" : "");
   for (const auto& [name, pick] : {std::pair{"read", r.read}, std::pair{"write", r.write}}) {
     if (!pick) continue;
     fmt::print("{:<6} {:>7.3f} {:>7.1f}% {:>8} {:>9.3f}  {}\n", name, pick->gbps,
                pick->spread * 100, pick->repeats, pick->cpu_seconds_per_gb,
-               describe(pick->options));
+               describe(pick->options, r.memory));
   }
   if (r.mixed) {
     fmt::print("{:<6} {:>7.3f} {:>8} {:>8} {:>9}  {}\n", "mixed", r.mixed->mixed_gbps, "", "", "",
-               describe(r.mixed->options));
+               describe(r.mixed->options, r.memory));
     fmt::print(
         "       (read {:.3f} GB/s, write {:.3f} GB/s; mixed = harmonic mean, equal bytes "
         "each way)\n",
@@ -172,6 +188,21 @@ class ProgressLine {
   bool shown_ = false;
 };
 
+// The device ordinal for --gpu (0 without it), once the GPU and, for --gds, cuFile are known to
+// be usable: refused before anything is written (exit 2, as a bad flag).
+int check_gpu_flags(const TuneArgs& args) {
+  if (args.gds && !args.gpu) throw UsageError("--gds needs --gpu");
+  if (!args.gpu) return 0;
+  const int device = parse_device(args.device);
+  require_gpu(device);
+  // Tuning cuFile where it falls back to the bounce path would measure the bounce path twice.
+  const nvio::GpuInfo& gpu = nvio::gpu_info();
+  if (args.gds && gpu.gds_mode == nvio::GdsMode::Unavailable) {
+    throw UsageError("--gds: cuFile cannot be used here: " + gpu.gds_reason);
+  }
+  return device;
+}
+
 }  // namespace
 
 int run_tune(const TuneArgs& args) {
@@ -185,12 +216,29 @@ int run_tune(const TuneArgs& args) {
   if (args.write_only) req.settings.modes = {nvio::TuneMode::Write};
   if (args.engines) req.space.engines = parse_engines(*args.engines);
   req.keep_file = args.keep;
+  const int device = check_gpu_flags(args);
   // Settle where --save writes before spending a minute measuring.
   const std::string config = args.save ? nvio::config_path() : std::string();
   if (args.save && config.empty()) {
     throw UsageError("--save: no configuration file: NVIO_CONFIG is 'none', or HOME is not set");
   }
   if (args.save) nvio::load_config(config);  // a malformed file is reported now, not after
+  make_directory(args.dir);
+
+  std::string memory = "host memory";
+  std::optional<nvio::DeviceBuffer> device_buffer;
+  if (args.gpu) {
+    device_buffer.emplace(
+        static_cast<std::size_t>(req.trial_bytes != 0 ? req.trial_bytes
+                                                      : nvio::max_auto_trial_bytes(req.file_size)),
+        device);
+    req.device_memory = nvio::TuneDeviceMemory{device_buffer->data(), device_buffer->size()};
+    if (args.gds) req.space.gpu_direct = {nvio::GpuDirect::Off, nvio::GpuDirect::On};
+    const nvio::GpuInfo& gpu = nvio::gpu_info();
+    memory = fmt::format("GPU {} ({}) memory, GDS {}", device,
+                         gpu.devices.at(static_cast<std::size_t>(device)).name,
+                         nvio::to_string(gpu.gds_mode));
+  }
 
   ProgressLine progress;
   req.settings.progress = [&](const nvio::TuneProgress& p) { progress.update(p); };
@@ -200,7 +248,7 @@ int run_tune(const TuneArgs& args) {
   if (args.json) {
     fmt::print("{}\n", nvio::to_json(result));
   } else {
-    print_table(result);
+    print_table(result, memory);
   }
   if (args.save) {
     const nvio::ConfigProfile profile = nvio::to_profile(result);

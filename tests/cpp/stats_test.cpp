@@ -10,12 +10,24 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <ostream>
 
 #include "engine_override.hpp"
 #include "fake_device.hpp"
 #include "fault_engine.hpp"
 #include "nvio/handle.hpp"
 #include "test_util.hpp"
+
+namespace nvio {
+// For gtest's messages: every counter by name, then the errors.
+void PrintTo(const HandleStats& s, std::ostream* os) {
+  for (const HandleStatsField& f : handle_stats_fields())
+    *os << f.name << "=" << s.*f.member << " ";
+  *os << "errors={";
+  for (const auto& [err, n] : s.errors) *os << err << ":" << n << " ";
+  *os << "}";
+}
+}  // namespace nvio
 
 namespace nvio_test {
 namespace {

@@ -71,9 +71,9 @@ def test_aio_handle_stats(tmp_path):
     h = nvio.aio_handle(block_size=BLOCK, queue_depth=8)
     data = np.arange(SIZE, dtype=np.uint8)
     path = str(tmp_path / "a.bin")
-    assert h.sync_pwrite(data, path) == SIZE
+    h.sync_pwrite(data, path)
     back = np.zeros(SIZE, dtype=np.uint8)
-    assert h.async_pread(back, path) == 0
+    h.async_pread(back, path)
     assert h.wait() == 1
     assert bytes(back) == bytes(data)
     s = h.stats()

@@ -100,7 +100,8 @@ struct WriteExtent {
 // another's and a reset could not tear against operations in flight.
 struct HandleStats {
   // Operations that succeeded (each extent of a batch counts as one), and their lengths. A failed
-  // operation counts in `errors` only.
+  // operation counts in `errors` only. A call refused before anything started (a bad argument, a
+  // file that cannot be opened, a read found to go past the end of the file) counts nowhere.
   std::uint64_t reads = 0;
   std::uint64_t writes = 0;
   std::uint64_t bytes_read = 0;
@@ -124,7 +125,7 @@ struct HandleStats {
   std::uint64_t gds_bytes = 0;
   std::uint64_t device_bounce_bytes = 0;
   // Failed operations by the errno of their error (IoError::error_code, MemoryError's; 0 for a
-  // failure without one, e.g. a read past the end of the file or a CUDA error). Only errnos seen
+  // failure without one, e.g. a file that shrank during a read, or a CUDA error). Only errnos seen
   // are present. An errno above 255 (Linux has none) counts under 255.
   std::map<int, std::uint64_t> errors;
 

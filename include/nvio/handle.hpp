@@ -27,7 +27,8 @@
 // first call in a child on a handle made by its parent starts fresh workers with the same options
 // (asynchronous operations of the parent are not visible in the child: its wait() counts only its
 // own). Destroying such a handle in the child releases nothing the parent's threads might hold:
-// the parent's copy of the handle state is left to the child's exit.
+// the parent's copy of the handle state is left to the child's exit. The counters of stats() are
+// part of that state: a child's start at zero and count only its own operations.
 #pragma once
 
 #include <sys/types.h>
@@ -37,6 +38,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -92,6 +94,65 @@ struct WriteExtent {
   std::string path;
   int fd = -1;
 };
+
+// What a handle has done since it was made, as Handle::stats() reads it. Host memory moves as
+// direct pieces (zero-copy, or through bounce buffers when the caller's buffer is not aligned for
+// O_DIRECT), buffered edges, or buffered pieces when direct I/O is off or not supported; device
+// memory through cuFile or host bounce chunks (see the fields below).
+//
+// A difference of two snapshots (after - before) gives what happened between them, which is how
+// a caller measures one phase; there is no reset, so that one reader's measurement never disturbs
+// another's and a reset could not tear against operations in flight.
+struct HandleStats {
+  // Operations that succeeded (each extent of a batch counts as one), and their lengths. A failed
+  // operation counts in `errors` only. A call refused before anything started (a bad argument, a
+  // file that cannot be opened, a read found to go past the end of the file) counts nowhere.
+  std::uint64_t reads = 0;
+  std::uint64_t writes = 0;
+  std::uint64_t bytes_read = 0;
+  std::uint64_t bytes_written = 0;
+  // Pieces whose transfer completed (a request is cut into block_size pieces plus, with direct
+  // I/O, its unaligned head and tail); a piece resumed after short transfers counts once.
+  std::uint64_t pieces = 0;
+  // Requests offered to the engine again without a byte moving: after an EINTR or EAGAIN
+  // completion (or an EAGAIN from submission with nothing in flight), or after a short direct
+  // transfer that made no aligned progress.
+  std::uint64_t retries = 0;
+  // Completions that moved some bytes but fewer than asked; the piece resumed where it stopped.
+  std::uint64_t short_transfers = 0;
+  // Host memory: bytes of direct pieces moved through aligned bounce buffers.
+  std::uint64_t bounced_bytes = 0;
+  // Bytes of the unaligned heads and tails that went through the buffered descriptor while the
+  // rest of their request used direct I/O (host or device memory).
+  std::uint64_t edge_bytes = 0;
+  // Device memory: bytes moved through cuFile (GPUDirect Storage), and through locked host bounce
+  // chunks and device copies.
+  std::uint64_t gds_bytes = 0;
+  std::uint64_t device_bounce_bytes = 0;
+  // Failed operations by the errno of their error (IoError::error_code, MemoryError's; 0 for a
+  // failure without one, e.g. a file that shrank during a read, or a CUDA error). Only errnos seen
+  // are present. An errno above 255 (Linux has none) counts under 255.
+  std::map<int, std::uint64_t> errors;
+
+  // Field by field; an errno whose count becomes 0 is dropped.
+  HandleStats& operator-=(const HandleStats& before);
+  friend HandleStats operator-(HandleStats after, const HandleStats& before) {
+    return after -= before;
+  }
+  // Field by field: the counters of several handles together (a striped file's drives).
+  HandleStats& operator+=(const HandleStats& other);
+  friend HandleStats operator+(HandleStats a, const HandleStats& b) { return a += b; }
+  bool operator==(const HandleStats&) const = default;
+};
+
+// The counters of HandleStats (all but `errors`) by name, with a description, in declaration
+// order: what the Python binding and `nvio bench --json` print.
+struct HandleStatsField {
+  const char* name;
+  std::uint64_t HandleStats::*member;
+  const char* description;
+};
+std::span<const HandleStatsField> handle_stats_fields() noexcept;
 
 class Handle {
  public:
@@ -171,6 +232,14 @@ class Handle {
   // every kept file (operations in flight finish with theirs). open_files() counts them.
   void close_files();
   std::size_t open_files() const;
+
+  // The counters of everything this handle has done (see HandleStats). Cheap: each worker
+  // counts into its own cache line with relaxed atomics, and this sums them. Each counter is
+  // exact once the operations it covers have finished (a blocking call returned, or a wait
+  // collected them); read while operations run, the snapshot is not atomic across counters (an
+  // operation counts once its last piece has, so `pieces` may include pieces of operations that
+  // `reads` does not count yet). Thread-safe.
+  HandleStats stats() const;
 
   const Options& options() const noexcept;
   // The engine in use (never Auto) and why it was chosen.

@@ -92,6 +92,10 @@ class StripedHandle {
   // The path of part `drive` of `name`.
   std::string part_path(std::size_t drive, const std::string& name) const;
 
+  // The counters of all the drives' handles together (see HandleStats); drive(i).stats() has
+  // one drive's.
+  HandleStats stats() const;
+
   const StripeLayout& layout() const noexcept;
   // The handle of directory `drive` (its options, engine, stats; I/O through it bypasses the
   // striping).

@@ -237,6 +237,10 @@ class aio_handle:  # noqa: N801 - DeepSpeed's name
         All are waited for; the first failure among them is then raised."""
         return self._pending.wait_all(Count.COLLECTED)
 
+    def stats(self) -> "dict[str, Any]":
+        """nvio's counters of this handle (not in DeepSpeed): as ``nvio.Handle.stats()``."""
+        return self._core.stats()
+
     # -- locked memory -------------------------------------------------------------------------
     def new_cpu_locked_tensor(self, num_elem: int, example_tensor: Any = None, **kwargs: Any):
         """A page-aligned, locked CPU tensor of ``num_elem`` elements of the example's dtype.

@@ -291,6 +291,13 @@ class Handle:
         """How many files the handle keeps open now (see close_files)."""
         return self._core.open_files()
 
+    def stats(self) -> "dict[str, Any]":
+        """What this handle has done since it was made: a dict of counters (``reads``,
+        ``bytes_read``, ``pieces``, ``retries``, ``bounced_bytes``, ...) and ``errors``, failed
+        operations by errno; see docs/python.md, "Counters". Subtract two snapshots to measure
+        a phase. Read while operations run, the counters are not one atomic snapshot."""
+        return self._core.stats()
+
     def __del__(self) -> None:
         # The pending futures (and so the buffers they keep alive) go with this handle unless the
         # caller holds them: wait for their I/O first. Finalizers run before a reference cycle is

@@ -360,6 +360,17 @@ py::dict options_dict(const nvio::Options& o) {
   return d;
 }
 
+// Handle::stats() as a dict: the counters by name (nvio::handle_stats_fields), and "errors", a dict
+// of failed operations by errno.
+py::dict stats_dict(const nvio::HandleStats& stats) {
+  py::dict d;
+  for (const nvio::HandleStatsField& f : nvio::handle_stats_fields()) d[f.name] = stats.*f.member;
+  py::dict errors;
+  for (const auto& [err, count] : stats.errors) errors[py::int_(err)] = count;
+  d["errors"] = errors;
+  return d;
+}
+
 // Every live LockedMemory by start address, with its size: locked or not (mlock refused under
 // RLIMIT_MEMLOCK). DeepSpeed's handles answer is_pinned for memory their own allocator made, and
 // nvio's aio_handle does the same for this memory, which it moves without a bounce copy either
@@ -995,6 +1006,7 @@ PYBIND11_MODULE(_nvio, m) {
       // Closing a descriptor can block (a network file system flushes on close).
       .def("close_files", [](nvio::Handle& h) { unlocked([&] { h.close_files(); }); })
       .def("open_files", &nvio::Handle::open_files)
+      .def("stats", [](const nvio::Handle& h) { return stats_dict(h.stats()); })
       .def("options", [](const nvio::Handle& h) { return options_dict(h.options()); })
       .def_property_readonly("engine",
                              [](const nvio::Handle& h) { return nvio::to_string(h.engine()); })

@@ -40,6 +40,7 @@
 #include "engine/engine.hpp"
 #include "handle/files.hpp"
 #include "handle/operation.hpp"
+#include "handle/stats.hpp"
 #include "handle/worker.hpp"
 #include "handle/worker_threads.hpp"
 #include "nvio/errors.hpp"
@@ -159,6 +160,7 @@ struct Handle::Impl final : detail::FinishListener {
   EngineKind engine_kind;
   std::string engine_reason;
 
+  detail::HandleCounters counters;  // a shard per worker: set before the workers start
   detail::OperationQueue queue;
   detail::FileCache files{options.direct};
 
@@ -244,6 +246,7 @@ Handle::Impl::Impl(const Options& opts) : options(opts) {
   started.reserve(count);
   workers.reserve(count);
   std::exception_ptr first;
+  counters.set_workers(count);
   for (unsigned i = 0; i < count && !first; ++i) {
     try {
       auto ready = std::make_shared<std::promise<void>>();
@@ -256,6 +259,7 @@ Handle::Impl::Impl(const Options& opts) : options(opts) {
       settings.overlap_events = options.overlap_events;
       settings.single_submit = options.single_submit;
       settings.engine = engine_kind;
+      settings.stats = &counters.worker(i);
       workers.push_back(detail::start_worker_thread(
           [this, settings, ready] { detail::run_worker(settings, queue, std::move(*ready)); }));
       started.push_back(std::move(f));  // within the reserved capacity: does not throw
@@ -489,7 +493,7 @@ JobPtr Handle::Impl::prepare_batch(Direction dir, std::span<const Extent> extent
 }
 
 void Handle::Impl::run_blocking(const JobPtr& job) {
-  for (const OperationPtr& op : job->ops) queue.push(op);
+  for (const OperationPtr& op : job->ops) queue.push(op, counters.others());
   job->wait();
   if (std::exception_ptr e = job->error()) std::rethrow_exception(e);
 }
@@ -515,7 +519,7 @@ Ticket Handle::Impl::register_async(const JobPtr& job) {
     if (job->ops.empty()) list_finished(t);
   }
   if (job->ops.empty()) finished_cv.notify_all();
-  for (const OperationPtr& op : job->ops) queue.push(op);
+  for (const OperationPtr& op : job->ops) queue.push(op, counters.others());
   return t;
 }
 
@@ -599,8 +603,7 @@ Handle::Impl& Handle::renew_after_fork() const {
 
 Handle::Handle() : Handle(resolve_options().values) {}
 Handle::Handle(const Options& options)
-    : impl_(std::make_unique<Impl>(options)), owner_pid_(detail::current_pid()) {
-}
+    : impl_(std::make_unique<Impl>(options)), owner_pid_(detail::current_pid()) {}
 
 Handle::~Handle() {
   // In a forked child that never used the handle, the state is the parent's (see impl()).
@@ -801,6 +804,8 @@ std::size_t Handle::pending() const {
 void Handle::close_files() { impl().files.clear(); }
 
 std::size_t Handle::open_files() const { return impl().files.size(); }
+
+HandleStats Handle::stats() const { return impl().counters.snapshot(); }
 
 // These facts are fixed when the handle is made and are the same in a forked child, so they are
 // read from whichever state is current without making a new one.

@@ -34,13 +34,13 @@ std::exception_ptr ended_during_read(const Operation& op, std::uint64_t at) {
   }
 }
 
-void OperationQueue::push(const OperationPtr& op) {
+void OperationQueue::push(const OperationPtr& op, StatsShard& stats) {
   {
     std::lock_guard lock(live_mutex_);
     ++live_ops_;
   }
   if (op->piece_count == 0) {  // zero-length: only the write's finishing steps remain
-    finish_piece(*op, 0);
+    finish_piece(*op, 0, stats);
     return;
   }
   std::exception_ptr refused;  // why the operation is not queued
@@ -66,7 +66,7 @@ void OperationQueue::push(const OperationPtr& op) {
     // A worker died after the operation was prepared, or it could not be queued: it never
     // starts, and finishing it here keeps stop() from waiting for it.
     op->record_error(refused);
-    finish_piece(*op, op->piece_count);
+    finish_piece(*op, op->piece_count, stats);
     return;
   }
   cv_.notify_all();
@@ -118,7 +118,7 @@ bool OperationQueue::take_piece(OperationPtr& op, Piece& piece, bool bounce_ok, 
   return true;
 }
 
-void OperationQueue::finish_piece(Operation& op, std::size_t count) {
+void OperationQueue::finish_piece(Operation& op, std::size_t count, StatsShard& stats) {
   if (count > 0 && op.remaining.fetch_sub(count, std::memory_order_acq_rel) != count) return;
   // Last piece: the write's finishing steps, then release the descriptors and wake the waiter.
   if (!op.failed.load(std::memory_order_acquire) && !op.is_read()) {
@@ -144,12 +144,23 @@ void OperationQueue::finish_piece(Operation& op, std::size_t count) {
       }
     }
   }
+  std::exception_ptr error;  // the outcome is final now
   {
     std::lock_guard lock(op.mutex);
     op.cufile = cuda::CuFileHandle();  // deregistered before its descriptor closes
     op.file.reset();
     op.batch.reset();
     op.finished_at = std::chrono::steady_clock::now();
+    error = op.error;
+  }
+  if (error) {
+    stats.failed(error);
+  } else if (op.is_read()) {
+    stats.add(Counter::Reads, 1);
+    stats.add(Counter::BytesRead, op.length);
+  } else {
+    stats.add(Counter::Writes, 1);
+    stats.add(Counter::BytesWritten, op.length);
   }
   // Before `finished`: a wait that collects the ticket (and may drop the listener's record of it)
   // waits for `finished`, so the listener's record is alive during the call.
@@ -167,7 +178,8 @@ void OperationQueue::finish_piece(Operation& op, std::size_t count) {
   live_cv_.notify_all();
 }
 
-void OperationQueue::fail(Operation& op, std::exception_ptr error, std::size_t held) {
+void OperationQueue::fail(Operation& op, std::exception_ptr error, std::size_t held,
+                          StatsShard& stats) {
   op.record_error(std::move(error));
   // Pieces nobody has taken yet will not run: count them as finished now.
   std::size_t skipped = 0;
@@ -176,10 +188,10 @@ void OperationQueue::fail(Operation& op, std::exception_ptr error, std::size_t h
     skipped = op.piece_count - op.next_piece;
     op.next_piece = op.piece_count;
   }
-  if (skipped + held > 0) finish_piece(op, skipped + held);
+  if (skipped + held > 0) finish_piece(op, skipped + held, stats);
 }
 
-void OperationQueue::worker_died(const std::exception_ptr& error) {
+void OperationQueue::worker_died(const std::exception_ptr& error, StatsShard& stats) {
   // One operation at a time, so that nothing is allocated here (the worker may be out of memory).
   // Pieces of these operations that other workers have taken finish there as usual; the rest are
   // skipped. An operation whose pieces are all taken already is left to its workers.
@@ -194,7 +206,7 @@ void OperationQueue::worker_died(const std::exception_ptr& error) {
       queue_.pop_front();
       untaken = op->next_piece < op->piece_count;
     }
-    if (untaken) fail(*op, error, 0);
+    if (untaken) fail(*op, error, 0, stats);
   }
 }
 

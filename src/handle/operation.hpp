@@ -22,6 +22,7 @@
 #include "cuda/device_ops.hpp"
 #include "engine/engine.hpp"
 #include "handle/plan.hpp"
+#include "handle/stats.hpp"
 #include "nvio/errors.hpp"
 #include "nvio/handle.hpp"
 
@@ -165,13 +166,15 @@ using OperationPtr = std::shared_ptr<Operation>;
 std::exception_ptr ended_during_read(const Operation& op, std::uint64_t at);
 
 // The handle's queue of operations, shared by the submitting threads and the workers: pieces are
-// taken from the operation at its head, and an operation finishes when all its pieces have.
+// taken from the operation at its head, and an operation finishes when all its pieces have. The
+// thread that finishes it counts its outcome into `stats`, that thread's shard of the handle's
+// counters (handle/stats.hpp).
 // Thread-safe: one mutex guards the queue, `stopping`, the dead worker's error and every
 // operation's `next_piece`; another counts the operations alive.
 class OperationQueue {
  public:
   // Queues `op` (or finishes it at once when it has no pieces or cannot be queued).
-  void push(const OperationPtr& op);
+  void push(const OperationPtr& op, StatsShard& stats);
   // Takes the next piece of the operation at the head of the queue into `op` and `piece`.
   // Returns false when there is none (after waiting for one when `wait_for_work`, until stop()),
   // when the next one needs a bounce chunk and `bounce_ok` is false, or when `op` is the head
@@ -179,14 +182,14 @@ class OperationQueue {
   bool take_piece(OperationPtr& op, Piece& piece, bool bounce_ok, bool wait_for_work,
                   std::size_t per_op_limit, std::size_t taken_from_op);
   // `count` pieces of `op` are finished; the last one runs a write's finishing steps (truncate,
-  // fdatasync), closes the descriptors and wakes the waiters.
-  void finish_piece(Operation& op, std::size_t count);
+  // fdatasync), counts the operation's outcome, closes the descriptors and wakes the waiters.
+  void finish_piece(Operation& op, std::size_t count, StatsShard& stats);
   // Fails `op` with `error`: its pieces nobody has taken yet are skipped, and `held` pieces the
   // caller has taken are counted as finished.
-  void fail(Operation& op, std::exception_ptr error, std::size_t held);
+  void fail(Operation& op, std::exception_ptr error, std::size_t held, StatsShard& stats);
   // After a worker died: records `error` as the handle's, so that no operation is started from
   // now on, and fails every queued operation with it. Allocates nothing.
-  void worker_died(const std::exception_ptr& error);
+  void worker_died(const std::exception_ptr& error, StatsShard& stats);
   // The error of a dead worker, or null while all are alive.
   std::exception_ptr worker_failure();
   // Blocks until `op` has finished.

@@ -17,6 +17,11 @@
 // or, for device memory moved by GPUDirect Storage, the cuFile engine (psync-shaped: the transfer
 // runs in submit(), its result comes back through reap()). The worker never branches on which.
 //
+// Counting (Handle::stats(), handle/stats.hpp): the worker counts into its own shard what happens
+// to its slots, for every engine alike: a piece once its transfer has completed (and how it moved),
+// each request offered again (retry), each short completion; an operation's outcome is counted
+// where its last piece finishes (OperationQueue::finish_piece).
+//
 // Invariants, held here and nowhere else:
 //   * a slot is retired (its bounce chunk reused, its operation told) only from Ready, or after
 //     the engine gave its request back (completion) or its copy's event fired: never while the
@@ -197,12 +202,15 @@ class Worker {
   // with its chunk possibly still used by a device copy (quarantine: the chunk is never reused).
   void retire(unsigned i);
   void retire_failed(unsigned i, std::exception_ptr error);
+  // Counts slot i's piece, whose transfer has completed, and how it moved.
+  void count_piece(const Slot& s);
   void quarantine(unsigned i, std::exception_ptr error);
   OperationPtr release(unsigned i) noexcept;
   void die(std::exception_ptr cause) noexcept;
 
   WorkerSettings settings_;
   OperationQueue& queue_;
+  StatsShard& stats_;
   std::unique_ptr<WorkerMemory> memory_;
   std::vector<Slot> slots_;
   std::vector<unsigned> free_;         // Free slots
@@ -223,7 +231,7 @@ class Worker {
 };
 
 Worker::Worker(const WorkerSettings& settings, OperationQueue& queue)
-    : settings_(settings), queue_(queue) {
+    : settings_(settings), queue_(queue), stats_(*settings.stats) {
   const unsigned qd = settings.queue_depth;
   // Bounce chunks cover one piece each; 64 MiB of them per worker keeps the disk busy without
   // pinning queue_depth x block_size of memory.
@@ -288,12 +296,12 @@ OperationPtr Worker::release(unsigned i) noexcept {
 
 void Worker::retire(unsigned i) {
   const OperationPtr op = release(i);
-  queue_.finish_piece(*op, 1);
+  queue_.finish_piece(*op, 1, stats_);
 }
 
 void Worker::retire_failed(unsigned i, std::exception_ptr error) {
   const OperationPtr op = release(i);
-  queue_.fail(*op, std::move(error), 1);
+  queue_.fail(*op, std::move(error), 1, stats_);
 }
 
 void Worker::quarantine(unsigned i, std::exception_ptr error) {
@@ -337,7 +345,7 @@ void Worker::fill() {
     taken_from_op = (op == last_op) ? taken_from_op + 1 : 1;
     last_op = op;
     if (op->failed.load(std::memory_order_acquire)) {
-      queue_.finish_piece(*op, 1);
+      queue_.finish_piece(*op, 1, stats_);
       continue;
     }
     start(op, piece);
@@ -354,7 +362,7 @@ void Worker::start(const OperationPtr& op, const Piece& piece) {
           std::make_unique<cuda::DeviceLane>(op->device_ops, settings_.queue_depth, memory_->pool);
     } catch (...) {
       lane.reset();
-      queue_.fail(*op, std::current_exception(), 1);
+      queue_.fail(*op, std::current_exception(), 1, stats_);
       return;
     }
   }
@@ -363,7 +371,7 @@ void Worker::start(const OperationPtr& op, const Piece& piece) {
     try {
       memory_->engines[kCuFile] = engine::make_cufile_engine(engine::real_cufile_calls());
     } catch (...) {
-      queue_.fail(*op, std::current_exception(), 1);
+      queue_.fail(*op, std::current_exception(), 1, stats_);
       return;
     }
   }
@@ -539,6 +547,7 @@ void Worker::submit_ready() {
     const bool busy = rc == 0 || rc == -EAGAIN || rc == -EBUSY;
     if (busy && on_disk_[lane] > 0) break;  // out of resources: reap, then offer again
     if (busy && submit_stalls_.retry(EAGAIN)) {
+      stats_.add(Counter::Retries, 1);
       sched_yield();
       continue;
     }
@@ -584,7 +593,7 @@ void Worker::engine_error(unsigned lane, int err) {
     queue_.fail(*s.op,
                 io_error_ptr(IoOp::Wait, s.op->path, s.file_offset + s.done, s.length - s.done, err,
                              fmt::format("{} engine", engine(lane).name())),
-                0);
+                0, stats_);
   }
   engine(lane).cancel();
 }
@@ -615,6 +624,7 @@ void Worker::on_completion(unsigned lane, const engine::Completion& c) {
   if (c.result < 0) {
     const int err = static_cast<int>(-c.result);
     if (s.retries.retry(err)) {
+      stats_.add(Counter::Retries, 1);
       make_ready(i);
       return;
     }
@@ -637,6 +647,7 @@ void Worker::on_completion(unsigned lane, const engine::Completion& c) {
   }
   const std::size_t before = s.done;
   s.done += static_cast<std::size_t>(c.result);
+  if (s.done < s.length) stats_.add(Counter::ShortTransfers, 1);
   if (s.done < s.length && s.direct && lane == kKernel) {
     // A short direct transfer resumes with direct I/O, from the last aligned point (see
     // direct_resume_point): never through the page cache beside direct-written bytes.
@@ -646,7 +657,9 @@ void Worker::on_completion(unsigned lane, const engine::Completion& c) {
   }
   if (s.done > before) {
     s.retries.progress();
-  } else if (!s.retries.retry(EAGAIN)) {
+  } else if (s.retries.retry(EAGAIN)) {
+    stats_.add(Counter::Retries, 1);
+  } else {
     retire_failed(i, io_error_ptr(io_op(s), op.path, at, left, EIO,
                                   "short O_DIRECT transfers made no aligned progress"));
     return;
@@ -658,8 +671,21 @@ void Worker::on_completion(unsigned lane, const engine::Completion& c) {
   transfer_finished(i);
 }
 
+void Worker::count_piece(const Slot& s) {
+  const Operation& op = *s.op;
+  stats_.add(Counter::Pieces, 1);
+  if (op.memory == MemoryKind::Device) {
+    stats_.add(s.lane == kCuFile ? Counter::GdsBytes : Counter::DeviceBounceBytes, s.length);
+  } else if (s.bounce != nullptr) {
+    stats_.add(Counter::BouncedBytes, s.length);
+  }
+  // A buffered piece of a request planned with direct I/O is one of its unaligned edges.
+  if (!s.direct && op.plan.direct) stats_.add(Counter::EdgeBytes, s.length);
+}
+
 void Worker::transfer_finished(unsigned i) {
   Slot& s = slots_[i];
+  count_piece(s);
   if (s.bounce != nullptr && s.op->is_read()) {
     if (s.op->memory == MemoryKind::Device) {
       start_copy(i, /*to_device=*/true);  // done once the copy to the device is
@@ -725,7 +751,7 @@ void Worker::die(std::exception_ptr cause) noexcept {
   // holds fails once nothing of its pieces is in use any more. Nothing below throws or waits for
   // ever.
   const std::exception_ptr error = worker_death_error(settings_.index, cause, no_memory_error_);
-  queue_.worker_died(error);
+  queue_.worker_died(error, stats_);
   // The kernel may still be transferring pieces handed to the engine, and a device copy may still
   // use a chunk: wait for them, so that neither the caller's buffers nor the chunks are released
   // while in use. An engine that threw or keeps failing is in an unknown state and is not waited
@@ -758,7 +784,7 @@ void Worker::die(std::exception_ptr cause) noexcept {
   for (Slot& s : slots_) {
     if (!s.op) continue;
     const OperationPtr op = std::move(s.op);
-    queue_.fail(*op, error, 1);
+    queue_.fail(*op, error, 1, stats_);
   }
   if (!idle) {
     // An engine that only kept reporting failures (it did not throw) is closed, which releases its

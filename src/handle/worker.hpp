@@ -19,6 +19,7 @@ struct WorkerSettings {
   bool overlap_events = true;
   bool single_submit = false;
   EngineKind engine = EngineKind::Psync;  // concrete
+  StatsShard* stats = nullptr;            // this worker's counters; outlives the worker
 };
 
 // The body of a worker thread. Makes the worker's engine and buffers and reports the outcome

@@ -323,6 +323,12 @@ std::string StripedHandle::part_path(std::size_t drive, const std::string& name)
   return impl_->part(drive, name);
 }
 
+HandleStats StripedHandle::stats() const {
+  HandleStats total;
+  for (const auto& h : impl_->handles) total += h->stats();
+  return total;
+}
+
 const StripeLayout& StripedHandle::layout() const noexcept { return impl_->layout; }
 
 Handle& StripedHandle::drive(std::size_t drive) {

@@ -215,6 +215,43 @@ def test_bench_json_shape(tmp_path):
         assert isinstance(r["cpu_s_per_gb"], float) and r["cpu_s_per_gb"] >= 0
 
 
+STATS_KEYS = {
+    "reads", "writes", "bytes_read", "bytes_written", "pieces", "retries", "short_transfers",
+    "bounced_bytes", "edge_bytes", "gds_bytes", "device_bounce_bytes", "errors",
+}
+
+
+def test_bench_json_stats_cover_the_timed_loops(tmp_path):
+    # An unaligned offset: with direct I/O each transfer is a buffered head and tail around direct
+    # 64 KiB pieces, whose memory (the page-aligned buffer + the head) is not aligned: bounced.
+    size, loops, block, offset = 1 << 20, 3, 64 << 10, 4096 + 17
+    out = bench_json("--dir", tmp_path, "--size", size, "--loops", loops, "--op", "both",
+                     "--offset", offset, "--block-size", block, "--verify")
+    probe = report(str(tmp_path))["dir"]
+    direct = out["options"]["direct"] != "off" and probe["direct_io"]
+    align = max(probe["offset_align"], 4096)
+    end = offset + size
+    head_end, tail_begin = -(-offset // align) * align, end // align * align
+    middle = tail_begin - head_end
+    for r in out["results"]:
+        stats = r["stats"]
+        assert set(stats) == STATS_KEYS
+        moved = ("bytes_read", "reads") if r["op"] == "read" else ("bytes_written", "writes")
+        other = ("bytes_written", "writes") if r["op"] == "read" else ("bytes_read", "reads")
+        # The timed loops only: not the untimed read that verifies the written file.
+        assert stats[moved[0]] == size * loops and stats[moved[1]] == loops
+        assert stats[other[0]] == 0 and stats[other[1]] == 0
+        assert stats["errors"] == {} and stats["retries"] == 0
+        assert stats["gds_bytes"] == 0 and stats["device_bounce_bytes"] == 0
+        if direct:
+            assert stats["edge_bytes"] == (size - middle) * loops
+            assert stats["pieces"] == (-(-middle // block) + 2) * loops
+            assert stats["bounced_bytes"] == (middle * loops if probe["mem_align"] > 1 else 0)
+        else:
+            assert stats["edge_bytes"] == 0 and stats["bounced_bytes"] == 0
+            assert stats["pieces"] == size // block * loops
+
+
 def test_bench_explicit_options_reach_the_handle(tmp_path):
     out = bench_json("--dir", tmp_path, "--size", "64K", "--loops", 1, "--op", "write",
                      "--engine", "psync", "--block-size", "8K", "--queue-depth", "3",

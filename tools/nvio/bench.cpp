@@ -3,7 +3,9 @@
 // Each loop moves the whole buffer once. Wall time comes from steady_clock; CPU time from
 // getrusage(RUSAGE_SELF), which includes the library's worker threads (they live in this process).
 // Reported figures are medians over loops, so one slow loop (a flush, a noisy neighbour) does not
-// skew the result.
+// skew the result. The JSON's per-result "stats" are the handle's counters (Handle::stats()) over
+// the timed loops only: the difference of snapshots taken around them, leaving out the untimed
+// operations (laying out the file, verifying a write) that use the same handle.
 #include <fcntl.h>
 #include <fmt/core.h>
 #include <fmt/ranges.h>
@@ -177,7 +179,9 @@ void add_bench_options(CLI::App& app, BenchArgs& args) {
                "comparable with those without; without it, random writes store the buffer as "
                "it is");
   app.add_flag("--keep", args.keep, "Keep the file the run wrote (default: remove it)");
-  app.add_flag("--json", args.json, "Print one JSON object instead of a table");
+  app.add_flag("--json", args.json,
+               "Print one JSON object instead of a table; each result has a \"stats\" object, "
+               "the handle's counters over its timed loops (see README)");
   app.add_flag("--gpu", args.gpu,
                "Move data between GPU memory (cuMemAlloc) and the file, through the pipelined "
                "host bounce path (gpu_direct=off)");
@@ -268,6 +272,9 @@ struct OpResult {
   std::optional<bool> verified;             // nullopt: not verified
   std::optional<std::uint64_t> bad_offset;  // first mismatching file offset when verify failed
   std::vector<std::uint64_t> drive_bytes;   // a striped run: each drive's share of `bytes`
+  // The handle's counters over the timed loops only (after - before; a striped run: all its
+  // drives' handles); nullopt without a handle (--h2d-only).
+  std::optional<nvio::HandleStats> stats;
 };
 
 // ---- argument parsing -------------------------------------------------------------------------
@@ -776,6 +783,7 @@ class Target {
       return std::nullopt;
     }
   }
+  nvio::HandleStats stats() const { return striped_ ? striped_->stats() : handle_.stats(); }
   // So that a buffered read really reads the device. Best effort: a failure only makes the read
   // look faster, and the read itself reports real errors (missing file, permissions).
   void evict() const {
@@ -806,11 +814,13 @@ OpResult run_writes(Target& target, Buffers& buf, const Plan& plan, Progress& pr
   OpResult result("write", plan.size, target.drive_bytes());
   nvio::pattern::fill(buf.host.data(), plan.size, plan.offset, plan.seed);
   buf.push();
+  const nvio::HandleStats before = target.stats();
   for (unsigned i = 0; i < plan.loops; ++i) {
     progress.set(fmt::format("write loop {}/{}", i + 1, plan.loops));
     result.samples.push_back(
         time_target([&] { return target.write(buf.io(), buf.write_options()); }));
   }
+  result.stats = target.stats() - before;
   return result;
 }
 
@@ -827,6 +837,7 @@ void ensure_readable(Target& target, Buffers& buf, const Plan& plan) {
 
 OpResult run_reads(Target& target, Buffers& buf, const Plan& plan, Progress& progress) {
   OpResult result("read", plan.size, target.drive_bytes());
+  const nvio::HandleStats before = target.stats();
   for (unsigned i = 0; i < plan.loops; ++i) {
     progress.set(fmt::format("read loop {}/{}", i + 1, plan.loops));
     // Poison the buffer first, or a read that transferred nothing would pass --verify.
@@ -840,6 +851,7 @@ OpResult run_reads(Target& target, Buffers& buf, const Plan& plan, Progress& pro
     // Every loop's data is checked (untimed); the first failure is the one reported.
     if (plan.verify && result.verified != false) check_pattern(buf, plan, result);
   }
+  result.stats = target.stats() - before;
   return result;
 }
 
@@ -1159,12 +1171,14 @@ OpResult random_op(nvio::Handle& handle, int fd, RandomState& st, const Plan& pl
                    Progress& progress) {
   const bool read = op == Op::Read;
   OpResult result(read ? "read" : "write", plan.size);
+  const nvio::HandleStats before = handle.stats();
   for (unsigned i = 0; i < plan.loops; ++i) {
     progress.set(fmt::format("random {} loop {}/{}", result.op, i + 1, plan.loops));
     // So that buffered reads (direct off) really read the device; best effort, as for sequential.
     if (read) nvio::detail::evict_page_cache(plan.path);
     result.samples.push_back(random_loop(handle, fd, st, plan, op, i, result));
   }
+  result.stats = handle.stats() - before;
   if (plan.verify && read && result.verified != false) result.verified = true;
   return result;
 }
@@ -1243,6 +1257,17 @@ nlohmann::json drives_json(const OpResult& r, const Plan& plan) {
   return out;
 }
 
+// The counters by name (nvio::handle_stats_fields) and "errors": failed operations by errno, whose
+// keys are the errno numbers as strings.
+nlohmann::json stats_json(const nvio::HandleStats& stats) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const nvio::HandleStatsField& f : nvio::handle_stats_fields()) j[f.name] = stats.*f.member;
+  nlohmann::json errors = nlohmann::json::object();
+  for (const auto& [err, count] : stats.errors) errors[std::to_string(err)] = count;
+  j["errors"] = errors;
+  return j;
+}
+
 nlohmann::json result_json(const OpResult& r, const nvio::Handle& handle, const Plan& plan) {
   double seconds = median_seconds(r);
   double bytes = static_cast<double>(r.bytes);
@@ -1258,7 +1283,8 @@ nlohmann::json result_json(const OpResult& r, const nvio::Handle& handle, const 
       {"cpu_s_per_gb", median_cpu_s_per_gb(r)},
       {"verified", r.verified ? nlohmann::json(*r.verified) : nlohmann::json(nullptr)},
       {"loops", r.samples.size()},
-      {"seconds_all", all}};
+      {"seconds_all", all},
+      {"stats", r.stats ? stats_json(*r.stats) : nlohmann::json(nullptr)}};
   if (plan.pattern == Pattern::Random) add_random_json(j, r);
   if (!r.drive_bytes.empty()) j["drives"] = drives_json(r, plan);
   return j;

@@ -40,6 +40,7 @@
 #include "nvio/options.hpp"
 #include "nvio/pattern.hpp"
 #include "nvio/system.hpp"
+#include "procs.hpp"
 
 namespace nvio_cli {
 
@@ -181,6 +182,7 @@ void add_bench_options(CLI::App& app, BenchArgs& args) {
   app.add_option("--device", args.device, "With --gpu: the CUDA device ordinal")
       ->type_name("N")
       ->capture_default_str();
+  add_procs_options(app, args);
 }
 
 namespace {
@@ -222,6 +224,8 @@ struct Plan {
   enum class Memory { Host, Device, H2dOnly } memory = Memory::Host;
   int device = 0;
   nvio::EffectiveOptions options;
+  // In a process of a --procs run: the barrier every timed loop starts behind.
+  std::optional<LoopGate> gate;
 
   // The end of the bytes of the file the run reads or writes.
   std::uint64_t end() const {
@@ -241,6 +245,10 @@ const char* memory_name(const Plan& plan) {
 struct Sample {
   double seconds = 0;
   double cpu_seconds = 0;
+  // When the timed part began and ended: steady_clock is CLOCK_MONOTONIC, one clock for every
+  // process, so that a --procs run can take the span from the earliest start to the latest end.
+  Clock::time_point start{};
+  Clock::time_point end{};
   // Random loops only: operations completed, and latency percentiles in microseconds.
   std::uint64_t ops = 0;
   double p50_us = 0;
@@ -474,6 +482,10 @@ Plan make_plan(const BenchArgs& args) {
   plan.verify = args.verify;
   plan.keep = args.keep;
   plan.json = args.json;
+  if (args.role) {
+    plan.gate.emplace(args.role->ready_fd, args.role->go_fd);
+    plan.json = true;  // the parent reads the result from the process's stdout
+  }
   std::optional<nvio::InvalidArgument> bad_flag;
   nvio::OptionOverrides overrides = build_overrides(args, bad_flag);
   if (args.gds && overrides.gpu_direct)
@@ -615,8 +627,12 @@ Sample time_once(Fn&& fn) {
   auto t0 = Clock::now();
   fn();
   auto t1 = Clock::now();
-  return {std::chrono::duration<double>(t1 - t0).count(),
-          nvio::detail::process_cpu_seconds() - cpu0};
+  Sample s;
+  s.seconds = std::chrono::duration<double>(t1 - t0).count();
+  s.cpu_seconds = nvio::detail::process_cpu_seconds() - cpu0;
+  s.start = t0;
+  s.end = t1;
+  return s;
 }
 
 double median(std::vector<double> values) {
@@ -698,6 +714,7 @@ OpResult run_writes(nvio::Handle& handle, Buffers& buf, const Plan& plan, Progre
   buf.push();
   for (unsigned i = 0; i < plan.loops; ++i) {
     progress.set(fmt::format("write loop {}/{}", i + 1, plan.loops));
+    if (plan.gate) plan.gate->wait();
     result.samples.push_back(time_once(
         [&] { handle.write(buf.io(), plan.size, plan.path, plan.offset, buf.write_options()); }));
   }
@@ -727,6 +744,7 @@ OpResult run_reads(nvio::Handle& handle, Buffers& buf, const Plan& plan, Progres
     // So that a buffered read really reads the device. Best effort: a failure only makes the read
     // look faster, and the read itself reports real errors (missing file, permissions).
     nvio::detail::evict_page_cache(plan.path);
+    if (plan.gate) plan.gate->wait();
     result.samples.push_back(time_once(
         [&] { handle.read(buf.io(), plan.size, plan.path, plan.offset, buf.read_options()); }));
     // Every loop's data is checked (untimed); the first failure is the one reported.
@@ -1038,6 +1056,8 @@ Sample random_loop(nvio::Handle& handle, int fd, RandomState& st, const Plan& pl
     }
   }
   sample.seconds = std::chrono::duration<double>(now - t0).count();
+  sample.start = t0;
+  sample.end = now;
   sample.cpu_seconds = nvio::detail::process_cpu_seconds() - cpu0;
   sample.ops = done;
   sample.p50_us = percentile_us(st.latency_ns, done, 0.50);
@@ -1054,6 +1074,7 @@ OpResult random_op(nvio::Handle& handle, int fd, RandomState& st, const Plan& pl
     progress.set(fmt::format("random {} loop {}/{}", result.op, i + 1, plan.loops));
     // So that buffered reads (direct off) really read the device; best effort, as for sequential.
     if (read) nvio::detail::evict_page_cache(plan.path);
+    if (plan.gate) plan.gate->wait();
     result.samples.push_back(random_loop(handle, fd, st, plan, op, i, result));
   }
   if (plan.verify && read && result.verified != false) result.verified = true;
@@ -1135,6 +1156,16 @@ nlohmann::json result_json(const OpResult& r, const nvio::Handle& handle, const 
       {"loops", r.samples.size()},
       {"seconds_all", all}};
   if (plan.pattern == Pattern::Random) add_random_json(j, r);
+  if (plan.gate) {
+    nlohmann::json starts = nlohmann::json::array();
+    nlohmann::json ends = nlohmann::json::array();
+    for (const Sample& s : r.samples) {
+      starts.push_back(std::chrono::nanoseconds(s.start.time_since_epoch()).count());
+      ends.push_back(std::chrono::nanoseconds(s.end.time_since_epoch()).count());
+    }
+    j["start_ns_all"] = starts;
+    j["end_ns_all"] = ends;
+  }
   return j;
 }
 
@@ -1264,6 +1295,7 @@ bool report_verification(const std::vector<OpResult>& results, const nvio::Handl
 }  // namespace
 
 int run_bench(const BenchArgs& args) {
+  if (wants_procs(args)) return run_bench_procs(args);
   Plan plan = make_plan(args);
   nvio::Handle handle(plan.options.values);
   if (plan.memory == Plan::Memory::H2dOnly) {

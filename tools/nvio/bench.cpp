@@ -458,6 +458,14 @@ void plan_random(const BenchArgs& args, Plan& plan) {
   }
 }
 
+}  // namespace
+
+std::string scratch_path(const std::string& dir, long pid) {
+  return (std::filesystem::path(dir) / fmt::format("nvio-bench-{}.dat", pid)).string();
+}
+
+namespace {
+
 Plan make_plan(const BenchArgs& args) {
   if ((args.gds || args.h2d_only) && !args.gpu) throw UsageError("--gds and --h2d-only need --gpu");
   if (args.gds && args.h2d_only) throw UsageError("--gds and --h2d-only exclude each other");
@@ -518,8 +526,7 @@ Plan make_plan(const BenchArgs& args) {
     plan.path = *args.file;
     check_existing_file(args, plan);
   } else {
-    plan.path =
-        (std::filesystem::path(*args.dir) / fmt::format("nvio-bench-{}.dat", ::getpid())).string();
+    plan.path = scratch_path(*args.dir, ::getpid());
     plan.scratch = true;
   }
   return plan;

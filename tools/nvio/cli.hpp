@@ -165,6 +165,9 @@ int run_ds_nvme_tune(const DsTuneArgs& args);
 int run_bench_procs(const BenchArgs& args);
 bool wants_procs(const BenchArgs& args);
 
+// The scratch file that `nvio bench --dir DIR` run by process `pid` writes.
+std::string scratch_path(const std::string& dir, long pid);
+
 // Prints the exception being handled as the one "nvio: error:" line and returns the exit code it
 // maps to (kExitUsage for UsageError and nvio::InvalidArgument, kExitFailure otherwise). Call it
 // only inside a catch block.

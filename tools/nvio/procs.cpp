@@ -204,6 +204,8 @@ struct Process {
   int err = -1;       // its stderr: warnings and its error line
   std::string out_text;
   std::string err_text;
+  // The scratch file it writes, which it cannot remove itself if it is killed (SIGKILL).
+  std::optional<std::string> scratch;
   unsigned waiting = 0;  // "ready" bytes not yet answered
   bool reaped = false;
   int status = 0;
@@ -237,6 +239,7 @@ class Processes {
     while (::waitpid(p.pid, &p.status, 0) < 0 && errno == EINTR) {
     }
     p.reaped = true;
+    if (WIFSIGNALED(p.status) && p.scratch) ::unlink(p.scratch->c_str());
   }
   void stop_others(const Process& failed) {
     for (Process& p : list) {
@@ -281,6 +284,7 @@ void start(std::vector<BenchArgs>& args, Processes& procs) {
     p.rank = a.role->rank;
     p.pid = pid;
     p.where = a.file ? *a.file : "--dir " + a.dir.value_or("?");
+    if (!a.file && a.dir && !a.keep) p.scratch = scratch_path(*a.dir, pid);
     p.ctl = take(ctl.read);
     p.go = take(go.write);
     p.out = take(out.read);

@@ -387,6 +387,11 @@ int run_ds_nvme_tune(const DsTuneArgs& args) {
   for (const auto& [name, pick] : {std::pair{"read", result.read}, std::pair{"write", result.write}}) {
     if (pick) fmt::print("{} pick: {}\n", name, pick_text(pick->options));
   }
+  if (result.mixed) {
+    fmt::print("mixed pick: {} (read {}, write {}; the harmonic mean is the best)\n",
+               pick_text(result.mixed->options), gb_text(result.mixed->read_gbps),
+               gb_text(result.mixed->write_gbps));
+  }
   for (const std::string& w : result.warnings) fmt::print("note: {}\n", w);
   if (!log_path.empty()) fmt::print("result: {}\n", log_path);
   if (!doc["deepspeed"].is_object()) return kExitOk;

@@ -69,7 +69,8 @@ void add_refused(CLI::App& app, const Refused (&table)[N], std::vector<std::stri
              flag, [&given, flag](const std::string&) { given.push_back(flag); }, help)
           ->type_name("X");
     } else {
-      app.add_flag_callback(flag, [&given, flag] { given.push_back(flag); }, help);
+      app.add_flag_callback(
+          flag, [&given, flag] { given.push_back(flag); }, help);
     }
   }
 }
@@ -103,9 +104,9 @@ void add_ds_io_options(CLI::App& app, DsIoArgs& args) {
   app.add_option("--multi_process", args.multi_process,
                  "Processes doing I/O on --folder (nvio bench --procs)")
       ->type_name("N");
-  app.add_option("--block_size", args.block_size,
-                 fmt::format("Handle block size (nvio --block-size; default {}, as ds_io)",
-                             kDsBlockSize))
+  app.add_option(
+         "--block_size", args.block_size,
+         fmt::format("Handle block size (nvio --block-size; default {}, as ds_io)", kDsBlockSize))
       ->type_name("BYTES");
   app.add_option("--queue_depth", args.queue_depth,
                  fmt::format("Handle queue depth (nvio --queue-depth; default {}, as ds_io)",
@@ -116,9 +117,9 @@ void add_ds_io_options(CLI::App& app, DsIoArgs& args) {
   app.add_flag("--sequential_requests", args.sequential_requests,
                "Do not overlap submission and completion (nvio --no-overlap-events; default "
                "overlap, as ds_io)");
-  app.add_option("--io_parallel", args.io_parallel,
-                 fmt::format("Per-operation parallelism (nvio --parallelism; default {})",
-                             kDsIoParallel))
+  app.add_option(
+         "--io_parallel", args.io_parallel,
+         fmt::format("Per-operation parallelism (nvio --parallelism; default {})", kDsIoParallel))
       ->type_name("N");
   app.add_option("--loops", args.loops, "Timed loops (nvio bench --loops; default 3)")
       ->type_name("N");
@@ -174,13 +175,15 @@ int run_ds_io(const DsIoArgs& args) {
 
   if (args.warmup_loops) {
     nvio::parse_count(*args.warmup_loops, "--warmup_loops");
-    note(fmt::format("--warmup_loops {}: no warm-up loops are run; nvio bench reports the median "
-                     "of --loops timed loops, which one slow first loop does not move",
-                     *args.warmup_loops));
+    note(
+        fmt::format("--warmup_loops {}: no warm-up loops are run; nvio bench reports the median "
+                    "of --loops timed loops, which one slow first loop does not move",
+                    *args.warmup_loops));
   }
   if (args.use_accelerator_pin_memory) {
-    note("--use_accelerator_pin_memory: nvio locks (mlock) and registers its own host buffers; "
-         "the flag changes nothing");
+    note(
+        "--use_accelerator_pin_memory: nvio locks (mlock) and registers its own host buffers; "
+        "the flag changes nothing");
   }
   const int code = run_bench(b);
   if (!args.json) {
@@ -201,8 +204,7 @@ void add_ds_nvme_tune_options(CLI::App& app, DsTuneArgs& args) {
                  "--grid over that space)")
       ->type_name("FILE");
   auto* no_read = app.add_flag("--no_read", args.no_read, "Tune writes only (nvio --write-only)");
-  auto* no_write =
-      app.add_flag("--no_write", args.no_write, "Tune reads only (nvio --read-only)");
+  auto* no_write = app.add_flag("--no_write", args.no_write, "Tune reads only (nvio --read-only)");
   no_read->excludes(no_write);
   app.add_option("--io_size", args.io_size,
                  "Bytes per measurement (nvio tune --trial-size; the file is this or 16 MiB, "
@@ -261,21 +263,21 @@ nvio::TuneSpace read_sweep_config(const std::string& path) {
   const auto size = [&path](const nlohmann::json& v, const std::string& key) -> std::size_t {
     if (v.is_string()) return nvio::parse_size(v.get<std::string>(), "--sweep_config " + key);
     if (v.is_number_unsigned()) return v.get<std::size_t>();
-    throw UsageError(fmt::format("--sweep_config {}: \"{}\" holds {}, not a size", path, key,
-                                 v.dump()));
+    throw UsageError(
+        fmt::format("--sweep_config {}: \"{}\" holds {}, not a size", path, key, v.dump()));
   };
   const auto count = [&path](const nlohmann::json& v, const std::string& key) -> unsigned {
     if (v.is_number_unsigned() && v.get<std::uint64_t>() > 0 &&
         v.get<std::uint64_t>() <= 1u << 20) {
       return v.get<unsigned>();
     }
-    throw UsageError(fmt::format("--sweep_config {}: \"{}\" holds {}, not a count", path, key,
-                                 v.dump()));
+    throw UsageError(
+        fmt::format("--sweep_config {}: \"{}\" holds {}, not a count", path, key, v.dump()));
   };
   const auto boolean = [&path](const nlohmann::json& v, const std::string& key) -> bool {
     if (v.is_boolean()) return v.get<bool>();
-    throw UsageError(fmt::format("--sweep_config {}: \"{}\" holds {}, not true or false", path,
-                                 key, v.dump()));
+    throw UsageError(
+        fmt::format("--sweep_config {}: \"{}\" holds {}, not true or false", path, key, v.dump()));
   };
   nvio::TuneSpace s = ds_default_space();
   // A key the file leaves out is held at ds_io's default, as ds_io runs without its flag.
@@ -297,10 +299,10 @@ nvio::TuneSpace read_sweep_config(const std::string& path) {
         s.overlap_events.push_back(!sequential);
       }
     } else {
-      throw UsageError(fmt::format(
-          "--sweep_config {}: unknown key \"{}\" (nvio reads block_size, queue_depth, "
-          "io_parallel, single_submit, sequential_requests)",
-          path, key));
+      throw UsageError(
+          fmt::format("--sweep_config {}: unknown key \"{}\" (nvio reads block_size, queue_depth, "
+                      "io_parallel, single_submit, sequential_requests)",
+                      path, key));
     }
   }
   return s;
@@ -340,13 +342,15 @@ int run_ds_nvme_tune(const DsTuneArgs& args) {
   req.space = args.sweep_config ? read_sweep_config(*args.sweep_config) : ds_default_space();
   if (args.loops) {
     nvio::parse_count(*args.loops, "--loops");
-    note(fmt::format("--loops {}: nvio measures each configuration once and repeats the leading "
-                     "ones (the confirm phase of nvio tune)",
-                     *args.loops));
+    note(
+        fmt::format("--loops {}: nvio measures each configuration once and repeats the leading "
+                    "ones (the confirm phase of nvio tune)",
+                    *args.loops));
   }
   if (args.flush_page_cache) {
-    note("--flush_page_cache: nvio evicts each read trial's range from the page cache itself "
-         "(posix_fadvise, no sudo) and also measures O_DIRECT");
+    note(
+        "--flush_page_cache: nvio evicts each read trial's range from the page cache itself "
+        "(posix_fadvise, no sudo) and also measures O_DIRECT");
   }
   if (args.log_dir) std::filesystem::create_directories(*args.log_dir);
 
@@ -365,10 +369,11 @@ int run_ds_nvme_tune(const DsTuneArgs& args) {
     fmt::print("{}\n", doc.dump(2));
     return kExitOk;
   }
-  fmt::print("nvio ds-nvme-tune: {} ({}, {}): {} configurations measured in {:.1f} s, {} ({} "
-             "bytes) per trial\n",
-             result.directory, result.filesystem, result.device, result.points.size(),
-             result.elapsed_s, human_bytes(result.trial_bytes), result.trial_bytes);
+  fmt::print(
+      "nvio ds-nvme-tune: {} ({}, {}): {} configurations measured in {:.1f} s, {} ({} "
+      "bytes) per trial\n",
+      result.directory, result.filesystem, result.device, result.points.size(), result.elapsed_s,
+      human_bytes(result.trial_bytes), result.trial_bytes);
   if (args.verbose) {
     for (const nvio::TunePoint& p : result.points) {
       fmt::print("  {:<5} {}  {}\n", nvio::to_string(p.mode), gb_text(p.median_gbps()),
@@ -376,7 +381,8 @@ int run_ds_nvme_tune(const DsTuneArgs& args) {
     }
   }
   std::string best;
-  for (const auto& [name, pick] : {std::pair{"read", result.read}, std::pair{"write", result.write}}) {
+  for (const auto& [name, pick] :
+       {std::pair{"read", result.read}, std::pair{"write", result.write}}) {
     if (!pick) continue;
     best += fmt::format("{}{} = {}", best.empty() ? "" : ", ", name, gb_text(pick->gbps));
   }
@@ -384,7 +390,8 @@ int run_ds_nvme_tune(const DsTuneArgs& args) {
   fmt::print(
       "(GB = 1e9 bytes, GiB = 2^30 bytes; ds_nvme_tune prints 2^30 bytes/s as \"GB/sec\", so "
       "compare its figures with the GiB/s ones)\n");
-  for (const auto& [name, pick] : {std::pair{"read", result.read}, std::pair{"write", result.write}}) {
+  for (const auto& [name, pick] :
+       {std::pair{"read", result.read}, std::pair{"write", result.write}}) {
     if (pick) fmt::print("{} pick: {}\n", name, pick_text(pick->options));
   }
   if (result.mixed) {

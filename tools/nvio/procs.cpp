@@ -107,8 +107,8 @@ MapEntry parse_map_entry(const std::string& text) {
   const std::string ordinal = text.substr(colon + 1);
   const std::size_t value = nvio::parse_count(ordinal, "--device-map");
   if (value > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
-    throw UsageError(fmt::format("--device-map: GPU ordinal {} in '{}' is out of range", ordinal,
-                                 text));
+    throw UsageError(
+        fmt::format("--device-map: GPU ordinal {} in '{}' is out of range", ordinal, text));
   }
   e.ordinal = static_cast<unsigned>(value);
   return e;
@@ -128,8 +128,8 @@ std::vector<BenchArgs> process_args(const BenchArgs& args) {
     }
     if (!map.empty() && procs != map.size()) {
       throw UsageError(fmt::format(
-          "--procs {} disagrees with --device-map, which gives {} processes (one per entry)",
-          procs, map.size()));
+          "--procs {} disagrees with --device-map, which gives {} processes (one per entry)", procs,
+          map.size()));
     }
     count = procs;
   }
@@ -546,12 +546,13 @@ void print_table(const nlohmann::json& doc) {
     }
   }
   for (const nlohmann::json& a : doc["aggregate"]) {
-    fmt::print("{:<5} {:>8} {:<6} {:<9} {:>14} {:>10.4f} {:>9.3f} {:>9.3f} {:>9}  start skew "
-               "{:.3f} ms (median)\n",
-               "all", "", a["op"].get<std::string>(), "", a["bytes"].get<std::uint64_t>(),
-               a["seconds"].get<double>(), a["gb_per_s"].get<double>(),
-               a["gib_per_s"].get<double>(), verified_text(a["verified"]),
-               median(a["start_skew_s_all"].get<std::vector<double>>()) * 1e3);
+    fmt::print(
+        "{:<5} {:>8} {:<6} {:<9} {:>14} {:>10.4f} {:>9.3f} {:>9.3f} {:>9}  start skew "
+        "{:.3f} ms (median)\n",
+        "all", "", a["op"].get<std::string>(), "", a["bytes"].get<std::uint64_t>(),
+        a["seconds"].get<double>(), a["gb_per_s"].get<double>(), a["gib_per_s"].get<double>(),
+        verified_text(a["verified"]),
+        median(a["start_skew_s_all"].get<std::vector<double>>()) * 1e3);
   }
 }
 

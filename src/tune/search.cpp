@@ -520,7 +520,9 @@ class Searcher {
         }
       }
     }
-    // What is left goes to more repeats of the candidates, the least measured first.
+    // What is left goes to more repeats of the candidates, the least measured first. The grid has
+    // no budget, so nothing is left: without this its run would never end.
+    if (!std::isfinite(end)) return;
     while (true) {
       const Coord* fewest = nullptr;
       TuneMode fewest_mode = a;

@@ -171,6 +171,21 @@ TEST(TuneSearch, GridMeasuresEverythingAndFindsTheExactOptimumWithoutNoise) {
                    drive.best_truth(space, TuneMode::Read));
 }
 
+TEST(TuneSearch, GridOfBothModesEndsWithAMixedPick) {
+  nvio::TuneSpace space = test_space();
+  space.engines = {EngineKind::Psync};
+  space.parallelism = {1, 2};
+  SimulatedDrive drive(1, 0.0);
+  nvio::TuneSettings settings;
+  settings.strategy = nvio::TuneStrategy::Grid;  // both modes (the default)
+  const nvio::TuneResult r = nvio::search(space, drive, settings);
+  ASSERT_TRUE(r.read);
+  ASSERT_TRUE(r.write);
+  ASSERT_TRUE(r.mixed);
+  // Every configuration once per mode, the confirm repeats, and two cross rounds: bounded.
+  EXPECT_LE(r.points.size(), 2 * space.all().size());
+}
+
 TEST(TuneSearch, PsyncIgnoredDimensionsAreFolded) {
   const nvio::TuneSpace space = test_space();
   std::size_t psync = 0;

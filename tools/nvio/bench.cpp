@@ -44,6 +44,7 @@
 #include "nvio/pattern.hpp"
 #include "nvio/stripe.hpp"
 #include "nvio/system.hpp"
+#include "procs.hpp"
 
 namespace nvio_cli {
 
@@ -190,6 +191,7 @@ void add_bench_options(CLI::App& app, BenchArgs& args) {
                "With --gpu: time only copies between locked host memory and the GPU (no file), "
                "the PCIe bound the device path is measured against");
   add_device_option(app, args.device);
+  add_procs_options(app, args);
 }
 
 namespace {
@@ -235,6 +237,8 @@ struct Plan {
   int device = 0;
   nvio::EffectiveOptions options;
   nvio::OptionOverrides overrides;  // the flags' options: a striped run resolves them per drive
+  // In a process of a --procs run: the barrier every timed loop starts behind.
+  std::optional<LoopGate> gate;
 
   // The end of the bytes of the file the run reads or writes.
   std::uint64_t end() const {
@@ -254,6 +258,10 @@ const char* memory_name(const Plan& plan) {
 struct Sample {
   double seconds = 0;
   double cpu_seconds = 0;
+  // When the timed part began and ended: steady_clock is CLOCK_MONOTONIC, one clock for every
+  // process, so that a --procs run can take the span from the earliest start to the latest end.
+  Clock::time_point start{};
+  Clock::time_point end{};
   // Random loops only: operations completed, and latency percentiles in microseconds.
   std::uint64_t ops = 0;
   double p50_us = 0;
@@ -471,6 +479,16 @@ void plan_random(const BenchArgs& args, Plan& plan) {
   }
 }
 
+}  // namespace
+
+std::string scratch_name(long pid) { return fmt::format("nvio-bench-{}.dat", pid); }
+
+std::string scratch_path(const std::string& dir, long pid) {
+  return (std::filesystem::path(dir) / scratch_name(pid)).string();
+}
+
+namespace {
+
 Plan make_plan(const BenchArgs& args) {
   if ((args.gds || args.h2d_only) && !args.gpu) throw UsageError("--gds and --h2d-only need --gpu");
   if (args.gds && args.h2d_only) throw UsageError("--gds and --h2d-only exclude each other");
@@ -499,6 +517,10 @@ Plan make_plan(const BenchArgs& args) {
   plan.verify = args.verify;
   plan.keep = args.keep;
   plan.json = args.json;
+  if (args.role) {
+    plan.gate.emplace(args.role->ready_fd, args.role->go_fd);
+    plan.json = true;  // the parent reads the result from the process's stdout
+  }
   std::optional<nvio::InvalidArgument> bad_flag;
   nvio::OptionOverrides overrides = build_overrides(args, bad_flag);
   if (args.gds && overrides.gpu_direct)
@@ -534,8 +556,7 @@ Plan make_plan(const BenchArgs& args) {
     plan.path = *args.file;
     check_existing_file(args, plan);
   } else {
-    const std::string name = fmt::format("nvio-bench-{}.dat", ::getpid());
-    plan.path = striped ? name : (std::filesystem::path(args.dirs.front()) / name).string();
+    plan.path = striped ? scratch_name(::getpid()) : scratch_path(args.dirs.front(), ::getpid());
     plan.scratch = true;
   }
   return plan;
@@ -655,6 +676,8 @@ Sample time_once(Fn&& fn) {
   Sample s;
   s.seconds = std::chrono::duration<double>(t1 - t0).count();
   s.cpu_seconds = nvio::detail::process_cpu_seconds() - cpu0;
+  s.start = t0;
+  s.end = t1;
   return s;
 }
 
@@ -817,6 +840,7 @@ OpResult run_writes(Target& target, Buffers& buf, const Plan& plan, Progress& pr
   const nvio::HandleStats before = target.stats();
   for (unsigned i = 0; i < plan.loops; ++i) {
     progress.set(fmt::format("write loop {}/{}", i + 1, plan.loops));
+    if (plan.gate) plan.gate->wait();
     result.samples.push_back(
         time_target([&] { return target.write(buf.io(), buf.write_options()); }));
   }
@@ -846,6 +870,7 @@ OpResult run_reads(Target& target, Buffers& buf, const Plan& plan, Progress& pro
       buf.push();
     }
     target.evict();
+    if (plan.gate) plan.gate->wait();
     result.samples.push_back(
         time_target([&] { return target.read(buf.io(), buf.read_options()); }));
     // Every loop's data is checked (untimed); the first failure is the one reported.
@@ -1159,6 +1184,8 @@ Sample random_loop(nvio::Handle& handle, int fd, RandomState& st, const Plan& pl
     }
   }
   sample.seconds = std::chrono::duration<double>(now - t0).count();
+  sample.start = t0;
+  sample.end = now;
   sample.cpu_seconds = nvio::detail::process_cpu_seconds() - cpu0;
   sample.ops = done;
   sample.p50_us = percentile_us(st.latency_ns, done, 0.50);
@@ -1176,6 +1203,7 @@ OpResult random_op(nvio::Handle& handle, int fd, RandomState& st, const Plan& pl
     progress.set(fmt::format("random {} loop {}/{}", result.op, i + 1, plan.loops));
     // So that buffered reads (direct off) really read the device; best effort, as for sequential.
     if (read) nvio::detail::evict_page_cache(plan.path);
+    if (plan.gate) plan.gate->wait();
     result.samples.push_back(random_loop(handle, fd, st, plan, op, i, result));
   }
   result.stats = handle.stats() - before;
@@ -1287,6 +1315,16 @@ nlohmann::json result_json(const OpResult& r, const nvio::Handle& handle, const 
       {"stats", r.stats ? stats_json(*r.stats) : nlohmann::json(nullptr)}};
   if (plan.pattern == Pattern::Random) add_random_json(j, r);
   if (!r.drive_bytes.empty()) j["drives"] = drives_json(r, plan);
+  if (plan.gate) {
+    nlohmann::json starts = nlohmann::json::array();
+    nlohmann::json ends = nlohmann::json::array();
+    for (const Sample& s : r.samples) {
+      starts.push_back(std::chrono::nanoseconds(s.start.time_since_epoch()).count());
+      ends.push_back(std::chrono::nanoseconds(s.end.time_since_epoch()).count());
+    }
+    j["start_ns_all"] = starts;
+    j["end_ns_all"] = ends;
+  }
   return j;
 }
 
@@ -1431,6 +1469,7 @@ bool report_verification(const std::vector<OpResult>& results, const nvio::Handl
 }  // namespace
 
 int run_bench(const BenchArgs& args) {
+  if (wants_procs(args)) return run_bench_procs(args);
   Plan plan = make_plan(args);
   nvio::Handle handle(plan.options.values);
   if (plan.memory == Plan::Memory::H2dOnly) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "nvio/options.hpp"
+#include "nvio/tune.hpp"
 
 namespace CLI {
 class App;
@@ -68,6 +69,17 @@ struct BenchArgs {
   bool gds = false;
   bool h2d_only = false;
   std::string device = "0";
+  // Several processes (procs.cpp): --procs N, and --device-map DIR:ORDINAL (one process each).
+  std::optional<std::string> procs;
+  std::vector<std::string> device_map;
+  // Set by the parent of a --procs run in each process it forks (never from the command line):
+  // the process's rank and the two ends of its loop barrier (see LoopGate in procs.hpp).
+  struct ProcRole {
+    unsigned rank = 0;
+    int ready_fd = -1;
+    int go_fd = -1;
+  };
+  std::optional<ProcRole> role;
 };
 
 struct TuneArgs {
@@ -99,11 +111,54 @@ struct EvictArgs {
   std::vector<std::string> paths;
 };
 
+// `nvio ds-io` and `nvio ds-nvme-tune` (ds_compat.cpp): DeepSpeed's ds_io / ds_nvme_tune flags,
+// mapped onto bench and tune. Values stay as typed until the mapping parses them.
+struct DsIoArgs {
+  std::optional<std::string> folder;
+  std::vector<std::string> folder_to_device_mapping;
+  std::optional<std::string> io_size;
+  bool read = false;
+  std::optional<std::string> multi_process;
+  std::optional<std::string> block_size;
+  std::optional<std::string> queue_depth;
+  bool single_submit = false;
+  bool sequential_requests = false;
+  std::optional<std::string> io_parallel;
+  std::optional<std::string> loops;
+  std::optional<std::string> warmup_loops;
+  bool validate = false;
+  bool gpu = false;
+  bool use_gds = false;
+  bool handle = false;
+  bool use_accelerator_pin_memory = false;
+  bool json = false;
+  std::vector<std::string> refused;  // DeepSpeed flags given that nvio cannot honour
+};
+
+struct DsTuneArgs {
+  std::vector<std::string> nvme_dir;
+  std::optional<std::string> sweep_config;
+  bool no_read = false;
+  bool no_write = false;
+  std::string io_size = "400M";
+  bool gpu = false;
+  bool gds = false;
+  bool flush_page_cache = false;
+  std::optional<std::string> log_dir;
+  std::optional<std::string> loops;
+  bool verbose = false;
+  bool json = false;
+  std::vector<std::string> refused;  // DeepSpeed flags given that nvio cannot honour
+};
+
 // Register the subcommand's flags on `app` (the subcommand itself), storing values into `args`.
 void add_bench_options(CLI::App& app, BenchArgs& args);
 void add_report_options(CLI::App& app, ReportArgs& args);
 void add_tune_options(CLI::App& app, TuneArgs& args);
 void add_evict_options(CLI::App& app, EvictArgs& args);
+void add_procs_options(CLI::App& app, BenchArgs& args);
+void add_ds_io_options(CLI::App& app, DsIoArgs& args);
+void add_ds_nvme_tune_options(CLI::App& app, DsTuneArgs& args);
 
 // Run a parsed subcommand. Throw UsageError / nvio::InvalidArgument for bad arguments (exit 2)
 // and other exceptions for failures (exit 1); return the exit code otherwise.
@@ -111,6 +166,25 @@ int run_bench(const BenchArgs& args);
 int run_report(const ReportArgs& args);
 int run_tune(const TuneArgs& args);
 int run_evict(const EvictArgs& args);
+int run_ds_io(const DsIoArgs& args);
+int run_ds_nvme_tune(const DsTuneArgs& args);
+// A bench with --procs or --device-map: forks the processes, runs their barriers and prints the
+// per-process and aggregate results.
+int run_bench_procs(const BenchArgs& args);
+bool wants_procs(const BenchArgs& args);
+
+// The scratch file that `nvio bench --dir DIR` run by process `pid` writes: its name (also the
+// name of a striped scratch file's parts), and its path.
+std::string scratch_name(long pid);
+std::string scratch_path(const std::string& dir, long pid);
+
+// Prints the exception being handled as the one "nvio: error:" line and returns the exit code it
+// maps to (kExitUsage for UsageError and nvio::InvalidArgument, kExitFailure otherwise). Call it
+// only inside a catch block.
+int report_current_exception();
+
+// The tune request that `nvio tune` runs for `args` (flags parsed and checked).
+nvio::TuneRequest make_tune_request(const TuneArgs& args);
 
 // The handle options as JSON, keyed by the option names of nvio::EffectiveOptions::sources.
 nlohmann::json options_to_json(const nvio::Options& options);

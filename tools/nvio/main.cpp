@@ -54,6 +54,17 @@ int run(int argc, char** argv) {
       "tune", "Search for the fastest options for a directory's drive; --save makes them default");
   nvio_cli::add_tune_options(*tune, tune_args);
 
+  nvio_cli::DsIoArgs ds_io_args;
+  CLI::App* ds_io = app.add_subcommand(
+      "ds-io", "DeepSpeed's ds_io flags, run as nvio bench (see docs/deepnvme.md)");
+  nvio_cli::add_ds_io_options(*ds_io, ds_io_args);
+
+  nvio_cli::DsTuneArgs ds_tune_args;
+  CLI::App* ds_tune = app.add_subcommand(
+      "ds-nvme-tune",
+      "DeepSpeed's ds_nvme_tune flags, run as nvio tune; prints the \"aio\" config block");
+  nvio_cli::add_ds_nvme_tune_options(*ds_tune, ds_tune_args);
+
   nvio_cli::EvictArgs evict_args;
   CLI::App* evict = app.add_subcommand(
       "evict", "Write back and drop files from the page cache, so the next read is the drive's");
@@ -71,16 +82,18 @@ int run(int argc, char** argv) {
   if (report->parsed()) return nvio_cli::run_report(report_args);
   if (tune->parsed()) return nvio_cli::run_tune(tune_args);
   if (evict->parsed()) return nvio_cli::run_evict(evict_args);
+  if (ds_io->parsed()) return nvio_cli::run_ds_io(ds_io_args);
+  if (ds_tune->parsed()) return nvio_cli::run_ds_nvme_tune(ds_tune_args);
   throw nvio_cli::UsageError(
-      "a subcommand is required: bench, tune, report or evict (see nvio --help)");
+      "a subcommand is required: bench, tune, report, evict, ds-io or ds-nvme-tune (see nvio "
+      "--help)");
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  install_warning_sink();
+int nvio_cli::report_current_exception() {
   try {
-    return run(argc, argv);
+    throw;
   } catch (const nvio_cli::UsageError& e) {
     print_error(e.what());
     return nvio_cli::kExitUsage;
@@ -93,5 +106,14 @@ int main(int argc, char** argv) {
   } catch (...) {
     print_error("unexpected internal error");
     return nvio_cli::kExitFailure;
+  }
+}
+
+int main(int argc, char** argv) {
+  install_warning_sink();
+  try {
+    return run(argc, argv);
+  } catch (...) {
+    return nvio_cli::report_current_exception();
   }
 }

@@ -205,7 +205,7 @@ int check_gpu_flags(const TuneArgs& args) {
 
 }  // namespace
 
-int run_tune(const TuneArgs& args) {
+nvio::TuneRequest make_tune_request(const TuneArgs& args) {
   nvio::TuneRequest req;
   req.directory = args.dir;
   req.file_size = nvio::parse_size(args.size, "--size");
@@ -216,6 +216,11 @@ int run_tune(const TuneArgs& args) {
   if (args.write_only) req.settings.modes = {nvio::TuneMode::Write};
   if (args.engines) req.space.engines = parse_engines(*args.engines);
   req.keep_file = args.keep;
+  return req;
+}
+
+int run_tune(const TuneArgs& args) {
+  nvio::TuneRequest req = make_tune_request(args);
   const int device = check_gpu_flags(args);
   // Settle where --save writes before spending a minute measuring.
   const std::string config = args.save ? nvio::config_path() : std::string();

@@ -69,6 +69,9 @@ class StripedHandle {
   // a path that is not a directory), then makes one Handle per directory with
   // resolve_options(overrides, {}, directory).
   explicit StripedHandle(StripeLayout layout, const OptionOverrides& overrides = {});
+  // Drive i's handle uses per_drive[i] as given (e.g. what `nvio tune` picked for each drive);
+  // InvalidArgument unless there is one Options per directory.
+  StripedHandle(StripeLayout layout, const std::vector<Options>& per_drive);
   ~StripedHandle();
   StripedHandle(const StripedHandle&) = delete;
   StripedHandle& operator=(const StripedHandle&) = delete;

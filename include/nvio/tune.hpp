@@ -192,4 +192,36 @@ std::uint64_t max_auto_trial_bytes(std::uint64_t file_size) noexcept;
 // without device memory or a trial larger than it, GpuError from the device path.
 TuneResult tune_directory(const TuneRequest& request);
 
+// Several drives together: a file of `file_size` bytes striped over `directories` (see
+// nvio/stripe.hpp), drive i with options[i] (what tune_directory picked for it), written (with
+// fdatasync) and read `repeats` times in each of `modes`; a write run measures each drive's share
+// too. The file is removed afterwards. What `nvio tune --dir A --dir B` reports after tuning each
+// drive alone, so that the aggregate and what limits it (one slow drive, the CPUs) are measured,
+// not assumed.
+struct StripedTuneRequest {
+  std::vector<std::string> directories;
+  std::vector<Options> options;  // one per directory
+  std::size_t stripe_size = std::size_t{1} << 20;
+  std::uint64_t file_size = std::uint64_t{1} << 30;
+  std::vector<TuneMode> modes{TuneMode::Read, TuneMode::Write};
+  unsigned repeats = 3;
+};
+struct StripedModeResult {
+  TuneMode mode = TuneMode::Read;
+  double gbps = 0;                 // aggregate: bytes / seconds until the last drive finished
+  std::vector<double> all_gbps;    // each repeat's aggregate
+  std::vector<double> drive_gbps;  // per drive: its bytes / seconds until its last byte (median)
+};
+struct StripedTuneResult {
+  std::vector<std::string> directories;
+  std::size_t stripe_size = 0;
+  std::uint64_t file_size = 0;
+  std::vector<StripedModeResult> modes;
+};
+// Throws as StripedHandle does (a missing directory, NoSpace, ...).
+StripedTuneResult measure_striped(const StripedTuneRequest& request);
+// {"directories", "stripe_size", "file_size", "modes": [{"mode", "gb_per_s", "gb_per_s_all",
+// "drive_gb_per_s"}]}
+std::string to_json(const StripedTuneResult& result, int indent = 2);
+
 }  // namespace nvio

@@ -228,8 +228,10 @@ struct StripedHandle::Impl {
   }
 };
 
-StripedHandle::StripedHandle(StripeLayout layout, const OptionOverrides& overrides)
-    : impl_(std::make_unique<Impl>()) {
+namespace {
+
+// Validates `layout` and checks that each directory exists.
+void check_layout(const StripeLayout& layout) {
   layout.validate();
   for (const std::string& d : layout.directories) {
     detail::FileFacts facts;
@@ -240,10 +242,28 @@ StripedHandle::StripedHandle(StripeLayout layout, const OptionOverrides& overrid
       throw InvalidArgument(fmt::format("stripe directory '{}' is not a directory", d));
     }
   }
+}
+
+}  // namespace
+
+StripedHandle::StripedHandle(StripeLayout layout, const OptionOverrides& overrides)
+    : impl_(std::make_unique<Impl>()) {
+  check_layout(layout);
   impl_->layout = std::move(layout);
   for (const std::string& d : impl_->layout.directories) {
     impl_->handles.push_back(std::make_unique<Handle>(resolve_options(overrides, {}, d).values));
   }
+}
+
+StripedHandle::StripedHandle(StripeLayout layout, const std::vector<Options>& per_drive)
+    : impl_(std::make_unique<Impl>()) {
+  check_layout(layout);
+  if (per_drive.size() != layout.directories.size()) {
+    throw InvalidArgument(fmt::format("{} option sets for a striped file over {} directories",
+                                      per_drive.size(), layout.directories.size()));
+  }
+  impl_->layout = std::move(layout);
+  for (const Options& o : per_drive) impl_->handles.push_back(std::make_unique<Handle>(o));
 }
 
 StripedHandle::~StripedHandle() = default;

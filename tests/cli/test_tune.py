@@ -211,3 +211,54 @@ def test_gpu_tunes_the_device_path(tmp_path):
     text = nvio("tune", "--dir", tmp_path, *TINY, *args, "--write-only", timeout=120)
     assert text.returncode == 0, text.stderr
     assert "gpu_direct" in text.stdout and "GPU 0" in text.stdout
+
+
+# ---- several drives -------------------------------------------------------------------------------
+
+
+def test_several_dirs_tune_each_then_measure_them_together(tmp_path):
+    dirs = [tmp_path / "a", tmp_path / "b"]  # made by the run
+    cfg = tmp_path / "cfg.json"
+    r = nvio("tune", "--dir", dirs[0], "--dir", dirs[1], "--json", *TINY, "--stripe-size", "256K",
+             "--save", env=clean_env(NVIO_CONFIG=str(cfg)), timeout=120)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert [d["directory"] for d in doc["drives"]] == [str(d) for d in dirs]
+    for d in doc["drives"]:
+        assert d["budget_s"] <= 3 * 0.8 / 2 + 1e-9  # an equal share of 80% of --budget
+        assert d["recommended"] in ("mixed", "read", "write")
+    s = doc["striped"]
+    assert s["directories"] == [str(d) for d in dirs]
+    assert s["stripe_size"] == 256 * 1024
+    assert {m["mode"] for m in s["modes"]} == {"read", "write"}
+    for m in s["modes"]:
+        assert m["gb_per_s"] > 0 and len(m["gb_per_s_all"]) == 3
+        assert len(m["drive_gb_per_s"]) == 2 and all(g > 0 for g in m["drive_gb_per_s"])
+    # Both directories are on one device here: one profile, and a note saying so.
+    saved = json.loads(cfg.read_text())
+    assert len(saved["profiles"]) == 1
+    assert "like an earlier --dir" in r.stderr
+    # Nothing left behind in either directory.
+    assert list(dirs[0].iterdir()) == [] and list(dirs[1].iterdir()) == []
+
+
+def test_several_dirs_text_output(tmp_path):
+    r = nvio("tune", "--dir", tmp_path / "a", "--dir", tmp_path / "b", *TINY, "--read-only",
+             timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "All 2 drives together" in r.stdout
+    assert "% of the sum of the drives alone" in r.stdout
+    assert "write " not in r.stdout.split("All 2 drives together")[1]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("--stripe-size", "64K"), "--stripe-size needs several --dir"),
+    (("--dir", "B", "--stripe-size", "1000"), "stripe_size 1000"),
+    (("--dir", "B", "--gpu"), "--gpu tunes one --dir at a time"),
+    (("--dir", "A"), "given twice"),
+])
+def test_several_dirs_argument_errors(tmp_path, args, needle):
+    a = tmp_path / "a"
+    args = [str(tmp_path / "b") if x == "B" else str(a) if x == "A" else x for x in args]
+    line = assert_one_error_line(nvio("tune", "--dir", a, *TINY, *args))
+    assert needle in line

@@ -83,7 +83,10 @@ struct BenchArgs {
 };
 
 struct TuneArgs {
-  std::string dir;
+  // One directory: tune its drive. Several: tune each drive alone, then measure them together
+  // (a file striped over them, each drive with its pick).
+  std::vector<std::string> dirs;
+  std::optional<std::string> stripe_size;  // several --dir: default 1M
   std::string size = "1G";
   std::string budget = "60";
   std::optional<std::string> trial_size;
@@ -183,8 +186,8 @@ std::string scratch_path(const std::string& dir, long pid);
 // only inside a catch block.
 int report_current_exception();
 
-// The tune request that `nvio tune` runs for `args` (flags parsed and checked).
-nvio::TuneRequest make_tune_request(const TuneArgs& args);
+// The tune request that `nvio tune` runs for `args` on directory `dir` (flags parsed and checked).
+nvio::TuneRequest make_tune_request(const TuneArgs& args, const std::string& dir);
 
 // The handle options as JSON, keyed by the option names of nvio::EffectiveOptions::sources.
 nlohmann::json options_to_json(const nvio::Options& options);

@@ -332,13 +332,13 @@ int run_ds_nvme_tune(const DsTuneArgs& args) {
   }
   const std::size_t io_size = nvio::parse_size(args.io_size, "--io_size");
   TuneArgs t;
-  t.dir = args.nvme_dir.front();
+  t.dirs = {args.nvme_dir.front()};
   t.size = std::to_string(std::max<std::size_t>(io_size, std::size_t{16} << 20));
   t.trial_size = std::to_string(io_size);
   t.grid = true;
   t.read_only = args.no_write;
   t.write_only = args.no_read;
-  nvio::TuneRequest req = make_tune_request(t);
+  nvio::TuneRequest req = make_tune_request(t, t.dirs.front());
   req.space = args.sweep_config ? read_sweep_config(*args.sweep_config) : ds_default_space();
   if (args.loops) {
     nvio::parse_count(*args.loops, "--loops");

@@ -13,12 +13,14 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include "cli.hpp"
 #include "nvio/config.hpp"
 #include "nvio/errors.hpp"
 #include "nvio/gpu.hpp"
+#include "nvio/stripe.hpp"
 #include "nvio/system.hpp"
 
 namespace nvio_cli {
@@ -26,10 +28,17 @@ namespace nvio_cli {
 using nlohmann::json;
 
 void add_tune_options(CLI::App& app, TuneArgs& args) {
-  app.add_option("--dir", args.dir,
-                 "Directory on the drive to tune (created if missing; a scratch file goes there)")
+  app.add_option("--dir", args.dirs,
+                 "Directory on the drive to tune (created if missing; a scratch file goes there). "
+                 "Repeat it for several drives: each is tuned alone (an equal share of 80% of the "
+                 "budget), then all are measured together on a file striped over them, each with "
+                 "its pick; --save saves each drive's profile")
       ->required()
       ->type_name("DIR");
+  app.add_option("--stripe-size", args.stripe_size,
+                 "With several --dir: bytes per stripe of the file measured on all drives "
+                 "together, a multiple of 4K (default 1M)")
+      ->type_name("BYTES");
   app.add_option("--size", args.size, "Scratch file size (K/M/G suffixes)")
       ->type_name("BYTES")
       ->capture_default_str();
@@ -205,9 +214,9 @@ int check_gpu_flags(const TuneArgs& args) {
 
 }  // namespace
 
-nvio::TuneRequest make_tune_request(const TuneArgs& args) {
+nvio::TuneRequest make_tune_request(const TuneArgs& args, const std::string& dir) {
   nvio::TuneRequest req;
-  req.directory = args.dir;
+  req.directory = dir;
   req.file_size = nvio::parse_size(args.size, "--size");
   if (args.trial_size) req.trial_bytes = nvio::parse_size(*args.trial_size, "--trial-size");
   req.settings.budget_s = parse_budget(args.budget);
@@ -219,16 +228,116 @@ nvio::TuneRequest make_tune_request(const TuneArgs& args) {
   return req;
 }
 
-int run_tune(const TuneArgs& args) {
-  nvio::TuneRequest req = make_tune_request(args);
-  const int device = check_gpu_flags(args);
-  // Settle where --save writes before spending a minute measuring.
-  const std::string config = args.save ? nvio::config_path() : std::string();
-  if (args.save && config.empty()) {
+namespace {
+
+// Where --save writes, settled (and an existing file checked) before a minute is spent measuring.
+std::string save_path(const TuneArgs& args) {
+  if (!args.save) return {};
+  const std::string config = nvio::config_path();
+  if (config.empty()) {
     throw UsageError("--save: no configuration file: NVIO_CONFIG is 'none', or HOME is not set");
   }
-  if (args.save) nvio::load_config(config);  // a malformed file is reported now, not after
-  make_directory(args.dir);
+  nvio::load_config(config);  // a malformed file is reported now, not after
+  return config;
+}
+
+void save_result(const nvio::TuneResult& result, const std::string& config, bool json) {
+  const nvio::ConfigProfile profile = nvio::to_profile(result);
+  nvio::save_profile(config, profile);
+  std::fprintf(json ? stderr : stdout,
+               "saved to %s as profile %s (and the default); NVIO_* variables and explicit "
+               "options still take precedence\n",
+               config.c_str(), profile.key.c_str());
+}
+
+// Several --dir: each drive tuned alone, then all measured together on a striped file.
+int run_tune_drives(const TuneArgs& args) {
+  if (args.gpu) throw UsageError("--gpu tunes one --dir at a time");
+  nvio::StripedTuneRequest striped;
+  striped.directories = args.dirs;
+  striped.stripe_size = nvio::parse_size(args.stripe_size.value_or("1M"), "--stripe-size");
+  nvio::StripeLayout{striped.directories, striped.stripe_size}.validate();
+  const std::string config = save_path(args);
+  std::vector<nvio::TuneResult> results;
+  nvio::TuneRequest first = make_tune_request(args, args.dirs.front());
+  // 80 % of the budget is shared by the drives alone; the striped measurement takes the rest
+  // (it is not a search: three writes and reads of the file).
+  const double share = first.settings.budget_s * 0.8 / static_cast<double>(args.dirs.size());
+  for (const std::string& dir : args.dirs) {
+    make_directory(dir);
+    nvio::TuneRequest req = make_tune_request(args, dir);
+    req.settings.budget_s = share;
+    ProgressLine progress;
+    req.settings.progress = [&](const nvio::TuneProgress& p) { progress.update(p); };
+    results.push_back(nvio::tune_directory(req));
+  }
+  for (const nvio::TuneResult& r : results) striped.options.push_back(r.recommended());
+  striped.file_size = first.file_size;
+  striped.modes = first.settings.modes;
+  const nvio::StripedTuneResult together = nvio::measure_striped(striped);
+
+  if (args.json) {
+    json doc = {{"drives", json::array()}, {"striped", json::parse(nvio::to_json(together))}};
+    for (const nvio::TuneResult& r : results)
+      doc["drives"].push_back(json::parse(nvio::to_json(r)));
+    fmt::print("{}\n", doc.dump(2));
+  } else {
+    for (const nvio::TuneResult& r : results) {
+      print_table(r, "host memory");
+      fmt::print("\n");
+    }
+    fmt::print(
+        "All {} drives together: a {} file striped in {} stripes, each drive with its pick "
+        "(median of 3):\n",
+        results.size(), human_bytes(together.file_size), human_bytes(together.stripe_size));
+    for (const nvio::StripedModeResult& m : together.modes) {
+      // What the drives reached alone, each with its pick for this mode.
+      double alone = 0;
+      for (const nvio::TuneResult& r : results) {
+        const auto& pick = m.mode == nvio::TuneMode::Read ? r.read : r.write;
+        if (pick) alone += pick->gbps;
+      }
+      std::string drives;
+      for (std::size_t d = 0; d < m.drive_gbps.size(); ++d) {
+        drives +=
+            fmt::format("{}{} {:.3f}", d ? ", " : "", together.directories[d], m.drive_gbps[d]);
+      }
+      fmt::print(
+          "{:<6} {:7.3f} GB/s ({:.3f} GiB/s); {:.0f}% of the sum of the drives alone "
+          "({:.3f} GB/s); per drive: {}\n",
+          nvio::to_string(m.mode), m.gbps, m.gbps * 1e9 / (1 << 30),
+          alone > 0 ? 100 * m.gbps / alone : 0.0, alone, drives);
+    }
+    fmt::print(
+        "(GB/s = 1e9 bytes/s. Below the sum: a slow drive holds the stripe back, or the "
+        "drives share a bus, a controller or the CPUs; nvio bench --dir A --dir B shows "
+        "each drive's share.)\n");
+  }
+  if (args.save) {
+    std::set<std::string> keys;
+    for (const nvio::TuneResult& r : results) {
+      if (!keys.insert(r.device).second) {
+        std::fprintf(stderr,
+                     "nvio: note: %s is on device %s like an earlier --dir: one profile per "
+                     "device, the last saved wins\n",
+                     r.directory.c_str(), r.device.c_str());
+      }
+      save_result(r, config, args.json);
+    }
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+int run_tune(const TuneArgs& args) {
+  if (args.dirs.size() > 1) return run_tune_drives(args);
+  if (args.stripe_size) throw UsageError("--stripe-size needs several --dir");
+  const std::string& dir = args.dirs.front();
+  nvio::TuneRequest req = make_tune_request(args, dir);
+  const int device = check_gpu_flags(args);
+  const std::string config = save_path(args);
+  make_directory(dir);
 
   std::string memory = "host memory";
   std::optional<nvio::DeviceBuffer> device_buffer;
@@ -255,14 +364,7 @@ int run_tune(const TuneArgs& args) {
   } else {
     print_table(result, memory);
   }
-  if (args.save) {
-    const nvio::ConfigProfile profile = nvio::to_profile(result);
-    nvio::save_profile(config, profile);
-    std::fprintf(args.json ? stderr : stdout,
-                 "saved to %s as profile %s (and the default); NVIO_* variables and explicit "
-                 "options still take precedence\n",
-                 config.c_str(), profile.key.c_str());
-  }
+  if (args.save) save_result(result, config, args.json);
   return kExitOk;
 }
 

@@ -1,0 +1,118 @@
+// measure_striped: several drives measured together through a StripedHandle (see nvio/tune.hpp).
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "core/posix.hpp"
+#include "nvio/errors.hpp"
+#include "nvio/memory.hpp"
+#include "nvio/pattern.hpp"
+#include "nvio/stripe.hpp"
+#include "nvio/tune.hpp"
+
+namespace nvio {
+
+namespace {
+
+constexpr std::uint64_t kStripedSeed = 0x5354'5250;
+
+double median_of_runs(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t mid = v.size() / 2;
+  return v.size() % 2 ? v[mid] : (v[mid - 1] + v[mid]) / 2;
+}
+
+// Removes the striped scratch file however the measurement ends.
+class StripedScratch {
+ public:
+  StripedScratch(StripedHandle& h, std::string name) : h_(h), name_(std::move(name)) {}
+  ~StripedScratch() {
+    try {
+      h_.remove(name_);
+    } catch (const Error&) {  // NOLINT(bugprone-empty-catch): a leftover file is not worth a throw
+    }
+  }
+  StripedScratch(const StripedScratch&) = delete;
+  StripedScratch& operator=(const StripedScratch&) = delete;
+  const std::string& name() const { return name_; }
+
+ private:
+  StripedHandle& h_;
+  std::string name_;
+};
+
+}  // namespace
+
+StripedTuneResult measure_striped(const StripedTuneRequest& request) {
+  if (request.repeats == 0) throw InvalidArgument("measure_striped: repeats must be at least 1");
+  if (request.file_size == 0) throw InvalidArgument("measure_striped: file_size must be positive");
+  if (request.modes.empty()) throw InvalidArgument("measure_striped: no mode to measure");
+  StripedHandle h(StripeLayout{request.directories, request.stripe_size}, request.options);
+  StripedScratch scratch(h, fmt::format("nvio-tune-striped-{}.dat", ::getpid()));
+  const auto size = static_cast<std::size_t>(request.file_size);
+  AlignedBuffer buf(size, LockMode::Try);
+  pattern::fill(buf.data(), size, 0, kStripedSeed);
+  const WriteOptions durable{Truncate::No, Durability::Data, MemoryKind::Host};
+  // Reads need the file: written once, untimed, when no write is measured first.
+  if (std::ranges::find(request.modes, TuneMode::Write) == request.modes.end()) {
+    h.write(buf.data(), size, scratch.name(), 0, durable);
+  }
+  StripedTuneResult out;
+  out.directories = request.directories;
+  out.stripe_size = request.stripe_size;
+  out.file_size = request.file_size;
+  // Writes first, so that the reads find the file.
+  std::vector<TuneMode> order = request.modes;
+  std::ranges::sort(order, [](TuneMode a, TuneMode b) { return a == TuneMode::Write && b != a; });
+  for (TuneMode mode : order) {
+    StripedModeResult m;
+    m.mode = mode;
+    std::vector<std::vector<double>> per_drive(request.directories.size());
+    for (unsigned i = 0; i < request.repeats; ++i) {
+      StripedTransfer t;
+      if (mode == TuneMode::Write) {
+        t = h.write(buf.data(), size, scratch.name(), 0, durable);
+      } else {
+        for (std::size_t d = 0; d < request.directories.size(); ++d) {
+          detail::evict_page_cache(h.part_path(d, scratch.name()));
+        }
+        t = h.read(buf.data(), size, scratch.name(), 0);
+      }
+      m.all_gbps.push_back(static_cast<double>(t.bytes) / std::max(t.seconds, 1e-9) / 1e9);
+      for (std::size_t d = 0; d < t.drives.size(); ++d) {
+        const DriveTransfer& dt = t.drives[d];
+        per_drive[d].push_back(static_cast<double>(dt.bytes) / std::max(dt.seconds, 1e-9) / 1e9);
+      }
+    }
+    if (mode == TuneMode::Read) {
+      if (auto bad = pattern::first_mismatch(buf.data(), size, 0, kStripedSeed)) {
+        throw FormatError(h.part_path(0, scratch.name()),
+                          fmt::format("the striped tune file read back wrong at offset {}", *bad));
+      }
+    }
+    m.gbps = median_of_runs(m.all_gbps);
+    for (auto& v : per_drive) m.drive_gbps.push_back(median_of_runs(std::move(v)));
+    out.modes.push_back(std::move(m));
+  }
+  return out;
+}
+
+std::string to_json(const StripedTuneResult& result, int indent) {
+  nlohmann::json modes = nlohmann::json::array();
+  for (const StripedModeResult& m : result.modes) {
+    modes.push_back({{"mode", to_string(m.mode)},
+                     {"gb_per_s", m.gbps},
+                     {"gb_per_s_all", m.all_gbps},
+                     {"drive_gb_per_s", m.drive_gbps}});
+  }
+  const nlohmann::json doc = {{"directories", result.directories},
+                              {"stripe_size", result.stripe_size},
+                              {"file_size", result.file_size},
+                              {"modes", modes}};
+  return doc.dump(indent);
+}
+
+}  // namespace nvio

@@ -58,6 +58,14 @@ def run_fio(fio: str, dirs: list[Path], size: int, args, op: str) -> float:
     return float(side["bw_bytes"]) / 1e9
 
 
+def cpu_times() -> tuple[float, float]:
+    """(busy, total) jiffies of all CPUs since boot, from /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = [float(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
 def address(buf) -> int:
     """The address of nvio.empty_locked's buffer (a torch tensor, or numpy without torch)."""
     return buf.data_ptr() if hasattr(buf, "data_ptr") else buf.ctypes.data
@@ -96,6 +104,9 @@ def run(args) -> int:
     opts = dict(engine=args.engine, block_size=args.block_size, queue_depth=args.queue_depth,
                 intra_op_parallelism=1, direct="on")
     results: dict[str, dict[str, list[float]]] = {c: {"write": [], "read": []} for c in CONFIGS}
+    # The machine's CPU busy fraction (all CPUs, /proc/stat) while each configuration ran: near 1
+    # means the CPUs, not the drives, set the pace.
+    busy: dict[str, dict[str, list[float]]] = {c: {"write": [], "read": []} for c in CONFIGS}
     per_drive: dict[str, list[list[float]]] = {"write": [], "read": []}
     with RamDisk(disk) as a, RamDisk(disk) as b:
         dirs = [Path(a.mnt), Path(b.mnt)]
@@ -112,6 +123,7 @@ def run(args) -> int:
             log(f"round {r + 1}/{args.rounds}: {' '.join(order)}")
             for config in order:
                 for op in ("write", "read"):
+                    b0, t0 = cpu_times()
                     if config.startswith("nvio"):
                         h = one if config == "nvio-1" else two
                         t = run_nvio(h, buf, op)
@@ -122,6 +134,8 @@ def run(args) -> int:
                     else:
                         n = 1 if config == "fio-1" else 2
                         results[config][op].append(run_fio(fio, dirs[:n], size, args, op))
+                    b1, t1 = cpu_times()
+                    busy[config][op].append((b1 - b0) / max(t1 - t0, 1))
         # Verify the striped file, written afresh (nvio-1 wrote another layout into drive A).
         check = nvio.empty_locked(size)
         two.write(buf, "stripe.dat", truncate=True)
@@ -131,12 +145,14 @@ def run(args) -> int:
             raise Failure(f"the striped file read back wrong at offset {bad}")
         dio = [a.dio, b.dio]
     med = {c: {op: statistics.median(v) for op, v in ops.items()} for c, ops in results.items()}
+    cpu = {c: {op: statistics.median(v) for op, v in ops.items()} for c, ops in busy.items()}
     drive_med = {op: [statistics.median(col) for col in zip(*rows)] for op, rows in
                  per_drive.items()}
     out = {
         "size": size, "stripe_size": args.stripe_size, "block_size": args.block_size,
         "queue_depth_per_drive": args.queue_depth, "engine": args.engine, "rounds": args.rounds,
         "cpus": os.cpu_count(), "loop_direct_io": dio, "median_gb_per_s": med,
+        "median_cpu_busy_fraction": cpu,
         "nvio_two_drives_per_drive_gb_per_s": drive_med, "samples": results,
         "machine": machine_info(find_nvio(None), dirs[0].parent),
     }
@@ -154,6 +170,8 @@ def run(args) -> int:
         drives = " ".join(fmt(x, ".2f") for x in drive_med[op])
         print(f"{op:8} {n1:8.2f} {n2:8.2f} {n2 / n1:6.2f} {f1:8.2f} {f2:8.2f} {f2 / f1:6.2f} "
               f"{n2 / f2:13.2f}   {drives}")
+    print("CPU busy (all CPUs, /proc/stat), median: " + "; ".join(
+        f"{c} {op} {cpu[c][op]:.0%}" for c in CONFIGS for op in ("write", "read")))
     print("GB/s = 10^9 bytes/s, medians over rounds")
     return 0
 

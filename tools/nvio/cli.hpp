@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "nvio/gpu.hpp"
 #include "nvio/options.hpp"
 #include "nvio/tune.hpp"
 
@@ -151,7 +152,6 @@ struct DsTuneArgs {
   std::optional<std::string> loops;
   bool verbose = false;
   bool json = false;
-  std::vector<std::string> refused;  // DeepSpeed flags given that nvio cannot honour
 };
 
 // Register the subcommand's flags on `app` (the subcommand itself), storing values into `args`.
@@ -188,6 +188,13 @@ int report_current_exception();
 
 // The tune request that `nvio tune` runs for `args` on directory `dir` (flags parsed and checked).
 nvio::TuneRequest make_tune_request(const TuneArgs& args, const std::string& dir);
+// --gpu/--gds/--device of a tune: the device ordinal (0 without --gpu), once the GPU and, for
+// --gds, cuFile are known to be usable; UsageError (exit 2) before anything is written otherwise.
+int check_tune_gpu_flags(const TuneArgs& args);
+// With --gpu: device memory of the trial size in `buffer`, moved by every trial of `req`, and with
+// --gds cuFile (gpu_direct on) added to its space. Returns what the trials move, for the output.
+std::string attach_device_memory(const TuneArgs& args, int device, nvio::TuneRequest& req,
+                                 std::optional<nvio::DeviceBuffer>& buffer);
 
 // The handle options as JSON, keyed by the option names of nvio::EffectiveOptions::sources.
 nlohmann::json options_to_json(const nvio::Options& options);

@@ -48,14 +48,6 @@ constexpr Refused kDsIoRefused[] = {
     {"--use_fast_io", false, "nvio moves bytes, not torch.save files (fast_io is a torch writer)"},
     {"--fast_io_size", true, "nvio moves bytes, not torch.save files (fast_io is a torch writer)"},
 };
-constexpr Refused kDsTuneRefused[] = {
-    {"--gpu", false,
-     "nvio ds-nvme-tune measures host-memory transfers; for the GPU path run nvio bench --gpu "
-     "(or ds-io --gpu) with the settings it picks"},
-    {"--gds", false,
-     "nvio ds-nvme-tune measures host-memory transfers; GPUDirect Storage is measured by nvio "
-     "bench --gpu --gds (or ds-io --gpu --use_gds)"},
-};
 
 // Registers the refused flags so that each is named with its reason instead of CLI11's generic
 // "not expected"; the first one given is raised by refuse_given.
@@ -222,7 +214,11 @@ void add_ds_nvme_tune_options(CLI::App& app, DsTuneArgs& args) {
       ->type_name("N");
   app.add_flag("--verbose", args.verbose, "Also print every measured configuration");
   app.add_flag("--json", args.json, "Print nvio tune's JSON document (nvio's flag)");
-  add_refused(app, kDsTuneRefused, args.refused);
+  app.add_flag("--gpu", args.gpu,
+               "Trials move GPU memory through the host bounce path (nvio tune --gpu; device 0)");
+  app.add_flag("--gds", args.gds,
+               "With --gpu: GPUDirect Storage too (nvio tune --gds; use_gds in the aio block "
+               "follows the pick)");
 }
 
 namespace {
@@ -323,7 +319,6 @@ std::string pick_text(const nvio::Options& o) {
 }  // namespace
 
 int run_ds_nvme_tune(const DsTuneArgs& args) {
-  refuse_given(kDsTuneRefused, args.refused);
   if (args.nvme_dir.size() != 1) {
     throw UsageError(fmt::format(
         "--nvme_dir: nvio tunes one directory (one drive) at a time, got {}; run ds-nvme-tune "
@@ -338,8 +333,13 @@ int run_ds_nvme_tune(const DsTuneArgs& args) {
   t.grid = true;
   t.read_only = args.no_write;
   t.write_only = args.no_read;
+  t.gpu = args.gpu;
+  t.gds = args.gds;
   nvio::TuneRequest req = make_tune_request(t, t.dirs.front());
   req.space = args.sweep_config ? read_sweep_config(*args.sweep_config) : ds_default_space();
+  const int device = check_tune_gpu_flags(t);
+  std::optional<nvio::DeviceBuffer> device_buffer;
+  const std::string memory = attach_device_memory(t, device, req, device_buffer);
   if (args.loops) {
     nvio::parse_count(*args.loops, "--loops");
     note(
@@ -356,8 +356,11 @@ int run_ds_nvme_tune(const DsTuneArgs& args) {
 
   const nvio::TuneResult result = nvio::tune_directory(req);
   nlohmann::json doc = nlohmann::json::parse(nvio::to_json(result));
-  // The tune measured host memory: DeepSpeed's handle for these settings is the aio one.
-  if (doc["deepspeed"].is_object()) doc["deepspeed"]["aio"]["use_gds"] = false;
+  // DeepSpeed's use_gds: whether the pick moves device memory through cuFile (never for host
+  // memory, whose handle is the aio one).
+  if (doc["deepspeed"].is_object()) {
+    doc["deepspeed"]["aio"]["use_gds"] = result.recommended().gpu_direct == nvio::GpuDirect::On;
+  }
   std::string log_path;
   if (args.log_dir) {
     log_path = (std::filesystem::path(*args.log_dir) / "nvio_tune.json").string();
@@ -371,9 +374,9 @@ int run_ds_nvme_tune(const DsTuneArgs& args) {
   }
   fmt::print(
       "nvio ds-nvme-tune: {} ({}, {}): {} configurations measured in {:.1f} s, {} ({} "
-      "bytes) per trial\n",
+      "bytes) per trial of {}\n",
       result.directory, result.filesystem, result.device, result.points.size(), result.elapsed_s,
-      human_bytes(result.trial_bytes), result.trial_bytes);
+      human_bytes(result.trial_bytes), result.trial_bytes, memory);
   if (args.verbose) {
     for (const nvio::TunePoint& p : result.points) {
       fmt::print("  {:<5} {}  {}\n", nvio::to_string(p.mode), gb_text(p.median_gbps()),

@@ -197,9 +197,9 @@ class ProgressLine {
   bool shown_ = false;
 };
 
-// The device ordinal for --gpu (0 without it), once the GPU and, for --gds, cuFile are known to
-// be usable: refused before anything is written (exit 2, as a bad flag).
-int check_gpu_flags(const TuneArgs& args) {
+}  // namespace
+
+int check_tune_gpu_flags(const TuneArgs& args) {
   if (args.gds && !args.gpu) throw UsageError("--gds needs --gpu");
   if (!args.gpu) return 0;
   const int device = parse_device(args.device);
@@ -212,7 +212,20 @@ int check_gpu_flags(const TuneArgs& args) {
   return device;
 }
 
-}  // namespace
+std::string attach_device_memory(const TuneArgs& args, int device, nvio::TuneRequest& req,
+                                 std::optional<nvio::DeviceBuffer>& buffer) {
+  if (!args.gpu) return "host memory";
+  buffer.emplace(
+      static_cast<std::size_t>(req.trial_bytes != 0 ? req.trial_bytes
+                                                    : nvio::max_auto_trial_bytes(req.file_size)),
+      device);
+  req.device_memory = nvio::TuneDeviceMemory{buffer->data(), buffer->size()};
+  if (args.gds) req.space.gpu_direct = {nvio::GpuDirect::Off, nvio::GpuDirect::On};
+  const nvio::GpuInfo& gpu = nvio::gpu_info();
+  return fmt::format("GPU {} ({}) memory, GDS {}", device,
+                     gpu.devices.at(static_cast<std::size_t>(device)).name,
+                     nvio::to_string(gpu.gds_mode));
+}
 
 nvio::TuneRequest make_tune_request(const TuneArgs& args, const std::string& dir) {
   nvio::TuneRequest req;
@@ -335,24 +348,11 @@ int run_tune(const TuneArgs& args) {
   if (args.stripe_size) throw UsageError("--stripe-size needs several --dir");
   const std::string& dir = args.dirs.front();
   nvio::TuneRequest req = make_tune_request(args, dir);
-  const int device = check_gpu_flags(args);
+  const int device = check_tune_gpu_flags(args);
   const std::string config = save_path(args);
   make_directory(dir);
-
-  std::string memory = "host memory";
   std::optional<nvio::DeviceBuffer> device_buffer;
-  if (args.gpu) {
-    device_buffer.emplace(
-        static_cast<std::size_t>(req.trial_bytes != 0 ? req.trial_bytes
-                                                      : nvio::max_auto_trial_bytes(req.file_size)),
-        device);
-    req.device_memory = nvio::TuneDeviceMemory{device_buffer->data(), device_buffer->size()};
-    if (args.gds) req.space.gpu_direct = {nvio::GpuDirect::Off, nvio::GpuDirect::On};
-    const nvio::GpuInfo& gpu = nvio::gpu_info();
-    memory = fmt::format("GPU {} ({}) memory, GDS {}", device,
-                         gpu.devices.at(static_cast<std::size_t>(device)).name,
-                         nvio::to_string(gpu.gds_mode));
-  }
+  const std::string memory = attach_device_memory(args, device, req, device_buffer);
 
   ProgressLine progress;
   req.settings.progress = [&](const nvio::TuneProgress& p) { progress.update(p); };

@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <limits>
+#include <mutex>
 #include <numeric>
 #include <set>
 
@@ -32,6 +34,16 @@ void check_name(const std::string& name) {
     throw InvalidArgument(fmt::format(
         "striped file name '{}' is not a plain file name (empty, '.', '..', or holding '/' or NUL)",
         name));
+  }
+}
+
+// A range whose end is past what a file offset can hold (off_t) is refused before anything starts.
+void check_range(const std::string& name, std::uint64_t offset, std::size_t length) {
+  constexpr auto kMax = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+  if (offset > kMax || length > kMax - offset) {
+    throw InvalidArgument(
+        fmt::format("striped file '{}': offset {} + length {} is past the largest file offset {}",
+                    name, offset, length, kMax));
   }
 }
 
@@ -106,6 +118,9 @@ std::uint64_t StripeLayout::part_size(std::size_t drive, std::uint64_t size) con
 struct StripedHandle::Impl {
   StripeLayout layout;
   std::vector<std::unique_ptr<Handle>> handles;  // one per directory, in its order
+  // Held while a write sizes the parts: see size_parts. Covers the threads of this handle only
+  // (another process or StripedHandle resizing the same file is not serialised, as with any file).
+  mutable std::mutex sizing_mutex;
 
   std::string part(std::size_t drive, const std::string& name) const {
     return layout.directories[drive] + "/" + name;
@@ -139,11 +154,15 @@ struct StripedHandle::Impl {
       if (rc < 0) throw_io_error(IoOp::Stat, parts[i], 0, 0, -rc, "a part of a striped file");
       states[i].size = facts.size;
       if (replacing) continue;
-      char got[128];
+      // Room for a longer record than ours (ERANGE would hide another layout's).
+      char got[512];
       const ssize_t len = ::getxattr(parts[i].c_str(), kLayoutAttr, got, sizeof(got));
-      // No record (a copy that dropped it, a file system without extended attributes): nothing
-      // to check against.
-      if (len < 0) continue;
+      if (len < 0) {
+        // No record (a copy that dropped it, a file system without extended attributes): nothing
+        // to check against. Any other failure is not "no record".
+        if (errno == ENODATA || errno == ENOTSUP) continue;
+        throw_io_error(IoOp::Stat, parts[i], 0, 0, errno, "reading its stripe layout record");
+      }
       const std::string want = record(i);
       states[i].recorded = std::string_view(got, static_cast<std::size_t>(len)) == want;
       if (!states[i].recorded) {
@@ -164,28 +183,60 @@ struct StripedHandle::Impl {
       throw_io_error(IoOp::Write, part, 0, 0, errno, "recording its place in the stripe layout");
     }
   }
-  // Makes part i at least (or, `exact`, exactly) part_size(i, end) bytes long, creating it when
-  // it must hold bytes, and records the layout in each part that lacks the record; with
-  // Durability::Data the new size is synced.
-  void size_parts(const std::string& name, const std::vector<std::string>& parts,
-                  std::uint64_t offset, std::uint64_t end, bool exact,
-                  Durability durability) const {
-    const std::vector<PartState> states = part_states(name, parts, exact && offset == 0);
-    for (std::size_t i = 0; i < parts.size(); ++i) {
-      const auto want = static_cast<std::int64_t>(layout.part_size(i, end));
-      const std::int64_t size = states[i].size;
-      if (size >= 0 && !states[i].recorded) set_record(parts[i], i);
-      if (size == want || (size < 0 && want == 0) || (!exact && size > want)) continue;
-      detail::FileDescriptor fd(detail::open_file(parts[i], O_WRONLY | O_CREAT));
-      if (!fd) throw_io_error(IoOp::Open, parts[i], 0, 0, -fd.get(), "a part of a striped file");
-      if (::ftruncate(fd.get(), want) != 0) {
-        throw_io_error(IoOp::Truncate, parts[i], static_cast<std::uint64_t>(want), 0, errno,
-                       "sizing a part of a striped file");
+  // Sets part i's size to part_size(i, end) where that grows it (Resize::Exact: also where it
+  // shrinks it), creating it when it must hold bytes, and records the layout in each part that
+  // lacks the record (`replacing`: a write that replaces the whole file, whose parts may hold
+  // another layout's record); with Durability::Data the new sizes are synced. Serialised by
+  // sizing_mutex and judged on each part's size under it (fstat of the open part), so that two
+  // threads writing different ranges never shrink each other's part. When one part fails, the
+  // parts already resized are put back as they were (a created one removed), so that a refused
+  // write leaves the file readable as before.
+  enum class Resize { Grow, Exact };
+  void size_parts(const std::string& name, const std::vector<std::string>& parts, std::uint64_t end,
+                  Resize resize, bool replacing, Durability durability) const {
+    const bool exact = resize == Resize::Exact;
+    std::lock_guard lock(sizing_mutex);
+    const std::vector<PartState> states = part_states(name, parts, replacing);
+    struct Undo {
+      std::size_t part;
+      std::int64_t size;  // -1: it was created
+    };
+    std::vector<Undo> undo;
+    try {
+      for (std::size_t i = 0; i < parts.size(); ++i) {
+        const auto want = static_cast<std::int64_t>(layout.part_size(i, end));
+        if (states[i].size < 0 && want == 0) continue;
+        detail::FileDescriptor fd(detail::open_file(parts[i], O_WRONLY | O_CREAT));
+        if (!fd) {
+          throw_io_error(IoOp::Open, parts[i], 0, 0, -fd.get(), "a part of a striped file");
+        }
+        detail::FileFacts facts;
+        if (const int rc = detail::file_facts(fd.get(), facts); rc < 0) {
+          throw_io_error(IoOp::Stat, parts[i], 0, 0, -rc, "a part of a striped file");
+        }
+        const std::int64_t size = states[i].size < 0 ? -1 : facts.size;
+        if (size < 0 || !states[i].recorded) set_record(parts[i], i);
+        if (size < 0) undo.push_back({i, -1});
+        if (facts.size == want || (!exact && facts.size > want)) continue;
+        if (size >= 0) undo.push_back({i, facts.size});
+        if (::ftruncate(fd.get(), want) != 0) {
+          throw_io_error(IoOp::Truncate, parts[i], static_cast<std::uint64_t>(want), 0, errno,
+                         "sizing a part of a striped file");
+        }
+        if (durability == Durability::Data && ::fdatasync(fd.get()) != 0) {
+          throw_io_error(IoOp::Sync, parts[i], 0, 0, errno, "a part of a striped file");
+        }
       }
-      if (durability == Durability::Data && ::fdatasync(fd.get()) != 0) {
-        throw_io_error(IoOp::Sync, parts[i], 0, 0, errno, "a part of a striped file");
+    } catch (...) {
+      // Best effort: the error being thrown is the one to report.
+      for (const Undo& u : undo) {
+        if (u.size < 0) {
+          ::unlink(parts[u.part].c_str());
+        } else if (::truncate(parts[u.part].c_str(), u.size) != 0) {
+          continue;
+        }
       }
-      if (size < 0) set_record(parts[i], i);
+      throw;
     }
   }
 
@@ -199,11 +250,15 @@ struct StripedHandle::Impl {
     out.drives.resize(n);
     std::vector<Ticket> tickets(n, 0);
     std::vector<std::exception_ptr> errors(n);
-    const Clock::time_point start = Clock::now();
+    // Everything that may throw (allocations) before the first batch is in flight: from then on
+    // nothing but a refused submit may throw before every submitted batch is waited for.
     for (std::size_t i = 0; i < n; ++i) {
       out.drives[i].directory = layout.directories[i];
       for (const Extent& e : per_drive[i]) out.drives[i].bytes += e.length;
       out.bytes += out.drives[i].bytes;
+    }
+    const Clock::time_point start = Clock::now();
+    for (std::size_t i = 0; i < n; ++i) {
       if (per_drive[i].empty()) continue;
       try {
         tickets[i] = submit(*handles[i], std::span<const Extent>(per_drive[i]), options);
@@ -231,8 +286,12 @@ struct StripedHandle::Impl {
 namespace {
 
 // Validates `layout` and checks that each directory exists.
+// One directory named twice under two spellings ("/x" and "/x/", a symbolic link, a bind mount)
+// would put two parts in one file, each overwriting the other's stripes: refused by device and
+// inode, not by name.
 void check_layout(const StripeLayout& layout) {
   layout.validate();
+  std::vector<std::pair<detail::FileFacts, const std::string*>> seen;
   for (const std::string& d : layout.directories) {
     detail::FileFacts facts;
     if (const int rc = detail::path_facts(d, facts); rc < 0) {
@@ -241,6 +300,13 @@ void check_layout(const StripeLayout& layout) {
     if (facts.type != detail::FileType::Directory) {
       throw InvalidArgument(fmt::format("stripe directory '{}' is not a directory", d));
     }
+    for (const auto& [other, name] : seen) {
+      if (other.same_file(facts)) {
+        throw InvalidArgument(fmt::format(
+            "stripe directories '{}' and '{}' are one directory (given twice)", *name, d));
+      }
+    }
+    seen.emplace_back(facts, &d);
   }
 }
 
@@ -272,22 +338,32 @@ StripedTransfer StripedHandle::write(const void* buf, std::size_t length, const 
                                      std::uint64_t offset, const WriteOptions& write_options) {
   check_name(name);
   if (buf == nullptr && length > 0) throw InvalidArgument("write of a striped file from null");
+  check_range(name, offset, length);
   const std::vector<std::string> parts = impl_->parts(name);
-  if (length > 0 || write_options.truncate == Truncate::AtEnd) {
-    impl_->size_parts(name, parts, offset, offset + length,
-                      write_options.truncate == Truncate::AtEnd, write_options.durability);
+  const bool at_end = write_options.truncate == Truncate::AtEnd;
+  const std::uint64_t end = offset + length;
+  // Parts grow before the data goes in; Truncate::AtEnd shrinks them only once it is in, so that a
+  // failed write does not lose the file's tail.
+  if (length > 0 || at_end) {
+    impl_->size_parts(name, parts, end, Impl::Resize::Grow, at_end && offset == 0,
+                      write_options.durability);
   }
   WriteOptions per_drive = write_options;
-  per_drive.truncate = Truncate::No;  // the parts were sized above; batches refuse AtEnd
-  return impl_->run(
+  per_drive.truncate = Truncate::No;  // the parts are sized here; batches refuse AtEnd
+  StripedTransfer t = impl_->run(
       split<WriteExtent>(impl_->layout, static_cast<const std::byte*>(buf), length, offset, parts),
       per_drive);
+  if (at_end) {
+    impl_->size_parts(name, parts, end, Impl::Resize::Exact, false, write_options.durability);
+  }
+  return t;
 }
 
 StripedTransfer StripedHandle::read(void* buf, std::size_t length, const std::string& name,
                                     std::uint64_t offset, const ReadOptions& read_options) {
   check_name(name);
   if (buf == nullptr && length > 0) throw InvalidArgument("read of a striped file into null");
+  check_range(name, offset, length);
   const std::uint64_t have = size(name);
   if (offset + length > have) {
     throw ShortFile(IoOp::Read, impl_->display(name), offset, length, have);

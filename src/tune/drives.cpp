@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "core/median.hpp"
 #include "core/posix.hpp"
 #include "nvio/errors.hpp"
 #include "nvio/memory.hpp"
@@ -17,13 +18,6 @@ namespace nvio {
 namespace {
 
 constexpr std::uint64_t kStripedSeed = 0x5354'5250;
-
-double median_of_runs(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t mid = v.size() / 2;
-  return v.size() % 2 ? v[mid] : (v[mid - 1] + v[mid]) / 2;
-}
 
 // Removes the striped scratch file however the measurement ends.
 class StripedScratch {
@@ -93,8 +87,8 @@ StripedTuneResult measure_striped(const StripedTuneRequest& request) {
                           fmt::format("the striped tune file read back wrong at offset {}", *bad));
       }
     }
-    m.gbps = median_of_runs(m.all_gbps);
-    for (auto& v : per_drive) m.drive_gbps.push_back(median_of_runs(std::move(v)));
+    m.gbps = detail::median(m.all_gbps);
+    for (auto& v : per_drive) m.drive_gbps.push_back(detail::median(std::move(v)));
     out.modes.push_back(std::move(m));
   }
   return out;

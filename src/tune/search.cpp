@@ -8,6 +8,7 @@
 #include <map>
 #include <thread>
 
+#include "core/median.hpp"
 #include "nvio/errors.hpp"
 #include "nvio/system.hpp"
 #include "nvio/tune.hpp"
@@ -20,16 +21,7 @@ const char* to_string(TuneStrategy strategy) noexcept {
   return strategy == TuneStrategy::Search ? "search" : "grid";
 }
 
-namespace {
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-}  // namespace
+using detail::median;
 
 double TunePoint::median_gbps() const {
   std::vector<double> v;

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "cli.hpp"
+#include "core/median.hpp"
 #include "core/posix.hpp"
 #include "nvio/errors.hpp"
 #include "nvio/gpu.hpp"
@@ -681,12 +682,7 @@ Sample time_once(Fn&& fn) {
   return s;
 }
 
-double median(std::vector<double> values) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  std::size_t mid = values.size() / 2;
-  return values.size() % 2 ? values[mid] : (values[mid - 1] + values[mid]) / 2;
-}
+using nvio::detail::median;
 
 double median_seconds(const OpResult& r) {
   std::vector<double> v;

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "cli.hpp"
+#include "core/median.hpp"
 #include "nvio/errors.hpp"
 #include "nvio/options.hpp"
 #include "nvio/system.hpp"
@@ -443,12 +444,7 @@ void forward_messages(const Processes& procs) {
 
 // ---- the aggregate ------------------------------------------------------------------------------
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t mid = v.size() / 2;
-  return v.size() % 2 ? v[mid] : (v[mid - 1] + v[mid]) / 2;
-}
+using nvio::detail::median;
 
 // The bytes a process moved in loop i of a result: the buffer, or a random loop's blocks.
 double loop_bytes(const nlohmann::json& r, std::size_t i) {

@@ -194,10 +194,11 @@ TuneResult tune_directory(const TuneRequest& request);
 
 // Several drives together: a file of `file_size` bytes striped over `directories` (see
 // nvio/stripe.hpp), drive i with options[i] (what tune_directory picked for it), written (with
-// fdatasync) and read `repeats` times in each of `modes`; a write run measures each drive's share
-// too. The file is removed afterwards. What `nvio tune --dir A --dir B` reports after tuning each
-// drive alone, so that the aggregate and what limits it (one slow drive, the CPUs) are measured,
-// not assumed.
+// fdatasync) and read `repeats` times in each of `modes`, each drive's share timed too. The file
+// moves in chunks of at most chunk_bytes (whole rows of stripes) through one buffer, the first read
+// pass checks every byte, and the file is removed afterwards. What `nvio tune --dir A --dir B`
+// reports after tuning each drive alone, so that the aggregate and what limits it (one slow drive,
+// the CPUs) are measured, not assumed.
 struct StripedTuneRequest {
   std::vector<std::string> directories;
   std::vector<Options> options;  // one per directory
@@ -205,6 +206,8 @@ struct StripedTuneRequest {
   std::uint64_t file_size = std::uint64_t{1} << 30;
   std::vector<TuneMode> modes{TuneMode::Read, TuneMode::Write};
   unsigned repeats = 3;
+  // The most bytes moved per call (rounded down to whole rows of stripes, at least one row).
+  std::uint64_t chunk_bytes = std::uint64_t{256} << 20;
 };
 struct StripedModeResult {
   TuneMode mode = TuneMode::Read;

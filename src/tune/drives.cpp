@@ -46,13 +46,43 @@ StripedTuneResult measure_striped(const StripedTuneRequest& request) {
   if (request.modes.empty()) throw InvalidArgument("measure_striped: no mode to measure");
   StripedHandle h(StripeLayout{request.directories, request.stripe_size}, request.options);
   StripedScratch scratch(h, fmt::format("nvio-tune-striped-{}.dat", ::getpid()));
-  const auto size = static_cast<std::size_t>(request.file_size);
-  AlignedBuffer buf(size, LockMode::Try);
-  pattern::fill(buf.data(), size, 0, kStripedSeed);
+  const std::size_t drives = request.directories.size();
+  // The file moves in chunks through one buffer of at most chunk_bytes (a --size of 64G must not
+  // ask for 64 GiB of memory), each chunk whole rows of stripes so that every drive gets its share.
+  const std::uint64_t row = std::uint64_t{request.stripe_size} * drives;
+  const std::uint64_t chunk =
+      std::min(request.file_size, std::max(row, request.chunk_bytes / row * row));
+  AlignedBuffer buf(static_cast<std::size_t>(chunk), LockMode::Try);
   const WriteOptions durable{Truncate::No, Durability::Data, MemoryKind::Host};
+  // One pass over the file; returns the seconds of the whole and of each drive (the sums over the
+  // chunks of each call's time until its last byte, and each drive's time until its own).
+  auto pass = [&](TuneMode mode, bool verify, std::vector<double>& drive_seconds) {
+    double seconds = 0;
+    for (std::uint64_t off = 0; off < request.file_size; off += chunk) {
+      const auto len = static_cast<std::size_t>(std::min(chunk, request.file_size - off));
+      StripedTransfer t;
+      if (mode == TuneMode::Write) {
+        pattern::fill(buf.data(), len, off, kStripedSeed);
+        t = h.write(buf.data(), len, scratch.name(), off, durable);
+      } else {
+        t = h.read(buf.data(), len, scratch.name(), off);
+        if (verify) {
+          if (auto bad = pattern::first_mismatch(buf.data(), len, off, kStripedSeed)) {
+            throw FormatError(
+                scratch.name(),
+                fmt::format("the striped tune file read back wrong at offset {}", *bad));
+          }
+        }
+      }
+      seconds += t.seconds;
+      for (std::size_t d = 0; d < drives; ++d) drive_seconds[d] += t.drives[d].seconds;
+    }
+    return seconds;
+  };
+  std::vector<double> unused(drives);
   // Reads need the file: written once, untimed, when no write is measured first.
   if (std::ranges::find(request.modes, TuneMode::Write) == request.modes.end()) {
-    h.write(buf.data(), size, scratch.name(), 0, durable);
+    pass(TuneMode::Write, false, unused);
   }
   StripedTuneResult out;
   out.directories = request.directories;
@@ -64,27 +94,20 @@ StripedTuneResult measure_striped(const StripedTuneRequest& request) {
   for (TuneMode mode : order) {
     StripedModeResult m;
     m.mode = mode;
-    std::vector<std::vector<double>> per_drive(request.directories.size());
+    std::vector<std::vector<double>> per_drive(drives);
     for (unsigned i = 0; i < request.repeats; ++i) {
-      StripedTransfer t;
-      if (mode == TuneMode::Write) {
-        t = h.write(buf.data(), size, scratch.name(), 0, durable);
-      } else {
-        for (std::size_t d = 0; d < request.directories.size(); ++d) {
+      if (mode == TuneMode::Read) {
+        for (std::size_t d = 0; d < drives; ++d) {
           detail::evict_page_cache(h.part_path(d, scratch.name()));
         }
-        t = h.read(buf.data(), size, scratch.name(), 0);
       }
-      m.all_gbps.push_back(static_cast<double>(t.bytes) / std::max(t.seconds, 1e-9) / 1e9);
-      for (std::size_t d = 0; d < t.drives.size(); ++d) {
-        const DriveTransfer& dt = t.drives[d];
-        per_drive[d].push_back(static_cast<double>(dt.bytes) / std::max(dt.seconds, 1e-9) / 1e9);
-      }
-    }
-    if (mode == TuneMode::Read) {
-      if (auto bad = pattern::first_mismatch(buf.data(), size, 0, kStripedSeed)) {
-        throw FormatError(h.part_path(0, scratch.name()),
-                          fmt::format("the striped tune file read back wrong at offset {}", *bad));
+      std::vector<double> drive_seconds(drives);
+      const double seconds = pass(mode, /*verify=*/i == 0, drive_seconds);
+      m.all_gbps.push_back(static_cast<double>(request.file_size) / std::max(seconds, 1e-9) / 1e9);
+      for (std::size_t d = 0; d < drives; ++d) {
+        const auto bytes = static_cast<double>(
+            StripeLayout{request.directories, request.stripe_size}.part_size(d, request.file_size));
+        per_drive[d].push_back(bytes / std::max(drive_seconds[d], 1e-9) / 1e9);
       }
     }
     m.gbps = detail::median(m.all_gbps);

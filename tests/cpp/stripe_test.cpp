@@ -15,6 +15,7 @@
 
 #include "nvio/errors.hpp"
 #include "nvio/pattern.hpp"
+#include "nvio/tune.hpp"
 #include "test_util.hpp"
 
 using namespace nvio_test;
@@ -392,4 +393,34 @@ TEST(StripedHandle, AFailedWriteKeepsTheFileReadable) {
   ASSERT_EQ(::mkdir(h.part_path(1, "n").c_str(), 0755), 0);
   EXPECT_THROW(h.write(data.data(), 2 * 4096, "n"), nvio::IoError);
   EXPECT_EQ(file_size(h.part_path(0, "n")), -1);
+}
+
+// nvio tune's measurement of several drives together: chunks smaller than the file (and a last,
+// partial one), every mode, the bytes checked by its first read pass, nothing left behind.
+TEST(StripedTune, MeasuresAFileLargerThanItsChunksAndRemovesIt) {
+  auto dirs = make_dirs(2);
+  nvio::StripedTuneRequest req;
+  req.directories = dir_paths(dirs);
+  req.options = {nvio::Options{}, nvio::Options{}};
+  req.options[1].queue_depth = 4;
+  req.stripe_size = 64 * KiB;
+  req.file_size = MiB + 123;
+  req.chunk_bytes = 300 * KiB;  // two rows of stripes per chunk: 256 KiB
+  req.repeats = 2;
+  const nvio::StripedTuneResult r = nvio::measure_striped(req);
+  ASSERT_EQ(r.modes.size(), 2u);
+  EXPECT_EQ(r.modes[0].mode, nvio::TuneMode::Write);  // writes first, so that reads find the file
+  for (const nvio::StripedModeResult& m : r.modes) {
+    EXPECT_GT(m.gbps, 0);
+    EXPECT_EQ(m.all_gbps.size(), 2u);
+    ASSERT_EQ(m.drive_gbps.size(), 2u);
+    EXPECT_GT(m.drive_gbps[0], 0);
+    EXPECT_GT(m.drive_gbps[1], 0);
+  }
+  for (const auto& d : dirs) {
+    EXPECT_EQ(::rmdir(d->path().c_str()), 0) << d->path() << " is not empty";
+    ASSERT_EQ(::mkdir(d->path().c_str(), 0755), 0);
+  }
+  req.repeats = 0;
+  EXPECT_THROW(nvio::measure_striped(req), nvio::InvalidArgument);
 }

@@ -31,8 +31,9 @@ void add_tune_options(CLI::App& app, TuneArgs& args) {
   app.add_option("--dir", args.dirs,
                  "Directory on the drive to tune (created if missing; a scratch file goes there). "
                  "Repeat it for several drives: each is tuned alone (an equal share of 80% of the "
-                 "budget), then all are measured together on a file striped over them, each with "
-                 "its pick; --save saves each drive's profile")
+                 "budget), then all are measured together, each with its pick, by writing and "
+                 "reading a --size file striped over them 3 times (timed apart from the budget); "
+                 "--save saves each drive's profile")
       ->required()
       ->type_name("DIR");
   app.add_option("--stripe-size", args.stripe_size,
@@ -273,8 +274,8 @@ int run_tune_drives(const TuneArgs& args) {
   const std::string config = save_path(args);
   std::vector<nvio::TuneResult> results;
   nvio::TuneRequest first = make_tune_request(args, args.dirs.front());
-  // 80 % of the budget is shared by the drives alone; the striped measurement takes the rest
-  // (it is not a search: three writes and reads of the file).
+  // 80 % of the budget is shared by the drives alone. The striped measurement is not a search and
+  // is not held to the budget: three writes and reads of a --size file, which the user sized.
   const double share = first.settings.budget_s * 0.8 / static_cast<double>(args.dirs.size());
   for (const std::string& dir : args.dirs) {
     make_directory(dir);

@@ -95,3 +95,11 @@ class StripedHandle:
 
     def drive_engine(self, drive: int) -> str:
         return self._core.drive_engine(_drive(drive))
+
+    def stats(self) -> Dict[str, Any]:
+        """The counters of every drive's handle together (see ``nvio.Handle.stats``)."""
+        return self._core.stats()
+
+    def drive_stats(self, drive: int) -> Dict[str, Any]:
+        """Drive ``drive``'s handle's counters."""
+        return self._core.drive_stats(_drive(drive))

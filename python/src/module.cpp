@@ -863,6 +863,11 @@ void bind_striped(py::module_& m) {
            [](nvio::StripedHandle& h, std::size_t drive) {
              return nvio::to_string(h.drive(drive).engine());
            })
+      .def("stats", [](const nvio::StripedHandle& h) { return stats_dict(h.stats()); })
+      .def("drive_stats",
+           [](nvio::StripedHandle& h, std::size_t drive) {
+             return stats_dict(h.drive(drive).stats());
+           })
       .def_property_readonly("directories",
                              [](const nvio::StripedHandle& h) {
                                py::list out;

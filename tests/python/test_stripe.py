@@ -148,3 +148,20 @@ def test_errors(dirs, tmp_path):
         h.part_path(-1, "f")
     with pytest.raises(nvio.InvalidArgument):
         h.part_path(2, "f")
+
+
+def test_stats_count_each_drives_share(dirs):
+    h = nvio.StripedHandle(dirs[:2], stripe_size=STRIPE)
+    size = 5 * STRIPE + 7
+    h.write(pattern(size), "s")
+    back = np.zeros(size, np.uint8)
+    h.read(back, "s")
+    total = h.stats()
+    assert total["bytes_written"] == size and total["bytes_read"] == size
+    shares = [3 * STRIPE, 2 * STRIPE + 7]  # stripes 0, 2, 4 and 1, 3, 5 (its 7 bytes)
+    for i in range(2):
+        d = h.drive_stats(i)
+        assert d["bytes_written"] == shares[i] and d["bytes_read"] == shares[i]
+        assert d["writes"] >= 1 and d["reads"] >= 1
+    assert total["writes"] == h.drive_stats(0)["writes"] + h.drive_stats(1)["writes"]
+    assert total["errors"] == {}

@@ -103,8 +103,12 @@ struct Job {
     }
     return true;
   }
+  // A job of no operations (an empty batch): when it was registered, which is when it finished.
+  std::chrono::steady_clock::time_point empty_finished_at;
+
   // After wait(): when the last of its operations finished.
   std::chrono::steady_clock::time_point finished_at() const {
+    if (ops.empty()) return empty_finished_at;
     std::chrono::steady_clock::time_point last;
     for (const OperationPtr& op : ops) last = std::max(last, op->finished_at);
     return last;
@@ -501,6 +505,7 @@ void Handle::Impl::run_blocking(const JobPtr& job) {
 Ticket Handle::Impl::register_async(const JobPtr& job) {
   Ticket t;
   job->unfinished.store(job->ops.size(), std::memory_order_relaxed);
+  if (job->ops.empty()) job->empty_finished_at = std::chrono::steady_clock::now();
   for (const OperationPtr& op : job->ops) {
     op->listener = this;
     op->job = job.get();

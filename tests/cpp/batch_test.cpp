@@ -254,6 +254,13 @@ TEST_P(Batch, WaitCompletionReturnsTheFailureAndWhenItFinished) {
   EXPECT_LT(ok.finished, second_submitted);  // collected last, finished first
   EXPECT_TRUE(buffer_has_pattern(small.data(), small.size(), 0, 31));
   EXPECT_THROW(h.wait_completion(first), nvio::InvalidArgument);
+  // An empty batch finished when it was submitted, not at the clock's epoch.
+  const auto before_empty = std::chrono::steady_clock::now();
+  const nvio::Completion empty =
+      h.wait_completion(h.submit_read_batch(std::span<const nvio::ReadExtent>{}));
+  EXPECT_FALSE(empty.error);
+  EXPECT_GE(empty.finished, before_empty);
+  EXPECT_LE(empty.finished, std::chrono::steady_clock::now());
 }
 
 // wait_some: every ticket is collected exactly once, in bulk, with its own failure and without

@@ -869,7 +869,11 @@ def test_striped_bench_verifies_and_reports_each_drive(tmp_path):
     args = [x for d in dirs for x in ("--dir", d)]
     out = bench_json(*args, "--size", ODD_SIZE, "--stripe-size", "64K", "--loops", 2, "--verify",
                      "--keep", "--block-size", "16K", "--seed", "99")
-    assert out["stripe"] == {"directories": [str(d) for d in dirs], "stripe_size": 65536}
+    assert out["stripe"]["directories"] == [str(d) for d in dirs]
+    assert out["stripe"]["stripe_size"] == 65536
+    # Each drive's handle: the flags over its own saved profile.
+    assert [d["options"]["block_size"] for d in out["stripe"]["drives"]] == [16384] * 3
+    assert all(d["options_sources"]["block_size"] == "explicit" for d in out["stripe"]["drives"])
     for r in out["results"]:
         assert r["verified"] is True
         drives = r["drives"]
@@ -897,7 +901,9 @@ def test_striped_bench_removes_every_part(tmp_path):
     r = nvio("bench", "--dir", dirs[0], "--dir", dirs[1], "--size", "1M", "--loops", 1)
     assert r.returncode == 0, r.stderr
     assert "striped over 2 drives in 1 MiB stripes" in r.stdout
-    assert len([ln for ln in r.stdout.splitlines() if ln.strip().startswith("drive")]) == 4
+    rows = [ln for ln in r.stdout.splitlines() if re.match(r"\s+drive\s+\d", ln)]
+    assert len(rows) == 4  # each drive under the write row and under the read row
+    assert len([ln for ln in r.stdout.splitlines() if re.match(r"\s+drive /.*: engine", ln)]) == 2
     assert list(dirs[0].iterdir()) == [] and list(dirs[1].iterdir()) == []
 
 

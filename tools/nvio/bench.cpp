@@ -237,7 +237,8 @@ struct Plan {
   enum class Memory { Host, Device, H2dOnly } memory = Memory::Host;
   int device = 0;
   nvio::EffectiveOptions options;
-  nvio::OptionOverrides overrides;  // the flags' options: a striped run resolves them per drive
+  // A striped run: each drive's options, the flags over that drive's saved profile.
+  std::vector<nvio::EffectiveOptions> drive_options;
   // In a process of a --procs run: the barrier every timed loop starts behind.
   std::optional<LoopGate> gate;
 
@@ -537,7 +538,6 @@ Plan make_plan(const BenchArgs& args) {
   } else if (!args.dirs.empty()) {
     config_dir = args.dirs.front();
   }
-  plan.overrides = overrides;
   plan.options = nvio::resolve_options(overrides, {}, config_dir);
   if (bad_flag) throw *bad_flag;
   if (random) plan_random(args, plan);
@@ -547,6 +547,9 @@ Plan make_plan(const BenchArgs& args) {
     plan.stripe_dirs = args.dirs;
     plan.stripe_size = nvio::parse_size(args.stripe_size.value_or("1M"), "--stripe-size");
     nvio::StripeLayout{plan.stripe_dirs, plan.stripe_size}.validate();
+    for (const std::string& d : plan.stripe_dirs) {
+      plan.drive_options.push_back(nvio::resolve_options(overrides, {}, d));
+    }
   }
   if (args.gpu) {
     // Checked after the options, so that a bad flag is reported first; exit 2 like a bad flag.
@@ -757,7 +760,9 @@ class Target {
  public:
   Target(nvio::Handle& handle, const Plan& plan) : handle_(handle), plan_(plan) {
     if (!plan.stripe_dirs.empty()) {
-      striped_.emplace(nvio::StripeLayout{plan.stripe_dirs, plan.stripe_size}, plan.overrides);
+      std::vector<nvio::Options> per_drive;
+      for (const nvio::EffectiveOptions& o : plan.drive_options) per_drive.push_back(o.values);
+      striped_.emplace(nvio::StripeLayout{plan.stripe_dirs, plan.stripe_size}, per_drive);
     }
   }
   // The files the run may create.
@@ -1336,7 +1341,14 @@ void print_json(const std::vector<OpResult>& results, const nvio::Handle& handle
   out["config"] = config_to_json(plan.options);
   out["file"] = plan.path;
   if (!plan.stripe_dirs.empty()) {
-    out["stripe"] = {{"directories", plan.stripe_dirs}, {"stripe_size", plan.stripe_size}};
+    nlohmann::json drives = nlohmann::json::array();
+    for (const nvio::EffectiveOptions& eff : plan.drive_options) {
+      drives.push_back({{"options", options_to_json(eff.values)},
+                        {"options_sources", sources_to_json(eff)},
+                        {"config", config_to_json(eff)}});
+    }
+    out["stripe"] = {
+        {"directories", plan.stripe_dirs}, {"stripe_size", plan.stripe_size}, {"drives", drives}};
   }
   out["size"] = plan.size;
   out["pattern"] = plan.pattern == Pattern::Random ? "random" : "sequential";
@@ -1381,6 +1393,21 @@ void print_random_rows(const std::vector<OpResult>& results, const nvio::Handle&
   }
 }
 
+// Every option but the engine, as resolved: "block_size 1 MiB, queue_depth 8, ...".
+std::string settings_text(const nvio::Options& o) {
+  std::string settings;
+  for (const nvio::OptionSpec& spec : nvio::option_specs()) {
+    if (std::string_view(spec.name) == "engine") continue;
+    const nvio::OptionValue value = o.get(spec.name);
+    const std::string text =
+        std::string_view(spec.unit) == "bytes"
+            ? human_bytes(static_cast<unsigned long long>(std::get<std::int64_t>(value)))
+            : std::visit([](const auto& v) { return fmt::format("{}", v); }, value);
+    settings += fmt::format("{}{} {}", settings.empty() ? "" : ", ", spec.name, text);
+  }
+  return settings;
+}
+
 void print_table(const std::vector<OpResult>& results, const nvio::Handle& handle,
                  const Plan& plan) {
   const nvio::Options& o = handle.options();
@@ -1406,18 +1433,14 @@ void print_table(const std::vector<OpResult>& results, const nvio::Handle& handl
     }
   }
   // The engine in use (never auto) and why, then every other option as resolved.
-  std::string settings;
-  for (const nvio::OptionSpec& spec : nvio::option_specs()) {
-    if (std::string_view(spec.name) == "engine") continue;
-    const nvio::OptionValue value = o.get(spec.name);
-    const std::string text =
-        std::string_view(spec.unit) == "bytes"
-            ? human_bytes(static_cast<unsigned long long>(std::get<std::int64_t>(value)))
-            : std::visit([](const auto& v) { return fmt::format("{}", v); }, value);
-    settings += fmt::format("{}{} {}", settings.empty() ? "" : ", ", spec.name, text);
-  }
   fmt::print("engine {} ({}); {}\n", nvio::to_string(handle.engine()), handle.engine_reason(),
-             settings);
+             settings_text(o));
+  for (std::size_t d = 0; d < plan.drive_options.size(); ++d) {
+    const nvio::EffectiveOptions& eff = plan.drive_options[d];
+    fmt::print("  drive {}: engine {}; {}{}\n", plan.stripe_dirs[d],
+               nvio::to_string(eff.values.engine), settings_text(eff.values),
+               eff.config_profile.empty() ? "" : fmt::format(" (profile {})", eff.config_profile));
+  }
   if (!plan.options.config_profile.empty()) {
     fmt::print("settings from {} (profile {}): {}\n", plan.options.config_path,
                plan.options.config_profile, configured_names(plan.options));

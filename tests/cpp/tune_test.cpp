@@ -350,7 +350,6 @@ TEST(TuneSearch, JsonAndProfileCarryThePick) {
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 // The seed of the pattern the tuner writes its scratch file with (src/tune/directory.cpp).
 constexpr std::uint64_t kScratchSeed = 0x7475'6e65;
-constexpr unsigned char kSentinel = 0xA5;
 
 nvio::TuneRequest device_request(const std::string& dir, unsigned char* memory, std::size_t size) {
   nvio::TuneRequest req;

@@ -24,8 +24,11 @@
 // still waited for (no buffer is given back while the kernel may use it), then the first failure
 // in directory order is thrown.
 //
-// Thread-safety: every member function may be called from several threads at once. Writes that
-// extend the same file from several threads race on its size, as with a regular file.
+// Thread-safety: every member function may be called from several threads at once. Writes size the
+// parts under a lock of the handle and only ever grow them (Truncate::AtEnd shrinks after its data
+// is in), so threads writing different ranges of one file never undo each other's growth, and a
+// read or size() never sees the parts half resized. Another process or StripedHandle resizing the
+// same file at the same time is not serialised with this one.
 #pragma once
 
 #include <cstddef>

@@ -215,8 +215,8 @@ struct StripedHandle::Impl {
           throw_io_error(IoOp::Stat, parts[i], 0, 0, -rc, "a part of a striped file");
         }
         const std::int64_t size = states[i].size < 0 ? -1 : facts.size;
-        if (size < 0 || !states[i].recorded) set_record(parts[i], i);
         if (size < 0) undo.push_back({i, -1});
+        if (size < 0 || !states[i].recorded) set_record(parts[i], i);
         if (facts.size == want || (!exact && facts.size > want)) continue;
         if (size >= 0) undo.push_back({i, facts.size});
         if (::ftruncate(fd.get(), want) != 0) {
@@ -230,11 +230,8 @@ struct StripedHandle::Impl {
     } catch (...) {
       // Best effort: the error being thrown is the one to report.
       for (const Undo& u : undo) {
-        if (u.size < 0) {
-          ::unlink(parts[u.part].c_str());
-        } else if (::truncate(parts[u.part].c_str(), u.size) != 0) {
-          continue;
-        }
+        [[maybe_unused]] const int rc = u.size < 0 ? ::unlink(parts[u.part].c_str())
+                                                   : ::truncate(parts[u.part].c_str(), u.size);
       }
       throw;
     }
@@ -376,7 +373,10 @@ StripedTransfer StripedHandle::read(void* buf, std::size_t length, const std::st
 std::uint64_t StripedHandle::size(const std::string& name) const {
   check_name(name);
   const std::vector<std::string> parts = impl_->parts(name);
+  // Not while a write of this handle sizes the parts: they would be caught at two sizes.
+  std::unique_lock lock(impl_->sizing_mutex);
   const std::vector<Impl::PartState> states = impl_->part_states(name, parts);
+  lock.unlock();
   if (std::all_of(states.begin(), states.end(), [](const auto& s) { return s.size < 0; })) {
     throw_io_error(IoOp::Stat, impl_->display(name), 0, 0, ENOENT, "no part of it exists");
   }

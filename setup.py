@@ -33,7 +33,25 @@ class CMakeBuild(build_ext):
 
     def build_extension(self, ext: Extension) -> None:
         out_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
-        build_dir = Path(self.build_temp).resolve() / "cmake"
+        # NVIO_PREBUILT_BUILD_DIR: package the extension and the command an existing CMake build
+        # of this checkout made (its targets _nvio and nvio_bundled_cli) instead of compiling them
+        # again; the test suite's pip test uses it so that CI compiles the project once.
+        prebuilt = os.environ.get("NVIO_PREBUILT_BUILD_DIR")
+        build_dir = Path(prebuilt) if prebuilt else Path(self.build_temp).resolve() / "cmake"
+        if not prebuilt:
+            self._cmake_build(build_dir)
+        package = build_dir / "python" / "nvio"
+        built = next(package.glob("_nvio*.so"), None)
+        if built is None or not (package / BUNDLED_CLI).exists():
+            raise RuntimeError(f"nvio: no _nvio*.so or {BUNDLED_CLI} in {package}: build the "
+                               "targets _nvio and nvio_bundled_cli there first")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.copy_file(str(built), str(out_dir / built.name))
+        # copy_file keeps the mode, so the command stays executable in the wheel.
+        (out_dir / BUNDLED_CLI.parent).mkdir(parents=True, exist_ok=True)
+        self.copy_file(str(package / BUNDLED_CLI), str(out_dir / BUNDLED_CLI))
+
+    def _cmake_build(self, build_dir: Path) -> None:
         build_dir.mkdir(parents=True, exist_ok=True)
         subprocess.run(
             [
@@ -47,13 +65,6 @@ class CMakeBuild(build_ext):
         jobs = str(os.cpu_count() or 2)
         subprocess.run(["cmake", "--build", str(build_dir), "--target", "_nvio", "nvio_bundled_cli",
                         "-j", jobs], check=True)
-        package = build_dir / "python" / "nvio"
-        built = next(package.glob("_nvio*.so"))
-        out_dir.mkdir(parents=True, exist_ok=True)
-        self.copy_file(str(built), str(out_dir / built.name))
-        # copy_file keeps the mode, so the command stays executable in the wheel.
-        (out_dir / BUNDLED_CLI.parent).mkdir(parents=True, exist_ok=True)
-        self.copy_file(str(package / BUNDLED_CLI), str(out_dir / BUNDLED_CLI))
 
     def get_outputs(self) -> "list[str]":
         package = Path(self.get_ext_fullpath("nvio._nvio")).parent

@@ -96,8 +96,13 @@ def children_of(pid):
         return [int(c) for c in f.read().split()]
 
 
-def test_killed_process_ends_the_run_without_a_hang(tmp_path):
-    p = subprocess.Popen([BIN, "bench", "--procs", "2", "--dir", str(tmp_path), "--size", "1M",
+@pytest.mark.parametrize("where", ["dir", "file", "existing-file"])
+def test_killed_process_ends_the_run_without_a_hang(tmp_path, where):
+    target = ["--dir", str(tmp_path)] if where == "dir" else ["--file", str(tmp_path / "f")]
+    if where == "existing-file":  # the user's files: never removed, even when a process dies
+        for rank in range(2):
+            (tmp_path / f"f.{rank}").write_bytes(b"x" * (1 << 20))
+    p = subprocess.Popen([BIN, "bench", "--procs", "2", *target, "--size", "1M",
                           "--loops", "1000000", "--op", "write"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=clean_env())
@@ -118,7 +123,9 @@ def test_killed_process_ends_the_run_without_a_hang(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("nvio: error: "), err
     assert f"process 1 of 2 (pid {kids[1]}" in err and "killed by signal 9" in err
     assert out == ""
-    assert not list(tmp_path.iterdir())  # both scratch files removed, the killed one's too
+    left = sorted(x.name for x in tmp_path.iterdir())
+    # Files the run made are removed, the killed process's too; the user's stay.
+    assert left == (["f.0", "f.1"] if where == "existing-file" else []), left
 
 
 @pytest.mark.parametrize(

@@ -281,6 +281,9 @@ void start(std::vector<BenchArgs>& args, Processes& procs) {
   std::fflush(nullptr);  // or the children would print the parent's buffered output again
   for (BenchArgs& a : args) {
     Pipe ctl, go, out, err;
+    // A --file F.<rank> missing now is the process's own, to remove if it is killed; one that
+    // exists is the user's and stays.
+    const bool new_file = a.file && !a.keep && ::access(a.file->c_str(), F_OK) != 0;
     const pid_t pid = ::fork();
     if (pid < 0) throw_errno("fork");
     if (pid == 0) run_process(a, ctl, go, out, err, procs);
@@ -289,6 +292,7 @@ void start(std::vector<BenchArgs>& args, Processes& procs) {
     p.pid = pid;
     p.where = a.file ? *a.file : "--dir " + (a.dirs.empty() ? std::string("?") : a.dirs.front());
     if (!a.file && !a.dirs.empty() && !a.keep) p.scratch = scratch_path(a.dirs.front(), pid);
+    if (new_file) p.scratch = *a.file;
     p.ctl = take(ctl.read);
     p.go = take(go.write);
     p.out = take(out.read);

@@ -28,7 +28,7 @@
 // (asynchronous operations of the parent are not visible in the child: its wait() counts only its
 // own). Destroying such a handle in the child releases nothing the parent's threads might hold:
 // the parent's copy of the handle state is left to the child's exit. The counters of stats() are
-// part of that state: a child's start at zero and count only its own operations.
+// part of that state: a child's counters start at zero and count only its own operations.
 #pragma once
 
 #include <sys/types.h>

@@ -10,8 +10,9 @@
 // bytes read from the wrong places, even where the parts' sizes fit both; so are parts whose sizes
 // do not add up to one striped file of the layout. A part without the record (a copy that dropped
 // it, a file system without extended attributes) is checked by its size only. A write with
-// Truncate::AtEnd at offset 0 replaces the file and may change its layout. stripe_size is a multiple of 4096, so every stripe starts at an offset of its part
-// file that is aligned for O_DIRECT and the planner sends whole stripes down the direct path.
+// Truncate::AtEnd at offset 0 replaces the file and may change its layout. stripe_size is a
+// multiple of 4096, so every stripe starts at an offset of its part file that is aligned for
+// O_DIRECT and the planner sends whole stripes down the direct path.
 //
 // Each directory has its own Handle (its own workers, queue depth and engine instances), made with
 // the options that apply to that directory: the configuration profile `nvio tune --save` stored
@@ -51,6 +52,9 @@ struct StripeLayout {
   void validate() const;
   // The bytes part `drive` holds of a striped file of `size` bytes.
   std::uint64_t part_size(std::size_t drive, std::uint64_t size) const;
+  // The path of part `drive` of the striped file `name`: <directory>/<name>. InvalidArgument for a
+  // drive past the last directory.
+  std::string part_path(std::size_t drive, const std::string& name) const;
 };
 
 // What one drive did in a striped read or write.

@@ -21,10 +21,8 @@ PathLike = Union[str, bytes, "os.PathLike[str]"]
 
 
 def _name(value: Any) -> bytes:
-    raw = _args.path(value, "name")
-    if b"/" in raw or raw in (b".", b".."):
-        raise _nvio.InvalidArgument(f"nvio: striped file name {value!r} must be a plain file name")
-    return raw
+    # A plain file name (no "/", ".", ".."): checked by the core, which raises InvalidArgument.
+    return _args.path(value, "name")
 
 
 def _drive(value: Any) -> int:

@@ -115,6 +115,14 @@ std::uint64_t StripeLayout::part_size(std::size_t drive, std::uint64_t size) con
   return stripes * stripe_size + (drive == full % n ? rest : 0);
 }
 
+std::string StripeLayout::part_path(std::size_t drive, const std::string& name) const {
+  if (drive >= directories.size()) {
+    throw InvalidArgument(
+        fmt::format("drive {} of a striped file over {} directories", drive, directories.size()));
+  }
+  return directories[drive] + "/" + name;
+}
+
 struct StripedHandle::Impl {
   StripeLayout layout;
   std::vector<std::unique_ptr<Handle>> handles;  // one per directory, in its order
@@ -122,12 +130,11 @@ struct StripedHandle::Impl {
   // (another process or StripedHandle resizing the same file is not serialised, as with any file).
   mutable std::mutex sizing_mutex;
 
-  std::string part(std::size_t drive, const std::string& name) const {
-    return layout.directories[drive] + "/" + name;
-  }
   std::vector<std::string> parts(const std::string& name) const {
     std::vector<std::string> out;
-    for (std::size_t i = 0; i < layout.directories.size(); ++i) out.push_back(part(i, name));
+    for (std::size_t i = 0; i < layout.directories.size(); ++i) {
+      out.push_back(layout.part_path(i, name));
+    }
     return out;
   }
   std::string display(const std::string& name) const {
@@ -412,11 +419,7 @@ std::size_t StripedHandle::remove(const std::string& name) {
 
 std::string StripedHandle::part_path(std::size_t drive, const std::string& name) const {
   check_name(name);
-  if (drive >= impl_->layout.directories.size()) {
-    throw InvalidArgument(fmt::format("drive {} of a striped file over {} directories", drive,
-                                      impl_->layout.directories.size()));
-  }
-  return impl_->part(drive, name);
+  return impl_->layout.part_path(drive, name);
 }
 
 HandleStats StripedHandle::stats() const {

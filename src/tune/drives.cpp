@@ -54,6 +54,7 @@ StripedTuneResult measure_striped(const StripedTuneRequest& request) {
       std::min(request.file_size, std::max(row, request.chunk_bytes / row * row));
   AlignedBuffer buf(static_cast<std::size_t>(chunk), LockMode::Try);
   const WriteOptions durable{Truncate::No, Durability::Data, MemoryKind::Host};
+  const StripeLayout& layout = h.layout();
   // One pass over the file; returns the seconds of the whole and of each drive (the sums over the
   // chunks of each call's time until its last byte, and each drive's time until its own).
   auto pass = [&](TuneMode mode, bool verify, std::vector<double>& drive_seconds) {
@@ -105,8 +106,7 @@ StripedTuneResult measure_striped(const StripedTuneRequest& request) {
       const double seconds = pass(mode, /*verify=*/i == 0, drive_seconds);
       m.all_gbps.push_back(static_cast<double>(request.file_size) / std::max(seconds, 1e-9) / 1e9);
       for (std::size_t d = 0; d < drives; ++d) {
-        const auto bytes = static_cast<double>(
-            StripeLayout{request.directories, request.stripe_size}.part_size(d, request.file_size));
+        const auto bytes = static_cast<double>(layout.part_size(d, request.file_size));
         per_drive[d].push_back(bytes / std::max(drive_seconds[d], 1e-9) / 1e9);
       }
     }

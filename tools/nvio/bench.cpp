@@ -768,8 +768,11 @@ class Target {
   // The files the run may create.
   static std::vector<std::string> paths(const Plan& plan) {
     if (plan.stripe_dirs.empty()) return {plan.path};
+    const nvio::StripeLayout layout{plan.stripe_dirs, plan.stripe_size};
     std::vector<std::string> out;
-    for (const std::string& d : plan.stripe_dirs) out.push_back(d + "/" + plan.path);
+    for (std::size_t d = 0; d < plan.stripe_dirs.size(); ++d) {
+      out.push_back(layout.part_path(d, plan.path));
+    }
     return out;
   }
   // Each drive's share of the run's bytes (empty for one file).

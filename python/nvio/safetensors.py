@@ -6,9 +6,11 @@ switches with an import change::
 
 The header is parsed and validated once, by the C++ core (include/nvio/safetensors.hpp): a
 malformed file raises ``nvio.FormatError`` (also a ``ValueError``; ``SafetensorError`` here) naming
-the file and the problem. ``load_file`` reads every tensor straight into its own memory with one
-read batch (no mmap, no page faults on the file): on the CPU, tensors of 1 MiB or more get locked,
-page-aligned memory placed so that O_DIRECT reaches it without a bounce copy. ``save_file`` writes
+the file and the problem. ``load_file`` on the CPU reads the whole data region with one parallel
+O_DIRECT call (no mmap of the file, no page faults on it) into fresh memory placed like the file,
+and every tensor is a view of its bytes there: no copy, and the memory is freed with the last of
+the tensors (unlike the reference, whose tensors each own a copy; a tensor kept alone keeps the
+region alive). On a GPU one read batch fills tensors allocated on the device. ``save_file`` writes
 the header and every tensor with one write batch into a temporary file that replaces ``filename``
 atomically (fdatasync, rename, directory fsync): a crash leaves the old file or the new one.
 
@@ -24,16 +26,16 @@ import os
 import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import _args, _nvio
+from . import _args, _landing, _nvio
 from ._handle import shared_handle
 
 SafetensorError = _nvio.FormatError
 
 __all__ = ["load_file", "save_file", "load", "save", "safe_open", "SafetensorError"]
 
-# Tensors this large or larger get locked memory aligned for O_DIRECT; smaller ones plain memory.
-_LOCKED_MIN = 1 << 20
-_PAGE = 4096
+# A tensor read on its own (safe_open) this large or larger lands in fresh memory placed for
+# O_DIRECT (_landing); smaller ones in a plain tensor, whose edges go through the page cache.
+_REGION_MIN = 1 << 20
 
 
 def _torch():
@@ -112,47 +114,78 @@ class _File:
             err.path, err.problem = os.fsdecode(self.path), f"no tensor {name!r}"
             raise err from None
 
-    def empty(self, e: _Entry, device: Any, shape: Optional[Tuple[int, ...]] = None,
-              file_offset: Optional[int] = None) -> Any:
-        """Uninitialised memory for `shape` (default: the entry's) of the entry's dtype. On the
-        CPU, large tensors get locked memory whose address matches `file_offset` modulo the page
-        size, so the direct middle of the read needs no bounce copy."""
+    def tensor(self, e: _Entry, device: Any, shape: Optional[Tuple[int, ...]] = None,
+               file_offset: Optional[int] = None) -> Any:
+        """The entry's bytes from `file_offset` on (default: its start) as a tensor of `shape`
+        (default: the entry's) and its dtype on `device`, read with one call. On the CPU, tensors
+        of _REGION_MIN bytes or more land in fresh memory placed like the file (see _landing), so
+        the read needs no bounce copy; others are plain tensors the read fills."""
         torch = _torch()
         dtype = _to_torch_dtype(e.dtype, e.name)
         shape = e.shape if shape is None else shape
+        offset = self.data_offset + e.begin if file_offset is None else file_offset
+        itemsize = torch.empty((), dtype=dtype).element_size()
         count = 1
         for d in shape:
             count *= d
-        itemsize = torch.empty((), dtype=dtype).element_size()
         nbytes = count * itemsize
-        if device.type != "cpu" or nbytes < _LOCKED_MIN:
-            return torch.empty(shape, dtype=dtype, device=device)
-        shift = (self.data_offset + e.begin if file_offset is None else file_offset) % _PAGE
-        if shift % itemsize:
-            shift = 0
-        memory = _nvio.LockedMemory(nbytes + shift)
-        return torch.frombuffer(memory, dtype=dtype, count=count, offset=shift).view(shape)
+        if device.type == "cpu" and nbytes >= _REGION_MIN and offset % itemsize == 0:
+            region = _landing.read_region(shared_handle(), self.path, offset, nbytes)
+            return torch.frombuffer(region, dtype=dtype, count=count).view(shape)
+        t = torch.empty(shape, dtype=dtype, device=device)
+        if nbytes:
+            self.handle.read_batch([(t.data_ptr(), nbytes, offset, self.path)],
+                                   device=device.type == "cuda")
+        return t
 
-    def read(self, pieces: List[Tuple[Any, int, int]], device: Any) -> None:
-        """One read batch: (tensor, file offset, nbytes) each."""
-        items = [(t.data_ptr(), n, off, self.path) for t, off, n in pieces if n > 0]
-        if items:
-            self.handle.read_batch(items, device=device.type == "cuda")
+    def views(self) -> Dict[str, Any]:
+        """Every tensor on the CPU, by name (sorted): the whole data region is read with one call
+        into fresh memory placed like the file, and each tensor is a view of its bytes there (no
+        copy). A tensor whose bytes are not aligned to its element size in the file (possible only
+        in a file the reference did not write) gets a copy, so every tensor is aligned."""
+        torch = _torch()
+        region = _landing.read_region(shared_handle(), self.path, self.data_offset,
+                                      self.data_size)
+        out: Dict[str, Any] = {}
+        for name in sorted(self.entries):
+            e = self.entries[name]
+            dtype = _to_torch_dtype(e.dtype, e.name)
+            itemsize = torch.empty((), dtype=dtype).element_size()
+            nbytes = e.end - e.begin
+            if nbytes == 0:
+                out[name] = torch.empty(e.shape, dtype=dtype)
+                continue
+            count = nbytes // itemsize
+            if (self.data_offset + e.begin) % itemsize == 0:
+                t = torch.frombuffer(region, dtype=dtype, count=count, offset=e.begin)
+            else:
+                t = torch.empty(count, dtype=dtype)
+                t.view(torch.uint8).copy_(
+                    torch.frombuffer(region, dtype=torch.uint8, count=nbytes, offset=e.begin))
+            out[name] = t.view(e.shape)
+        return out
 
 
 def load_file(filename: Any, device: Any = "cpu") -> Dict[str, Any]:
-    """Every tensor of the file, by name (sorted, as the reference's keys()), on `device`, read
-    with one batch straight into the tensors' memory."""
+    """Every tensor of the file, by name (sorted, as the reference's keys()), on `device`.
+
+    On the CPU the file's data region is read with one parallel call into fresh memory and the
+    tensors are views of it: the memory is freed when the last of them is. Elsewhere each tensor is
+    allocated on the device and one read batch fills them all."""
     f = _File(filename)
     dev = _device(device)
+    if dev.type == "cpu":
+        return f.views()
     result: Dict[str, Any] = {}
-    pieces = []
+    items = []
     for name in sorted(f.entries):
         e = f.entries[name]
-        t = f.empty(e, dev)
+        t = _torch().empty(e.shape, dtype=_to_torch_dtype(e.dtype, e.name), device=dev)
         result[name] = t
-        pieces.append((t, f.data_offset + e.begin, e.end - e.begin))
-    f.read(pieces, dev)
+        if e.end > e.begin:
+            items.append((t.data_ptr(), e.end - e.begin, f.data_offset + e.begin, f.path))
+    if items:
+        f.handle.read_batch(items, device=dev.type == "cuda")
     return result
 
 
@@ -202,10 +235,7 @@ class _Slice:
         """Rows [lo, hi) of dimension 0 (the whole scalar for a 0-d tensor), one read."""
         f, e = self._f, self._e
         row = (e.end - e.begin) // e.shape[0] if e.shape and e.shape[0] else 0
-        offset = f.data_offset + e.begin + lo * row
-        t = f.empty(e, self._device, shape, offset)
-        f.read([(t, offset, (hi - lo) * row if e.shape else e.end - e.begin)], self._device)
-        return t
+        return f.tensor(e, self._device, shape, f.data_offset + e.begin + lo * row)
 
 
 class safe_open:
@@ -237,10 +267,7 @@ class safe_open:
         return None if self._f.meta is None else dict(self._f.meta)
 
     def get_tensor(self, name: str) -> Any:
-        e = self._f.entry(name)
-        t = self._f.empty(e, self._device)
-        self._f.read([(t, self._f.data_offset + e.begin, e.end - e.begin)], self._device)
-        return t
+        return self._f.tensor(self._f.entry(name), self._device)
 
     def get_slice(self, name: str) -> _Slice:
         return _Slice(self._f, self._f.entry(name), self._device)

@@ -11,7 +11,7 @@ NVIO_PACKAGES=(
   python3 python3-dev python3-pytest pybind11-dev
   python3-numpy python3-torch python3-setuptools python3-wheel python3-venv
   python3-matplotlib
-  fio e2fsprogs
+  fio e2fsprogs xfsprogs
 )
 
 missing=()

@@ -92,6 +92,9 @@ struct SwapperStats {
   std::uint64_t bytes_written = 0;
   std::uint64_t bytes_read = 0;
   std::uint64_t budget_waits = 0;  // times new work waited for I/O to free memory
+  // Bytes snapshots shared with the swap files' blocks instead of copying them (FICLONERANGE, on
+  // XFS with reflink and btrfs); not counted in bytes_read.
+  std::uint64_t bytes_cloned = 0;
 };
 
 // What the swapper knows of one name.
@@ -177,7 +180,9 @@ class Swapper {
 
   // Copies every tensor's bytes (after the writes in flight) into `dst_dir` (created if needed;
   // it must hold no index or swap files yet): one data file and an index, synced, that a new
-  // Swapper opening `dst_dir` swaps in from. Staging memory comes from the budget.
+  // Swapper opening `dst_dir` swaps in from. Staging memory comes from the budget. Whole blocks
+  // are cloned (FICLONERANGE) where the file system can share them, not copied; checksums are
+  // verified for the bytes copied, and for cloned ones when they are read back.
   void snapshot(const std::string& dst_dir);
 
   // Waits for all I/O, then removes the swapper's own files (delete_files) or writes the index so

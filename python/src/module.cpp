@@ -671,6 +671,7 @@ py::dict stats_dict(const nvio::SwapperStats& s) {
   d["bytes_written"] = s.bytes_written;
   d["bytes_read"] = s.bytes_read;
   d["budget_waits"] = s.budget_waits;
+  d["bytes_cloned"] = s.bytes_cloned;
   return d;
 }
 

@@ -161,6 +161,16 @@ int evict_page_cache(const std::string& path, std::uint64_t offset, std::uint64_
   return synced != 0 ? synced : dropped;
 }
 
+int clone_range(int src_fd, std::uint64_t src_offset, std::uint64_t length, int dst_fd,
+                std::uint64_t dst_offset) noexcept {
+  file_clone_range range{};
+  range.src_fd = src_fd;
+  range.src_offset = src_offset;
+  range.src_length = length;
+  range.dest_offset = dst_offset;
+  return retry_interrupted([&] { return ::ioctl(dst_fd, FICLONERANGE, &range) == 0 ? 0 : -errno; });
+}
+
 double process_cpu_seconds() noexcept {
   struct rusage ru {};
   ::getrusage(RUSAGE_SELF, &ru);

@@ -76,6 +76,14 @@ int path_facts(const std::string& path, FileFacts& facts) noexcept;
 int evict_page_cache(const std::string& path, std::uint64_t offset = 0,
                      std::uint64_t length = 0) noexcept;
 
+// Makes [dst_offset, dst_offset + length) of `dst_fd` share the blocks of [src_offset, src_offset +
+// length) of `src_fd` (ioctl FICLONERANGE: a reflink on XFS and btrfs; no data is read or written).
+// Offsets and length must be multiples of the file system's block size (the length may instead end
+// at the source's end). Returns 0, or -errno: EOPNOTSUPP (or ENOTTY, EINVAL, EXDEV) where the
+// file systems cannot share these blocks.
+int clone_range(int src_fd, std::uint64_t src_offset, std::uint64_t length, int dst_fd,
+                std::uint64_t dst_offset) noexcept;
+
 // nvio::page_cache_state, with a choice of how (Mincore: never cachestat, for tests of the
 // fallback that kernels before 6.5 take).
 enum class CacheProbe { Any, Mincore };

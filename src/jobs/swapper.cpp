@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <filesystem>
 #include <functional>
@@ -51,9 +52,11 @@ constexpr std::uint64_t kPage = 4096;
 // Removed files whose descriptors the handle may still keep (and so their disk space) before
 // the swapper asks it to let go of all of them.
 constexpr int kCloseFilesAfter = 16;
-// Staging buffer sizes a snapshot tries, largest first, until the budget holds two of them.
+// Staging buffer sizes a snapshot tries, largest first, until the budget holds two of them; it
+// takes up to kStagingSlots of that size where the budget has room at once.
 constexpr std::array<std::size_t, 5> kStagingSizes{16u << 20, 4u << 20, 1u << 20, 128u << 10,
                                                    kPage};
+constexpr std::size_t kStagingSlots = 4;
 
 // Small tensors pack at 16 bytes; from a page on they start on a page so that their middle goes
 // through O_DIRECT without a bounce copy.
@@ -1039,12 +1042,13 @@ void Swapper::snapshot(const std::string& dst_dir) {
     const Impl::Entry* entry;
     std::string source;
     std::uint64_t offset;  // in the snapshot's data file
+    std::uint64_t cloned;  // its first bytes shared with the source's blocks, not copied
   };
   std::vector<Item> items;
   items.reserve(s.entries.size());
   for (const auto& [name, e] : s.entries) {
     if (e.error) std::rethrow_exception(e.error);
-    items.push_back({name, &e, e.file == kNoFile ? std::string() : s.files.at(e.file).path, 0});
+    items.push_back({name, &e, e.file == kNoFile ? std::string() : s.files.at(e.file).path, 0, 0});
   }
   std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
     return std::tie(a.source, a.entry->offset) < std::tie(b.source, b.entry->offset);
@@ -1058,22 +1062,29 @@ void Swapper::snapshot(const std::string& dst_dir) {
 
   const std::string data_path = join(dst, kSnapshotData);
   if (total > 0) {
-    // Two staging buffers from the budget, so that one chunk is written while the next is read.
-    std::array<std::shared_ptr<SwapBuffer>, 2> staging;
+    // Staging slots from the budget: two at least (a chunk written while the next is read), and
+    // up to kStagingSlots when the budget has room for them at once, so that several chunks'
+    // reads and writes are in flight together.
+    std::vector<std::shared_ptr<SwapBuffer>> staging;
     for (std::size_t size : kStagingSizes) {
       try {
-        for (auto& b : staging) {
-          b = s.reserve(
+        for (int i = 0; i < 2; ++i) {
+          staging.push_back(s.reserve(
               lock, [&] { return s.pool->try_allocate(size); }, 2 * size, "a snapshot's staging",
-              true);
+              true));
+        }
+        while (staging.size() < kStagingSlots) {
+          std::shared_ptr<SwapBuffer> more = s.pool->try_allocate(size);
+          if (!more) break;
+          staging.push_back(std::move(more));
         }
         break;
       } catch (const BudgetExceeded&) {
-        for (auto& b : staging) b.reset();
+        staging.clear();
         if (size == kStagingSizes.back()) throw;
       }
     }
-    const std::size_t chunk = staging[0]->size();
+    const std::size_t chunk = staging.front()->size();
     const int fd = detail::open_file(data_path, O_WRONLY | O_CREAT | O_TRUNC);
     if (fd < 0) throw_io_error(IoOp::Open, data_path, 0, 0, -fd);
     detail::FileDescriptor data(fd);
@@ -1084,67 +1095,125 @@ void Swapper::snapshot(const std::string& dst_dir) {
     if (::ftruncate(fd, static_cast<off_t>(total)) != 0) {
       throw_io_error(IoOp::Truncate, data_path, 0, total, errno);
     }
-    std::array<Ticket, 2> pending{0, 0};
-    const auto wait_pending = [&](std::size_t k) {
-      if (pending[k] != 0) {
-        const Ticket t = std::exchange(pending[k], 0);
-        s.handle.wait(t);
+    // Whole blocks are cloned where the file system can share them (XFS with reflink, btrfs): they
+    // then cost no reads, no writes and no space until one of the two files is rewritten. What
+    // cannot be (sub-block tails, small packed tensors, everything on ext4) is copied below.
+    // Cloned bytes are not read, so not verified here; a checksum is checked whenever the bytes
+    // are read back from the snapshot.
+    detail::FileFacts facts;
+    if (detail::file_facts(fd, facts) == 0 && facts.block_size > 0) {
+      const std::uint64_t block = facts.block_size;
+      std::unordered_map<std::string, detail::FileDescriptor> sources;
+      for (Item& it : items) {
+        const std::uint64_t length = it.entry->size / block * block;
+        if (length == 0 || it.entry->offset % block != 0 || it.offset % block != 0) continue;
+        auto [source, added] = sources.try_emplace(it.source);
+        if (added) {
+          const int src = detail::open_file(it.source, O_RDONLY);
+          if (src < 0) break;  // the copy reports it, with its context
+          source->second = detail::FileDescriptor(src);
+        }
+        // The first refusal ends cloning (a file system without it refuses every clone); the copy
+        // then moves the rest, and reports any real fault itself.
+        if (detail::clone_range(source->second.get(), it.entry->offset, length, fd, it.offset) != 0)
+          break;
+        it.cloned = length;
+        s.counters.bytes_cloned += length;
       }
+    }
+    // A slot's life: Free -> Reading (its chunk's reads in flight) -> Writing (verified; its
+    // writes in flight) -> Free. Slots in flight are waited for oldest first, so chunks are
+    // verified in data-file order, which the hash of an item split over chunks needs.
+    enum class SlotState { Free, Reading, Writing };
+    struct Piece {
+      std::size_t item;
+      std::byte* data;
+      std::uint64_t length;
+      bool last;  // the item's last piece
     };
+    struct Slot {
+      std::byte* base = nullptr;
+      SlotState state = SlotState::Free;
+      Ticket ticket = 0;
+      std::uint64_t bytes = 0;
+      std::vector<WriteExtent> writes;
+      std::vector<Piece> pieces;
+    };
+    std::vector<Slot> slots(staging.size());
+    std::vector<Slot*> free_slots;
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      slots[i].base = static_cast<std::byte*>(staging[i]->data());
+      free_slots.push_back(&slots[i]);
+    }
+    std::deque<Slot*> in_flight;  // oldest first
     try {
       std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> hash(XXH3_createState(),
                                                                     &XXH3_freeState);
       if (!hash) throw MemoryError("swapper: XXH3_createState failed", ENOMEM);
       XXH3_64bits_reset(hash.get());
-      std::size_t k = 0;  // staging buffer in use
       std::size_t item = 0;
       std::uint64_t done_in_item = 0;  // bytes of items[item] already staged
-      while (item < items.size()) {
-        wait_pending(k);
-        std::byte* base = static_cast<std::byte*>(staging[k]->data());
-        std::vector<ReadExtent> reads;
-        std::vector<WriteExtent> writes;
-        struct Piece {
-          std::size_t item;
-          std::byte* data;
-          std::uint64_t length;
-          bool last;
-        };
-        std::vector<Piece> pieces;
-        std::size_t used = 0;
-        while (item < items.size() && used < chunk) {
-          const Item& it = items[item];
-          const std::uint64_t size = it.entry->size;
-          if (size == 0) {
-            ++item;
-            continue;
+      for (;;) {
+        // Every free slot gets the next chunk's reads.
+        while (!free_slots.empty() && item < items.size()) {
+          Slot& slot = *free_slots.back();
+          std::vector<ReadExtent> reads;
+          slot.writes.clear();
+          slot.pieces.clear();
+          slot.bytes = 0;
+          std::size_t used = 0;
+          while (item < items.size() && used < chunk) {
+            const Item& it = items[item];
+            const std::uint64_t size = it.entry->size;
+            done_in_item = std::max(done_in_item, it.cloned);
+            if (done_in_item == size) {  // no bytes, or all of them cloned
+              ++item;
+              done_in_item = 0;
+              continue;
+            }
+            // Staged at the data file offset's residue modulo a page: the write's middle is then
+            // aligned in memory as on disk and goes through O_DIRECT without a bounce.
+            const std::uint64_t target = it.offset + done_in_item;
+            std::size_t at = used;
+            if (size - done_in_item >= kPage) {
+              at = static_cast<std::size_t>(detail::round_up(used, kPage) + target % kPage);
+              if (at >= chunk) at = used;
+            }
+            const std::uint64_t length = std::min<std::uint64_t>(size - done_in_item, chunk - at);
+            reads.push_back({slot.base + at, static_cast<std::size_t>(length),
+                             it.entry->offset + done_in_item, it.source, -1});
+            slot.writes.push_back(
+                {slot.base + at, static_cast<std::size_t>(length), target, data_path, -1});
+            done_in_item += length;
+            const bool last = done_in_item == size;
+            slot.pieces.push_back({item, slot.base + at, length, last});
+            slot.bytes += length;
+            used = at + static_cast<std::size_t>(length);
+            if (last) {
+              ++item;
+              done_in_item = 0;
+            }
           }
-          // Staged at the data file offset's residue modulo a page: the write's middle is then
-          // aligned in memory as on disk and goes through O_DIRECT without a bounce.
-          const std::uint64_t target = it.offset + done_in_item;
-          std::size_t at = used;
-          if (size - done_in_item >= kPage) {
-            at = static_cast<std::size_t>(detail::round_up(used, kPage) + target % kPage);
-            if (at >= chunk) at = used;
-          }
-          const std::uint64_t length = std::min<std::uint64_t>(size - done_in_item, chunk - at);
-          reads.push_back({base + at, static_cast<std::size_t>(length),
-                           it.entry->offset + done_in_item, it.source, -1});
-          writes.push_back({base + at, static_cast<std::size_t>(length), target, data_path, -1});
-          done_in_item += length;
-          const bool last = done_in_item == size;
-          pieces.push_back({item, base + at, length, last});
-          used = at + static_cast<std::size_t>(length);
-          if (last) {
-            ++item;
-            done_in_item = 0;
-          }
+          if (reads.empty()) break;  // only items of no bytes (or cloned ones) were left
+          slot.ticket = s.handle.submit_read_batch(reads, ReadOptions{MemoryKind::Host});
+          slot.state = SlotState::Reading;
+          free_slots.pop_back();
+          in_flight.push_back(&slot);
         }
-        if (reads.empty()) continue;
-        s.handle.read_batch(reads, ReadOptions{MemoryKind::Host});
-        for (const Piece& p : pieces) {
+        if (in_flight.empty()) break;
+        Slot& slot = *in_flight.front();
+        in_flight.pop_front();
+        s.handle.wait(std::exchange(slot.ticket, 0));
+        if (slot.state == SlotState::Writing) {
+          slot.state = SlotState::Free;
+          free_slots.push_back(&slot);
+          continue;
+        }
+        s.counters.bytes_read += slot.bytes;
+        for (const Piece& p : slot.pieces) {
           const Item& it = items[p.item];
-          if (!it.entry->checksum) continue;
+          // A partly cloned item's checksum covers bytes this copy did not read.
+          if (!it.entry->checksum || it.cloned > 0) continue;
           if (p.length == it.entry->size) {
             verify(it.name, it.source, it.entry->offset, p.length, it.entry->checksum, p.data);
             continue;
@@ -1162,21 +1231,18 @@ void Swapper::snapshot(const std::string& dst_dir) {
             }
           }
         }
-        pending[k] = s.handle.submit_write_batch(
-            writes, WriteOptions{Truncate::No, Durability::None, MemoryKind::Host});
-        for (const ReadExtent& r : reads) s.counters.bytes_read += r.length;
-        k ^= 1;
+        slot.ticket = s.handle.submit_write_batch(
+            slot.writes, WriteOptions{Truncate::No, Durability::None, MemoryKind::Host});
+        slot.state = SlotState::Writing;
+        in_flight.push_back(&slot);
       }
-      wait_pending(0);
-      wait_pending(1);
       if (::fdatasync(fd) != 0) throw_io_error(IoOp::Sync, data_path, 0, total, errno);
     } catch (...) {
-      for (Ticket& t : pending) {
-        if (t != 0) {
-          try {
-            s.handle.wait(std::exchange(t, 0));
-          } catch (...) {  // the first failure is the one being thrown
-          }
+      // Nothing may stay in flight into the staging memory or the file about to be removed.
+      for (Slot* slot : in_flight) {
+        try {
+          s.handle.wait(std::exchange(slot->ticket, 0));
+        } catch (...) {  // the first failure is the one being thrown
         }
       }
       ::unlink(data_path.c_str());

@@ -439,6 +439,46 @@ TEST(Swapper, SnapshotRoundTrip) {
   }
 }
 
+// On XFS with reflink, a snapshot shares the swap files' whole blocks instead of copying them:
+// the counter says so, and the snapshot keeps its bytes after the swapper rewrites every tensor
+// (copy on write), partly cloned tensors (a tail below a block) included.
+TEST(Swapper, SnapshotClonesBlocksWhereTheFileSystemSharesThem) {
+  std::string why;
+  auto fs = LoopMount::make("/dev/shm", 320 * MiB, &why, LoopFs::XfsReflink);
+  if (!fs) GTEST_SKIP() << "no XFS loop mount with reflink (xfsprogs, root): " << why;
+  const std::string dir = fs->file("swap");
+  const std::string snap = fs->file("snap");
+  const std::vector<std::size_t> sizes{2 * MiB + 1, 3 * 4096 + 100, 4096, 5000, 17, 700 * KiB};
+  std::uint64_t whole_blocks = 0;
+  for (std::size_t size : sizes) whole_blocks += size / 4096 * 4096;
+  {
+    nvio::Swapper swapper(dir, swapper_options(8 * MiB), handle_options());
+    std::vector<std::vector<unsigned char>> sources;  // alive until the writes behind finish
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      sources.push_back(pattern(sizes[i], 10 + i));
+      swapper.swap_out("t" + std::to_string(i), sources.back().data(), sizes[i],
+                       nvio::MemoryKind::Host);
+    }
+    swapper.wait();
+    swapper.snapshot(snap);
+    // Every tensor of a page or more starts on a page in its swap file and in the snapshot.
+    EXPECT_EQ(swapper.stats().bytes_cloned, whole_blocks);
+    for (std::size_t i = 0; i < sizes.size(); ++i) {  // rewritten in place, or elsewhere
+      sources[i] = pattern(sizes[i], 90 + i);
+      swapper.swap_out("t" + std::to_string(i), sources[i].data(), sizes[i],
+                       nvio::MemoryKind::Host);
+    }
+    swapper.wait();
+  }
+  nvio::Swapper restored(snap, swapper_options(8 * MiB), handle_options());
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    const std::string name = "t" + std::to_string(i);
+    const auto in = restored.swap_in(name);  // checksums verified on the way
+    ASSERT_EQ(in->size(), sizes[i]);
+    EXPECT_TRUE(holds_pattern(in->data(), sizes[i], 10 + i, name));
+  }
+}
+
 TEST(Swapper, SnapshotOfACorruptTensorRaisesAndLeavesNoSnapshot) {
   TempDir dir;
   TempDir snap;

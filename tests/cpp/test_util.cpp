@@ -6,6 +6,7 @@
 #include <sys/mount.h>
 #include <sys/statvfs.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -352,13 +353,15 @@ CommandResult run_command(const std::vector<std::string>& argv) {
 }
 
 std::optional<LoopMount> LoopMount::make(const std::string& parent, std::size_t bytes,
-                                         std::string* why_not) {
+                                         std::string* why_not, LoopFs fs) {
   if (::geteuid() != 0) {
     *why_not = "mounting a loop device needs root";
     return std::nullopt;
   }
   static std::atomic<int> counter{0};
-  const std::string name = parent + "/loopfs" + std::to_string(counter++);
+  // The pid too: test processes run side by side (ctest -j), each counting from 0.
+  const std::string name =
+      parent + "/loopfs" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
   const std::string image = name + ".img";
   const int fd = ::open(image.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
@@ -367,11 +370,16 @@ std::optional<LoopMount> LoopMount::make(const std::string& parent, std::size_t 
     return std::nullopt;
   }
   ::close(fd);
-  const CommandResult mkfs =
-      run_command({"mkfs.ext4", "-q", "-F", "-b", "4096", "-m", "0", "-O", "^has_journal", image});
+  const bool xfs = fs == LoopFs::XfsReflink;
+  const std::vector<std::string> mkfs_argv =
+      xfs ? std::vector<std::string>{"mkfs.xfs", "-q", "-f", "-m", "reflink=1", image}
+          : std::vector<std::string>{"mkfs.ext4", "-q", "-F", "-b",           "4096",
+                                     "-m",        "0",  "-O", "^has_journal", image};
+  const CommandResult mkfs = run_command(mkfs_argv);
   if (mkfs.status != 0) {
     ::unlink(image.c_str());
-    *why_not = "mkfs.ext4 failed (status " + std::to_string(mkfs.status) + "): " + mkfs.output;
+    *why_not =
+        mkfs_argv[0] + " failed (status " + std::to_string(mkfs.status) + "): " + mkfs.output;
     return std::nullopt;
   }
   if (::mkdir(name.c_str(), 0755) != 0) {
@@ -380,7 +388,8 @@ std::optional<LoopMount> LoopMount::make(const std::string& parent, std::size_t 
     return std::nullopt;
   }
   LoopMount m(image, name);
-  const CommandResult mount = run_command({"mount", "-t", "ext4", "-o", "loop", image, name});
+  const CommandResult mount =
+      run_command({"mount", "-t", xfs ? "xfs" : "ext4", "-o", "loop", image, name});
   if (mount.status != 0) {
     *why_not =
         "mount -o loop failed (status " + std::to_string(mount.status) + "): " + mount.output;
@@ -506,15 +515,14 @@ void report_stuck_process(pid_t pid) {
     while (const dirent* entry = ::readdir(dir)) {
       if (entry->d_name[0] == '.') continue;
       const std::string t = task_dir + "/" + entry->d_name;
-      out << "  thread " << entry->d_name << " (" << read_proc_text(t + "/comm")
-          << "): wchan " << read_proc_text(t + "/wchan") << ", syscall "
-          << read_proc_text(t + "/syscall") << "\n"
+      out << "  thread " << entry->d_name << " (" << read_proc_text(t + "/comm") << "): wchan "
+          << read_proc_text(t + "/wchan") << ", syscall " << read_proc_text(t + "/syscall") << "\n"
           << read_proc_text(t + "/stack") << "\n";
     }
     ::closedir(dir);
   }
-  const CommandResult gdb = run_command({"timeout", "60", "gdb", "-p", std::to_string(pid),
-                                         "-batch", "-ex", "thread apply all bt"});
+  const CommandResult gdb = run_command(
+      {"timeout", "60", "gdb", "-p", std::to_string(pid), "-batch", "-ex", "thread apply all bt"});
   out << "gdb: " << gdb.output << "\n";
   std::fputs(out.str().c_str(), stderr);
 }

@@ -136,20 +136,25 @@ struct CommandResult {
 // Runs argv[0] (searched in PATH and in /usr/sbin, /sbin) with `argv`, without a shell.
 CommandResult run_command(const std::vector<std::string>& argv);
 
-// A small ext4 file system in an image file, mounted through a loop device, for tests of real
-// file-system faults (ENOSPC, EROFS). Needs root, mkfs.ext4, mount and a free loop device.
+// Which file system a LoopMount makes: ext4 (mkfs.ext4, from e2fsprogs), or XFS with reflink
+// (mkfs.xfs, from xfsprogs; at least 300 MiB), whose files can share blocks (FICLONERANGE).
+enum class LoopFs { Ext4, XfsReflink };
+
+// A small file system in an image file, mounted through a loop device, for tests of real
+// file-system faults (ENOSPC, EROFS) and of block sharing. Needs root, mkfs, mount and a free loop
+// device.
 // Ownership: the mount, its loop device (detached by the kernel on unmount: mount -o loop sets
 // autoclear), the image and the mount point; all released on destruction, also when the test
 // failed. Move-only. Not thread-safe: use it from the test's main thread.
 class LoopMount {
  public:
-  // Makes a `bytes` long ext4 image in `parent` and mounts it read-write: 4 KiB blocks, no blocks
+  // Makes a `bytes` long image in `parent` and mounts it read-write. ext4: 4 KiB blocks, no blocks
   // reserved for root (the space free to root is the space free to anyone) and no journal (with
   // one, ext4 now and then refuses the last block of the space statvfs reports free, so that a
   // test could not ask for exactly that much to fit). Returns nullopt and sets `why_not` to what
   // failed (for a GTEST_SKIP) when it cannot.
   static std::optional<LoopMount> make(const std::string& parent, std::size_t bytes,
-                                       std::string* why_not);
+                                       std::string* why_not, LoopFs fs = LoopFs::Ext4);
   LoopMount(LoopMount&& other) noexcept;
   LoopMount& operator=(LoopMount&& other) noexcept;
   LoopMount(const LoopMount&) = delete;

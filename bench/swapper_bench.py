@@ -87,8 +87,8 @@ def one_size(nvio, size: int, args, settings: dict) -> dict:
             sw.swap_in_batch([(f"t{i}", t) for i, t in enumerate(tensors)])
             times["swap_in_batch"].append(time.perf_counter() - t0)
 
-            # Prefetched: one read batch for every name (as far as the budget holds them), then
-            # each swap_in copies from the pool.
+            # Prefetched: a read of its own for every name (those the budget has no room for
+            # queued, started as the swap_ins free it), then each swap_in copies from the pool.
             drop_directory_cache(swap_dir)
             t0 = time.perf_counter()
             sw.prefetch([f"t{i}" for i in range(count)])

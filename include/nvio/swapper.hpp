@@ -7,7 +7,7 @@
 // at offset 0. Any size (0 included) and any address is accepted: there is no padding rule. A
 // name swapped out again with the same size is rewritten in place; otherwise its old extent is
 // freed (a pack file is removed once nothing in it is live). All I/O goes through the swapper's
-// own Handle as write and read batches (a prefetch of many names is one batch).
+// own Handle as write and read batches (each prefetched name is a read of its own).
 //
 // The budget (SwapperOptions::budget_bytes) bounds the memory the swapper holds or pins:
 //   held = bytes of the caller's buffers that in-flight swap_out writes are reading from
@@ -79,6 +79,7 @@ struct SwapperStats {
   std::uint64_t writing_bytes = 0;     // caller memory pinned by in-flight swap_out writes
   std::uint64_t pool_bytes = 0;        // mapped by the pool (lent + prefetched + staging + free)
   std::uint64_t prefetched_bytes = 0;  // pool memory holding prefetched data not yet claimed
+  std::uint64_t prefetch_queued = 0;   // names prefetch() queued that wait for room to be read
   std::uint64_t free_pool_bytes = 0;   // pool memory kept for reuse, dropped when room is needed
   std::uint64_t tensors = 0;           // names known
   std::uint64_t stored_bytes = 0;      // sum of their sizes
@@ -164,10 +165,19 @@ class Swapper {
     MemoryKind memory = MemoryKind::Auto;
   };
   void swap_in(std::span<const Target> targets);
-  // Starts reading the named tensors into pool buffers as one batch, for later swap_ins. Names
-  // whose write is in flight, already prefetched or of size 0 are skipped, as are those that find
-  // no room in the budget (after waiting for in-flight writes; prefetched data is never dropped to
-  // make room for more). Returns how many reads it started. Unknown names: InvalidArgument.
+  // Reads the named tensors ahead into pool buffers, for later swap_ins; never waits. Each name
+  // is a read of its own, so that a swap_in waits only for its own bytes. Names are taken in
+  // order into a read-ahead queue (behind what earlier calls queued) and started as far as the
+  // budget has room now; the rest start, still in order, as memory frees up: when a write or
+  // read finishes, a swap_in consumes prefetched data, or evict drops it, and (seen at the next
+  // call) when the caller destroys a buffer lent by swap_in. Queued reads never start while a
+  // call waits for room, and prefetched data is never dropped to make room for more. A swap_in of
+  // a queued name takes it out of the queue and reads it directly (into the caller's buffer when
+  // it gives one); swap_out, evict and close take queued names out. Skipped: names whose write is
+  // in flight, already queued, read or being read, of size 0, larger than the whole budget, and
+  // those past a window of 4096 queued names. A prefetch read that fails is dropped: the swap_in
+  // reads again and reports its own error. Returns how many names this call started or queued
+  // (stats(): prefetch_queued, reads_in_flight). Unknown names: InvalidArgument.
   std::size_t prefetch(std::span<const std::string> names);
   // Forgets `name` and frees its file space (after its I/O in flight). False when unknown.
   bool evict(const std::string& name);

@@ -70,8 +70,8 @@ class TensorSwapper:
     tensor must stay unchanged until it has finished (its memory can then be released).
     ``swap_in(name, out=None)`` returns the bytes in ``out`` (a tensor of any memory kind, CPU or
     CUDA, of the same size) or in a tensor over a pooled locked buffer, with the dtype and shape
-    it was swapped out with. ``prefetch(names)`` starts reading names ahead as one batch;
-    ``evict(name)`` forgets one; ``wait()`` waits for all I/O in flight; ``snapshot(dst_dir)``
+    it was swapped out with. ``prefetch(names)`` reads names ahead, each on its own, as far as the
+    budget allows (the rest queued until it frees up); ``evict(name)`` forgets one; ``wait()`` waits for all I/O in flight; ``snapshot(dst_dir)``
     copies the swapped state into a directory another ``TensorSwapper`` can open.
 
     Any size and dtype; small tensors share pack files, large ones (``pack_threshold`` bytes and
@@ -160,9 +160,17 @@ class TensorSwapper:
         return [out for _, out in items]
 
     def prefetch(self, names: Iterable[str]) -> int:
-        """Starts reading `names` into pooled buffers as one batch, for the swap_ins to come;
-        returns how many it started (names whose write is in flight, already prefetched, empty,
-        or finding no room in the budget are skipped)."""
+        """Reads `names` ahead into pooled buffers for the swap_ins to come, without waiting:
+        each name is a read of its own (a ``swap_in`` waits for its own bytes only). Names are
+        queued in order behind earlier prefetches and started as far as the budget has room; the
+        rest start, in order, as memory frees up (a write or read finishes, a ``swap_in`` consumes
+        prefetched data, ``evict``, or a lent tensor dropped, seen at the next call). Queued reads
+        never start while other work waits for room, and prefetched data is never dropped for
+        more. A ``swap_in`` of a queued name reads it directly (into ``out=`` when given);
+        ``swap_out``, ``evict`` and ``close`` take queued names out. Returns how many names this
+        call started or queued: names whose write is in flight, already queued or prefetched,
+        empty, larger than the budget, or past 4096 queued names are skipped.
+        ``stats()["prefetch_queued"]`` counts the names waiting."""
         if isinstance(names, (str, bytes)):
             names = [names]
         return self._core.prefetch([_name(n) for n in names])
@@ -177,7 +185,8 @@ class TensorSwapper:
 
     def stats(self) -> Dict[str, int]:
         """Counters: the budget and what holds it (held_bytes = writing_bytes + pool_bytes),
-        tensors and bytes stored, files, I/O in flight, totals since open."""
+        tensors and bytes stored, files, I/O in flight, names queued for prefetch
+        (prefetch_queued), totals since open."""
         return self._core.stats()
 
     def info(self, name: str) -> Optional[Dict[str, Any]]:

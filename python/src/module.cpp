@@ -658,6 +658,7 @@ py::dict stats_dict(const nvio::SwapperStats& s) {
   d["writing_bytes"] = s.writing_bytes;
   d["pool_bytes"] = s.pool_bytes;
   d["prefetched_bytes"] = s.prefetched_bytes;
+  d["prefetch_queued"] = s.prefetch_queued;
   d["free_pool_bytes"] = s.free_pool_bytes;
   d["tensors"] = s.tensors;
   d["stored_bytes"] = s.stored_bytes;

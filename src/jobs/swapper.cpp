@@ -57,6 +57,9 @@ constexpr int kCloseFilesAfter = 16;
 constexpr std::array<std::size_t, 5> kStagingSizes{16u << 20, 4u << 20, 1u << 20, 128u << 10,
                                                    kPage};
 constexpr std::size_t kStagingSlots = 4;
+// The read-ahead window: at most this many names wait in the prefetch queue for room (the names
+// a caller asks for past it are left to swap_in).
+constexpr std::size_t kPrefetchQueueLimit = 4096;
 
 // Small tensors pack at 16 bytes; from a page on they start on a page so that their middle goes
 // through O_DIRECT without a bounce copy.
@@ -133,6 +136,10 @@ struct Swapper::Impl {
     std::uint64_t end = 0;   // where the next packed tensor may go; the extents' end
     std::uint64_t refs = 0;  // entries placed in it
   };
+  // Where a name is in the read-ahead. Queued: in `prefetch_queue`, waiting for room (no memory
+  // held); Reading: its own read into `prefetched` is in flight (an Op); Ready: `prefetched` holds
+  // its verified bytes, listed in `ready_names`, until a swap_in claims them or they are dropped.
+  enum class Prefetch { None, Queued, Reading, Ready };
   struct Entry {
     std::uint64_t size = 0;
     std::uint64_t file = kNoFile;  // kNoFile for a tensor of no bytes
@@ -140,16 +147,18 @@ struct Swapper::Impl {
     std::optional<std::uint64_t> checksum;
     std::string meta;
     SwapId writing = 0;  // the swap_out in flight
-    int readers = 0;     // reads in flight (blocking swap_ins and the prefetch)
-    std::shared_ptr<SwapBuffer> prefetched;
-    bool prefetch_pending = false;  // `prefetched` is being filled
-    std::exception_ptr error;       // its write failed: the bytes are not on disk
+    int readers = 0;     // reads in flight (blocking swap_ins and its prefetch read)
+    Prefetch prefetch = Prefetch::None;
+    std::shared_ptr<SwapBuffer> prefetched;  // Reading and Ready only
+    std::exception_ptr error;                // its write failed: the bytes are not on disk
   };
+  // An operation in flight on the handle: one name's swap_out or prefetch read.
   struct Op {
-    bool write = false;  // else a prefetch
-    SwapId id = 0;
-    std::uint64_t charged = 0;
-    std::vector<std::string> names;
+    enum class Kind { Write, Prefetch };
+    Kind kind = Kind::Write;
+    SwapId id = 0;              // a write's
+    std::uint64_t charged = 0;  // a write's write-behind bytes
+    std::string name;
   };
 
   Impl(std::string directory, const SwapperOptions& o, const Options& handle_options)
@@ -176,9 +185,13 @@ struct Swapper::Impl {
   std::uint64_t current_pack = kNoFile;
   int removed_since_close_files = 0;
   std::unordered_map<std::string, Entry> entries;
-  std::unordered_set<std::string> prefetched_names;  // entries holding unclaimed prefetched data
-  std::unordered_map<Ticket, Op> ops;                // in flight, by handle ticket
-  std::unordered_map<SwapId, Ticket> writes;         // swap_outs in flight
+  std::unordered_set<std::string> ready_names;  // entries in Prefetch::Ready
+  std::deque<std::string> prefetch_queue;  // entries in Prefetch::Queued, in the caller's order
+  // Threads in reserve(): queued reads are not started while one waits for room, so that the
+  // read-ahead never takes the room that work asked for now.
+  int room_waiters = 0;
+  std::unordered_map<Ticket, Op> ops;         // in flight, by handle ticket
+  std::unordered_map<SwapId, Ticket> writes;  // swap_outs in flight
   // Failed swap_outs, until wait(id) throws theirs; `reported` once wait() has thrown it.
   struct Failure {
     std::exception_ptr error;
@@ -425,10 +438,88 @@ struct Swapper::Impl {
     }
   }
 
+  // Takes `name` out of the read-ahead: out of the queue, or its unclaimed data dropped. A read
+  // in flight stays (its Op still writes into the buffer); callers that must not see it wait for
+  // the entry's readers first.
   void drop_prefetched(const std::string& name, Entry& e) {
-    prefetched_names.erase(name);
-    if (e.prefetch_pending) return;
-    e.prefetched.reset();
+    switch (e.prefetch) {
+      case Prefetch::None:
+      case Prefetch::Reading: return;
+      case Prefetch::Queued:
+        prefetch_queue.erase(std::find(prefetch_queue.begin(), prefetch_queue.end(), name));
+        break;
+      case Prefetch::Ready:
+        ready_names.erase(name);
+        e.prefetched.reset();
+        break;
+    }
+    e.prefetch = Prefetch::None;
+  }
+
+  // Takes `name` out of the queue, when it is there.
+  void unqueue(const std::string& name, Entry& e) {
+    if (e.prefetch == Prefetch::Queued) drop_prefetched(name, e);
+  }
+
+  // Empties the queue and drops unclaimed data (reads in flight stay until finished).
+  void clear_read_ahead() {
+    while (!prefetch_queue.empty()) {
+      const std::string name = prefetch_queue.front();
+      drop_prefetched(name, entries.at(name));
+    }
+    while (!ready_names.empty()) {
+      const std::string name = *ready_names.begin();
+      drop_prefetched(name, entries.at(name));
+    }
+  }
+
+  // The prefetched bytes of `name` (Ready), now the caller's; the entry leaves the read-ahead.
+  std::shared_ptr<SwapBuffer> claim_prefetched(const std::string& name, Entry& e) {
+    ready_names.erase(name);
+    e.prefetch = Prefetch::None;
+    return std::move(e.prefetched);
+  }
+
+  // Whether prefetch() reads `e` ahead: not while its write is in flight (the caller's buffer
+  // still holds the bytes), not when it is in the read-ahead already, and not when it could never
+  // fit in the budget.
+  bool prefetchable(const Entry& e) const {
+    return e.writing == 0 && !e.error && e.size > 0 && e.prefetch == Prefetch::None &&
+           detail::SwapPool::footprint(static_cast<std::size_t>(e.size)) <= options.budget_bytes;
+  }
+
+  // Starts the read of `name` into a pool buffer, as an Op of its own, when the budget has room
+  // for it without waiting (free pool memory may be dropped, prefetched data never is). Returns
+  // false when it has no room. Throws the pool's MemoryError or the handle's submit error.
+  bool start_prefetch(const std::string& name, Entry& e) {
+    std::shared_ptr<SwapBuffer> buffer = pool->try_allocate(static_cast<std::size_t>(e.size));
+    if (!buffer) return false;
+    const ReadExtent extent{buffer->data(), buffer->size(), e.offset, files.at(e.file).path, -1};
+    const Ticket ticket = handle.submit_read_batch({&extent, 1}, ReadOptions{MemoryKind::Host});
+    ops[ticket] = Op{Op::Kind::Prefetch, 0, 0, name};
+    e.prefetched = std::move(buffer);
+    e.prefetch = Prefetch::Reading;
+    ++e.readers;
+    return true;
+  }
+
+  // Starts the queued reads, in order, for as long as the budget has room for the next one.
+  // Called whenever memory may have been freed: a write or read finished, a swap_in consumed
+  // prefetched data, unclaimed data was evicted, or (seen at the caller's next call) a lent buffer
+  // was destroyed. Never waits and never drops prefetched data; a name whose read cannot be
+  // started (mapping or submit failure) leaves the queue, and its swap_in reports its own error.
+  void start_queued() noexcept {
+    if (closed || room_waiters > 0) return;
+    while (!prefetch_queue.empty()) {
+      const std::string& name = prefetch_queue.front();
+      Entry& e = entries.at(name);
+      try {
+        if (!start_prefetch(name, e)) return;
+      } catch (...) {
+        e.prefetch = Prefetch::None;
+      }
+      prefetch_queue.pop_front();
+    }
   }
 
   // ---- waiting ------------------------------------------------------------------------------
@@ -454,6 +545,7 @@ struct Swapper::Impl {
     lock.lock();
     collecting = false;
     for (std::size_t i = 0; i < n; ++i) finish(done[i]);
+    if (n > 0) start_queued();
     changed.notify_all();
     if (failure) std::rethrow_exception(failure);
   }
@@ -463,10 +555,10 @@ struct Swapper::Impl {
     if (it == ops.end()) return;
     Op op = std::move(it->second);
     ops.erase(it);
-    if (op.write) {
+    if (op.kind == Op::Kind::Write) {
       pool->uncharge(op.charged);
       writes.erase(op.id);
-      auto e = entries.find(op.names.front());
+      auto e = entries.find(op.name);
       if (e != entries.end() && e->second.writing == op.id) {
         e->second.writing = 0;
         if (c.error) {
@@ -479,23 +571,23 @@ struct Swapper::Impl {
       return;
     }
     // A prefetch that failed (its read, or its checksum) is dropped: the swap_in that wanted it
-    // reads again and reports the failure with its own, precise error.
-    for (const std::string& name : op.names) {
-      auto e = entries.find(name);
-      if (e == entries.end()) continue;
-      Entry& entry = e->second;
-      --entry.readers;
-      entry.prefetch_pending = false;
-      bool good = !c.error;
-      if (good && entry.checksum) {
-        good = XXH3_64bits(entry.prefetched->data(), entry.size) == *entry.checksum;
-      }
-      if (good) {
-        prefetched_names.insert(name);
-        counters.bytes_read += entry.size;
-      } else {
-        entry.prefetched.reset();
-      }
+    // reads again and reports the failure with its own, precise error. (The entry is in Reading:
+    // evict and swap_out wait for its readers.)
+    auto it_entry = entries.find(op.name);
+    if (it_entry == entries.end()) return;
+    Entry& entry = it_entry->second;
+    --entry.readers;
+    bool good = !c.error;
+    if (good && entry.checksum) {
+      good = XXH3_64bits(entry.prefetched->data(), entry.size) == *entry.checksum;
+    }
+    if (good) {
+      entry.prefetch = Prefetch::Ready;
+      ready_names.insert(op.name);
+      counters.bytes_read += entry.size;
+    } else {
+      entry.prefetch = Prefetch::None;
+      entry.prefetched.reset();
     }
   }
 
@@ -510,14 +602,13 @@ struct Swapper::Impl {
     }
   }
 
-  // Waits until `name` has no write (and, with `prefetch`, no prefetch) in flight; returns its
-  // entry, with the lock held. Throws InvalidArgument for an unknown name and the error of a
-  // failed write.
-  Entry& settled(Lock& lock, const std::string& name, bool prefetch) {
+  // Waits until `name` has no write and no prefetch read in flight; returns its entry, with the
+  // lock held. Throws InvalidArgument for an unknown name and the error of a failed write.
+  Entry& settled(Lock& lock, const std::string& name) {
     wait_until(lock, [&] {
       auto it = entries.find(name);
       return it == entries.end() ||
-             (it->second.writing == 0 && !(prefetch && it->second.prefetch_pending));
+             (it->second.writing == 0 && it->second.prefetch != Prefetch::Reading);
     });
     check_open();  // closed by another thread while this one waited
     auto it = entries.find(name);
@@ -542,11 +633,19 @@ struct Swapper::Impl {
                                        what, needed, budget, dir),
                            needed, budget, pool->held());
     }
+    // Counted while in here: the read-ahead waits (see start_queued).
+    struct RoomWaiter {
+      int& waiters;
+      explicit RoomWaiter(int& w) : waiters(w) { ++waiters; }
+      ~RoomWaiter() { --waiters; }
+      RoomWaiter(const RoomWaiter&) = delete;
+      RoomWaiter& operator=(const RoomWaiter&) = delete;
+    } waiter(room_waiters);
     bool waited = false;
     for (;;) {
       if (auto r = attempt()) return r;
-      if (drop && !prefetched_names.empty()) {
-        const std::string name = *prefetched_names.begin();
+      if (drop && !ready_names.empty()) {
+        const std::string name = *ready_names.begin();
         drop_prefetched(name, entries.at(name));
         continue;
       }
@@ -595,6 +694,37 @@ struct Swapper::Impl {
     lock.lock();
     end_read(name);
     counters.bytes_read += size;
+  }
+
+  // swap_in(name): the bytes of `name` in a buffer lent from the pool (its prefetched data when
+  // Ready, after waiting for its prefetch read when Reading).
+  std::shared_ptr<SwapBuffer> lend(Lock& lock, const std::string& name, std::string* meta) {
+    std::shared_ptr<SwapBuffer> buffer;
+    for (;;) {
+      Entry& e = settled(lock, name);
+      if (meta != nullptr) *meta = e.meta;
+      if (e.prefetch == Prefetch::Ready) {
+        ++counters.swap_ins;
+        ++counters.prefetch_hits;
+        return claim_prefetched(name, e);
+      }
+      drop_prefetched(name, e);  // still queued: read now, into the buffer lent
+      if (e.size == 0) {
+        ++counters.swap_ins;
+        return std::make_shared<EmptyBuffer>();
+      }
+      if (buffer && buffer->size() == e.size) {
+        read_unlocked(lock, name, e, buffer->data(), MemoryKind::Host);
+        ++counters.swap_ins;
+        return buffer;
+      }
+      // (Again) a buffer of its size: the wait for room may have let another thread replace it.
+      buffer.reset();
+      const std::size_t size = e.size;
+      buffer = reserve(
+          lock, [&] { return pool->try_allocate(size); }, detail::SwapPool::footprint(size),
+          fmt::format("the swap_in of tensor '{}' ({} bytes)", name, size), true);
+    }
   }
 
   void drain(Lock& lock) {
@@ -656,6 +786,8 @@ Swapper::SwapId Swapper::swap_out(const std::string& name, const void* buf, std:
         lock, [&] { return s.pool->try_charge(charge); }, charge,
         fmt::format("the write-behind of tensor '{}'", name), true);
   }
+  // A queued read of the old bytes is not started now, only to be waited for below.
+  if (auto it = s.entries.find(name); it != s.entries.end()) s.unqueue(name, it->second);
   try {
     // The name's earlier write must land first, and no read may see its extent rewritten.
     s.wait_until(lock, [&] {
@@ -699,8 +831,9 @@ Swapper::SwapId Swapper::swap_out(const std::string& name, const void* buf, std:
     throw;
   }
   e.writing = id;
-  s.ops[ticket] = Impl::Op{true, id, charge, {name}};
+  s.ops[ticket] = Impl::Op{Impl::Op::Kind::Write, id, charge, name};
   s.writes[id] = ticket;
+  s.start_queued();  // room the read-ahead left alone while this call waited for it
   return id;
 }
 
@@ -740,32 +873,10 @@ std::shared_ptr<SwapBuffer> Swapper::swap_in(const std::string& name, std::strin
   s.check_process();
   Impl::Lock lock(s.mutex);
   s.check_open();
-  std::shared_ptr<SwapBuffer> buffer;
-  for (;;) {
-    Impl::Entry& e = s.settled(lock, name, true);
-    if (meta != nullptr) *meta = e.meta;
-    if (e.prefetched) {
-      ++s.counters.swap_ins;
-      ++s.counters.prefetch_hits;
-      s.prefetched_names.erase(name);
-      return std::move(e.prefetched);
-    }
-    if (e.size == 0) {
-      ++s.counters.swap_ins;
-      return std::make_shared<EmptyBuffer>();
-    }
-    if (buffer && buffer->size() == e.size) {
-      s.read_unlocked(lock, name, e, buffer->data(), MemoryKind::Host);
-      ++s.counters.swap_ins;
-      return buffer;
-    }
-    // (Again) a buffer of its size: the wait for room may have let another thread replace it.
-    buffer.reset();
-    const std::size_t size = e.size;
-    buffer = s.reserve(
-        lock, [&] { return s.pool->try_allocate(size); }, detail::SwapPool::footprint(size),
-        fmt::format("the swap_in of tensor '{}' ({} bytes)", name, size), true);
-  }
+  std::shared_ptr<SwapBuffer> buffer = s.lend(lock, name, meta);
+  // Lent buffers the caller destroyed since the last call may have left room.
+  s.start_queued();
+  return buffer;
 }
 
 void Swapper::swap_in(const std::string& name, void* buf, std::size_t length, MemoryKind memory) {
@@ -782,7 +893,8 @@ void Swapper::swap_in(std::span<const Target> targets) {
   s.wait_until(lock, [&] {
     return std::all_of(targets.begin(), targets.end(), [&](const Target& t) {
       auto it = s.entries.find(t.name);
-      return it == s.entries.end() || (it->second.writing == 0 && !it->second.prefetch_pending);
+      return it == s.entries.end() ||
+             (it->second.writing == 0 && it->second.prefetch != Impl::Prefetch::Reading);
     });
   });
   s.check_open();
@@ -812,8 +924,9 @@ void Swapper::swap_in(std::span<const Target> targets) {
     }
     kinds.push_back(memory);
   }
-  // What each target needs: a copy of prefetched data, or a read (the entry keeps a reader, so it
-  // cannot move while the lock is let go).
+  // What each target needs: a copy of prefetched data, or a read straight into it (also for a name
+  // still queued for prefetch: it leaves the queue). The entry keeps a reader, so it cannot move
+  // while the lock is let go.
   struct Read {
     const Target* target;
     std::string path;
@@ -826,15 +939,15 @@ void Swapper::swap_in(std::span<const Target> targets) {
     const Target& t = targets[i];
     Impl::Entry& e = s.entries.at(t.name);
     ++s.counters.swap_ins;
-    if (e.prefetched) {
-      std::shared_ptr<SwapBuffer> data = std::move(e.prefetched);
-      s.prefetched_names.erase(t.name);
+    if (e.prefetch == Impl::Prefetch::Ready) {
+      std::shared_ptr<SwapBuffer> data = s.claim_prefetched(t.name, e);
       if (kinds[i] == MemoryKind::Host) {
         ++s.counters.prefetch_hits;
         copies.emplace_back(&t, std::move(data));
         continue;
       }
     }
+    s.drop_prefetched(t.name, e);
     if (t.length == 0) continue;
     ++e.readers;
     ++s.blocking_readers;
@@ -844,6 +957,7 @@ void Swapper::swap_in(std::span<const Target> targets) {
   std::exception_ptr failure;
   try {
     for (const auto& [t, data] : copies) std::memcpy(t->buf, data->data(), t->length);
+    copies.clear();  // back to the pool, for the queued reads started below
     for (const MemoryKind memory : {MemoryKind::Host, MemoryKind::Device}) {
       std::vector<ReadExtent> extents;
       for (std::size_t i = 0; i < reads.size(); ++i) {
@@ -867,6 +981,7 @@ void Swapper::swap_in(std::span<const Target> targets) {
     s.end_read(r.target->name);
     if (!failure) s.counters.bytes_read += r.target->length;
   }
+  s.start_queued();
   if (failure) std::rethrow_exception(failure);
 }
 
@@ -881,55 +996,19 @@ std::size_t Swapper::prefetch(std::span<const std::string> names) {
           fmt::format("swapper: prefetch of '{}': no tensor of that name in '{}'", name, s.dir));
     }
   }
-  const auto wanted = [&](const std::string& name) -> Impl::Entry* {
-    auto it = s.entries.find(name);
-    if (it == s.entries.end()) return nullptr;
-    Impl::Entry& e = it->second;
-    if (e.writing != 0 || e.prefetched || e.size == 0 || e.error) return nullptr;
-    return &e;
-  };
-  // Buffers first (the waits for room unlock), then, under one hold of the lock, the batch.
-  std::vector<std::pair<std::string, std::shared_ptr<SwapBuffer>>> taken;
-  std::unordered_set<std::string> seen;
+  // In the caller's order, behind what earlier calls queued; started as far as the budget has
+  // room now, the rest as it frees up (see start_queued).
+  std::size_t accepted = 0;
   for (const std::string& name : names) {
-    const Impl::Entry* e = wanted(name);
-    if (e == nullptr || !seen.insert(name).second) continue;
-    const std::size_t size = e->size;
-    std::shared_ptr<SwapBuffer> buffer = s.pool->try_allocate(size);
-    while (!buffer && !s.writes.empty()) {
-      ++s.counters.budget_waits;
-      s.progress(lock);
-      buffer = s.pool->try_allocate(size);
-    }
-    if (!buffer) break;  // no room: the rest is left to swap_in
-    taken.emplace_back(name, std::move(buffer));
+    if (s.prefetch_queue.size() >= kPrefetchQueueLimit) break;
+    Impl::Entry& e = s.entries.at(name);
+    if (!s.prefetchable(e)) continue;
+    e.prefetch = Impl::Prefetch::Queued;
+    s.prefetch_queue.push_back(name);
+    ++accepted;
   }
-  s.check_open();  // closed by another thread while this one waited
-  std::vector<ReadExtent> extents;
-  Impl::Op op;
-  for (auto& [name, buffer] : taken) {
-    Impl::Entry* e = wanted(name);
-    if (e == nullptr || buffer->size() != e->size) continue;
-    extents.push_back({buffer->data(), buffer->size(), e->offset, s.files.at(e->file).path, -1});
-    e->prefetched = std::move(buffer);
-    e->prefetch_pending = true;
-    ++e->readers;
-    op.names.push_back(name);
-  }
-  if (extents.empty()) return 0;
-  try {
-    const Ticket ticket = s.handle.submit_read_batch(extents, ReadOptions{MemoryKind::Host});
-    s.ops[ticket] = op;
-  } catch (...) {
-    for (const std::string& name : op.names) {
-      Impl::Entry& e = s.entries.at(name);
-      e.prefetched.reset();
-      e.prefetch_pending = false;
-      --e.readers;
-    }
-    throw;
-  }
-  return op.names.size();
+  s.start_queued();
+  return accepted;
 }
 
 bool Swapper::evict(const std::string& name) {
@@ -937,6 +1016,8 @@ bool Swapper::evict(const std::string& name) {
   s.check_process();
   Impl::Lock lock(s.mutex);
   s.check_open();
+  // A queued read is not started now, only to be waited for below.
+  if (auto it = s.entries.find(name); it != s.entries.end()) s.unqueue(name, it->second);
   s.wait_until(lock, [&] {
     auto it = s.entries.find(name);
     return it == s.entries.end() || (it->second.writing == 0 && it->second.readers == 0);
@@ -948,6 +1029,7 @@ bool Swapper::evict(const std::string& name) {
   Impl::Entry entry = std::move(it->second);
   s.entries.erase(it);
   s.free_extent(entry);
+  s.start_queued();  // its unclaimed data may have left room
   return true;
 }
 
@@ -999,9 +1081,8 @@ SwapperStats Swapper::stats() const {
     out.stored_bytes += e.size;
     out.reads_in_flight += static_cast<std::uint64_t>(e.readers);
   }
-  for (const std::string& name : s.prefetched_names) {
-    out.prefetched_bytes += s.entries.at(name).size;
-  }
+  for (const std::string& name : s.ready_names) out.prefetched_bytes += s.entries.at(name).size;
+  out.prefetch_queued = s.prefetch_queue.size();
   out.files = s.files.size();
   for (const auto& [id, f] : s.files) out.file_bytes += f.end;
   out.writes_in_flight = s.writes.size();
@@ -1277,10 +1358,10 @@ void Swapper::close(bool delete_files) {
   }
   Impl::Lock lock(s.mutex);
   if (s.closed) return;
+  s.clear_read_ahead();  // nothing queued is started while draining
   s.drain(lock);
   s.closed = true;
-  for (auto& [name, e] : s.entries) e.prefetched.reset();
-  s.prefetched_names.clear();
+  s.clear_read_ahead();  // what other threads queued while this one drained
   std::exception_ptr first = s.take_failures();
   try {
     if (delete_files) {

@@ -211,6 +211,74 @@ def test_swap_in_batch_reads_many_tensors_at_once(tmp_path, checksums):
             sw.swap_in_batch(["t1"])
 
 
+def test_a_prefetch_of_more_than_the_budget_holds_reads_ahead_as_swap_ins_free_room(tmp_path):
+    # About 7 fit in the budget, 30 are asked for: the rest queue and start as swap_ins consume.
+    sizes = [(300 << 10) + 4099 * i for i in range(30)]
+    with nvio.TensorSwapper(tmp_path, (2 * MiB) + (256 << 10), pack_threshold=256 << 10) as sw:
+        for i, n in enumerate(sizes):
+            sw.swap_out(f"q{i}", patterned(n, torch.uint8, 700 + i)).wait()
+        before = sw.stats()
+        names = [f"q{i}" for i in range(len(sizes))]
+        assert sw.prefetch(names) == len(names)  # started or queued
+        queued = sw.stats()
+        assert queued["prefetch_queued"] > 10
+        assert queued["prefetch_queued"] + queued["reads_in_flight"] == len(names)
+        assert sw.prefetch(names) == 0  # all in the read-ahead already
+        for i, n in enumerate(sizes):
+            if i % 3 == 2:  # a lent tensor, dropped before the next swap_in
+                check(sw.swap_in(f"q{i}"), 700 + i, f"q{i}")
+            else:
+                out = torch.empty(n, dtype=torch.uint8)
+                sw.swap_in(f"q{i}", out=out)
+                check(out, 700 + i, f"q{i}")
+            assert sw.stats()["held_bytes"] <= sw.stats()["budget_bytes"]
+        after = sw.stats()
+        # Every one came from prefetched data, those past the first budget's worth too: each
+        # swap_in started the next queued reads in the room it left (a lent tensor's room is
+        # seen at the next call; the budget holds more than two), and each byte was read once.
+        assert after["prefetch_hits"] - before["prefetch_hits"] == len(names)
+        assert after["bytes_read"] - before["bytes_read"] == sum(sizes)
+        assert after["prefetch_queued"] == 0 and after["reads_in_flight"] == 0
+
+
+def test_queued_names_leave_the_queue_on_evict_swap_out_swap_in_and_close(tmp_path):
+    # Room for one at a time: while one is kept lent, every prefetch queues.
+    sizes = [(700 << 10) + 4099 * i for i in range(6)]
+    sw = nvio.TensorSwapper(tmp_path, MiB, pack_threshold=256 << 10)
+    for i, n in enumerate(sizes):
+        sw.swap_out(f"q{i}", patterned(n, torch.uint8, 800 + i)).wait()
+    kept = sw.swap_in("q0")
+    assert sw.prefetch([f"q{i}" for i in range(1, 6)]) == 5
+    assert sw.stats()["prefetch_queued"] == 5 and sw.stats()["reads_in_flight"] == 0
+    assert sw.evict("q2")
+    assert sw.stats()["prefetch_queued"] == 4
+    sw.swap_out("q3", patterned(5000, torch.uint8, 77)).wait()
+    assert sw.stats()["prefetch_queued"] == 3
+    out = torch.empty(sizes[4], dtype=torch.uint8)
+    sw.swap_in("q4", out=out)  # read straight into out
+    check(out, 804, "q4")
+    assert sw.stats()["prefetch_queued"] == 2 and sw.stats()["prefetch_hits"] == 0
+    check(kept, 800, "q0")
+    del kept
+    lent = sw.swap_in("q1")  # queued: read directly into the lent buffer
+    check(lent, 801, "q1")
+    assert sw.stats()["prefetch_queued"] == 1 and sw.stats()["prefetch_hits"] == 0
+    del lent
+    check(sw.swap_in("q3"), 77, "q3")  # the room the dropped tensor left starts q5's read
+    assert sw.stats()["prefetch_queued"] == 0 and sw.stats()["reads_in_flight"] == 1
+    out = torch.empty(sizes[5], dtype=torch.uint8)
+    sw.swap_in("q5", out=out)
+    check(out, 805, "q5")
+    assert sw.stats()["prefetch_hits"] == 1
+    assert "q2" not in sw
+    kept = sw.swap_in("q0")
+    assert sw.prefetch(["q1", "q4", "q5"]) == 3
+    assert sw.stats()["prefetch_queued"] == 3
+    sw.close()
+    assert os.listdir(tmp_path) == []
+    check(kept, 800, "q0")  # outlives the swapper
+
+
 def test_two_live_swappers_on_one_directory_raise_directory_locked(tmp_path):
     first = nvio.TensorSwapper(tmp_path, MiB)
     with pytest.raises(nvio.DirectoryLocked) as e:

@@ -67,6 +67,18 @@ std::uint64_t alignment_for(std::uint64_t size) { return size >= kPage ? kPage :
 
 std::string join(const std::string& dir, const std::string& name) { return dir + "/" + name; }
 
+// A node holding `value` for `map`, with room for it reserved in `map`, made before the operation
+// it records is submitted: inserting it afterwards (with its key set) allocates nothing, so the
+// record cannot fail once the kernel may be using the operation's memory, where a failure would
+// free a buffer that a transfer still fills.
+template <class Map, class Value>
+typename Map::node_type prepared_node(Map& map, Value value) {
+  Map scratch;
+  scratch.emplace(typename Map::key_type{}, std::move(value));
+  map.reserve(map.size() + 1);
+  return scratch.extract(scratch.begin());
+}
+
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() &&
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -495,8 +507,10 @@ struct Swapper::Impl {
     std::shared_ptr<SwapBuffer> buffer = pool->try_allocate(static_cast<std::size_t>(e.size));
     if (!buffer) return false;
     const ReadExtent extent{buffer->data(), buffer->size(), e.offset, files.at(e.file).path, -1};
+    auto record = prepared_node(ops, Op{Op::Kind::Prefetch, 0, 0, name});
     const Ticket ticket = handle.submit_read_batch({&extent, 1}, ReadOptions{MemoryKind::Host});
-    ops[ticket] = Op{Op::Kind::Prefetch, 0, 0, name};
+    record.key() = ticket;
+    ops.insert(std::move(record));
     e.prefetched = std::move(buffer);
     e.prefetch = Prefetch::Reading;
     ++e.readers;
@@ -821,7 +835,11 @@ Swapper::SwapId Swapper::swap_out(const std::string& name, const void* buf, std:
   if (length == 0) return id;
   const WriteExtent extent{buf, length, e.offset, s.files.at(e.file).path, -1};
   Ticket ticket = 0;
+  decltype(s.ops)::node_type op_record;
+  decltype(s.writes)::node_type write_record;
   try {
+    op_record = prepared_node(s.ops, Impl::Op{Impl::Op::Kind::Write, id, charge, name});
+    write_record = prepared_node(s.writes, Ticket{0});
     ticket = s.handle.submit_write_batch({&extent, 1},
                                          WriteOptions{Truncate::No, Durability::None, memory});
   } catch (...) {
@@ -831,8 +849,11 @@ Swapper::SwapId Swapper::swap_out(const std::string& name, const void* buf, std:
     throw;
   }
   e.writing = id;
-  s.ops[ticket] = Impl::Op{Impl::Op::Kind::Write, id, charge, name};
-  s.writes[id] = ticket;
+  op_record.key() = ticket;
+  s.ops.insert(std::move(op_record));
+  write_record.key() = id;
+  write_record.mapped() = ticket;
+  s.writes.insert(std::move(write_record));
   s.start_queued();  // room the read-ahead left alone while this call waited for it
   return id;
 }
@@ -1319,10 +1340,12 @@ void Swapper::snapshot(const std::string& dst_dir) {
       }
       if (::fdatasync(fd) != 0) throw_io_error(IoOp::Sync, data_path, 0, total, errno);
     } catch (...) {
-      // Nothing may stay in flight into the staging memory or the file about to be removed.
-      for (Slot* slot : in_flight) {
+      // Nothing may stay in flight into the staging memory or the file about to be removed: every
+      // slot holding a ticket is waited for (also one whose push into in_flight failed).
+      for (Slot& slot : slots) {
+        if (slot.ticket == 0) continue;
         try {
-          s.handle.wait(std::exchange(slot->ticket, 0));
+          s.handle.wait(std::exchange(slot.ticket, 0));
         } catch (...) {  // the first failure is the one being thrown
         }
       }

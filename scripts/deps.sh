@@ -12,6 +12,7 @@ NVIO_PACKAGES=(
   python3-numpy python3-torch python3-setuptools python3-wheel python3-venv
   python3-matplotlib
   fio e2fsprogs xfsprogs
+  clang libclang-rt-14-dev
 )
 
 missing=()

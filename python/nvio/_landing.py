@@ -25,6 +25,10 @@ _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 # Pieces populated at a time: small enough that the populating thread is ahead of the read almost
 # from the start, large enough that the call overhead is nothing.
 _POPULATE_CHUNK = 32 << 20
+# Regions below this are left to the read to fault in: starting and joining a thread costs about
+# 50 us here, a safe_open caller may read many tensors of a few MiB one by one, and the thread can
+# only help where zeroing takes milliseconds.
+_POPULATE_MIN = 32 << 20
 
 
 def _populate(memory: mmap.mmap, size: int, stop: threading.Event) -> None:
@@ -52,6 +56,9 @@ def read_region(handle: Any, path: Any, offset: int, length: int) -> memoryview:
     if hasattr(mmap, "MADV_HUGEPAGE"):
         memory.madvise(mmap.MADV_HUGEPAGE)
     view = memoryview(memory)[shift:]
+    if size < _POPULATE_MIN:
+        handle.read(view, path, offset)
+        return view
     stop = threading.Event()
     helper = threading.Thread(target=_populate, args=(memory, size, stop),
                               name="nvio-populate", daemon=True)

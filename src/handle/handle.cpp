@@ -155,7 +155,8 @@ struct Handle::Impl final : detail::FinishListener {
   JobPtr find_ticket(Ticket ticket, bool collect);
   void end_collect(std::span<const JobPtr> jobs);
   // A job's last operation finished: its ticket joins `finished` for wait_some.
-  void operation_finished(const detail::Operation& op) noexcept override;
+  bool operation_finished(const detail::Operation& op) noexcept override;
+  void wake_collectors() noexcept override;
   // Adds `ticket` to `finished` (pruning collected ones). Called with tickets_mutex held; the
   // caller notifies finished_cv after letting it go.
   void list_finished(Ticket ticket) noexcept;
@@ -537,15 +538,15 @@ void Handle::Impl::list_finished(Ticket ticket) noexcept {
   finished_count.fetch_add(1, std::memory_order_release);
 }
 
-void Handle::Impl::operation_finished(const detail::Operation& op) noexcept {
+bool Handle::Impl::operation_finished(const detail::Operation& op) noexcept {
   auto* job = static_cast<Job*>(op.job);
-  if (job->unfinished.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-  {
-    std::lock_guard lock(tickets_mutex);
-    list_finished(job->ticket);
-  }
-  finished_cv.notify_all();
+  if (job->unfinished.fetch_sub(1, std::memory_order_acq_rel) != 1) return false;
+  std::lock_guard lock(tickets_mutex);
+  list_finished(job->ticket);
+  return true;
 }
+
+void Handle::Impl::wake_collectors() noexcept { finished_cv.notify_all(); }
 
 JobPtr Handle::Impl::find_ticket(Ticket ticket, bool collect) {
   std::lock_guard lock(tickets_mutex);

@@ -164,13 +164,16 @@ void OperationQueue::finish_piece(Operation& op, std::size_t count, StatsShard& 
   }
   // Before `finished`: a wait that collects the ticket (and may drop the listener's record of it)
   // waits for `finished`, so the listener's record is alive during the call.
-  if (op.listener != nullptr) op.listener->operation_finished(op);
+  const bool job_complete = op.listener != nullptr && op.listener->operation_finished(op);
   {
     std::lock_guard lock(op.mutex);
     op.finished = true;
     op.finished_flag.store(true, std::memory_order_release);
   }
   op.finished_cv.notify_all();
+  // The caller of finish_piece still holds `op`, and the listener (the handle) outlives every
+  // live operation: stop() waits for live_ops_ below.
+  if (job_complete) op.listener->wake_collectors();
   {
     std::lock_guard lock(live_mutex_);
     --live_ops_;

@@ -83,12 +83,17 @@ struct BatchFinish {
 
 struct Operation;
 
-// Told when an operation finishes (after its finishing steps, before its waiters wake), for the
-// handle's wait_some. Called on the thread that finished it (a worker, or a submitter whose
-// operation never started); must not throw or block for long.
+// Told when an operation finishes, for the handle's wait_some, on the thread that finished it (a
+// worker, or a submitter whose operation never started); neither call may throw or block for long.
+// operation_finished comes after the finishing steps and before `finished` is set (a wait that
+// sees `finished` may free what the listener uses to record it); it returns true when the
+// operation's job is now complete. wake_collectors comes after `finished` is set, only then: a
+// collector woken earlier would find the job listed but its operation not yet marked finished, and
+// would spin for it while the finishing thread, on a busy CPU, may not run.
 class FinishListener {
  public:
-  virtual void operation_finished(const Operation& op) noexcept = 0;
+  virtual bool operation_finished(const Operation& op) noexcept = 0;
+  virtual void wake_collectors() noexcept = 0;
 
  protected:
   ~FinishListener() = default;

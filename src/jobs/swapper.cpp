@@ -1024,8 +1024,8 @@ std::size_t Swapper::prefetch(std::span<const std::string> names) {
     if (s.prefetch_queue.size() >= kPrefetchQueueLimit) break;
     Impl::Entry& e = s.entries.at(name);
     if (!s.prefetchable(e)) continue;
+    s.prefetch_queue.push_back(name);  // first: the state never names a queue it is not in
     e.prefetch = Impl::Prefetch::Queued;
-    s.prefetch_queue.push_back(name);
     ++accepted;
   }
   s.start_queued();

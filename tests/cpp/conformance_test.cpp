@@ -302,15 +302,20 @@ TEST_P(Conformance, DirectOnBypassesPageCache) {
   EXPECT_EQ(resident_pages(path, 0, len), 0u)
       << "Direct::On read into an unaligned buffer went through the page cache";
 
-  // Control: buffered I/O does fill the page cache, so the checks above can fail.
+  // Control: buffered I/O does fill the page cache, so the checks above can fail. At least 90 %
+  // of the pages, not all: the kernel may reclaim a few between the read and the count (CI saw
+  // 2032 of 2048 once, in a TSan run beside other tests), while I/O that bypassed the cache
+  // leaves none.
   std::memset(buf.data(), 0, len);
   hoff.read(buf.data(), len, path, 0);
   EXPECT_TRUE(buffer_has_pattern(buf.data(), len, 0, 7));
-  EXPECT_EQ(resident_pages(path, 0, len), pages) << "Direct::Off read bypassed the page cache";
+  EXPECT_GE(resident_pages(path, 0, len), pages * 9 / 10)
+      << "Direct::Off read bypassed the page cache";
   drop_cache(path);
   nvio::pattern::fill(buf.data(), len, 0, 8);
   hoff.write(buf.data(), len, path, 0);
-  EXPECT_EQ(resident_pages(path, 0, len), pages) << "Direct::Off write bypassed the page cache";
+  EXPECT_GE(resident_pages(path, 0, len), pages * 9 / 10)
+      << "Direct::Off write bypassed the page cache";
   EXPECT_TRUE(file_range_has_pattern(read_file(path), 0, len, 8));
 }
 

@@ -60,6 +60,11 @@ def _dtype_tables() -> Tuple[Dict[str, Any], Dict[Any, str]]:
     return names, {v: k for k, v in names.items()}
 
 
+@functools.lru_cache(maxsize=None)  # asked for every tensor a load places
+def _itemsize(dtype: Any) -> int:
+    return _torch().empty((), dtype=dtype).element_size()
+
+
 def _to_torch_dtype(name: str, tensor: str) -> Any:
     to_torch, _ = _dtype_tables()
     if name not in to_torch:
@@ -124,7 +129,7 @@ class _File:
         dtype = _to_torch_dtype(e.dtype, e.name)
         shape = e.shape if shape is None else shape
         offset = self.data_offset + e.begin if file_offset is None else file_offset
-        itemsize = torch.empty((), dtype=dtype).element_size()
+        itemsize = _itemsize(dtype)
         count = 1
         for d in shape:
             count *= d
@@ -150,7 +155,7 @@ class _File:
         for name in sorted(self.entries):
             e = self.entries[name]
             dtype = _to_torch_dtype(e.dtype, e.name)
-            itemsize = torch.empty((), dtype=dtype).element_size()
+            itemsize = _itemsize(dtype)
             nbytes = e.end - e.begin
             if nbytes == 0:
                 out[name] = torch.empty(e.shape, dtype=dtype)

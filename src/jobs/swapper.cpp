@@ -616,14 +616,18 @@ struct Swapper::Impl {
     }
   }
 
-  // Waits until `name` has no write and no prefetch read in flight; returns its entry, with the
-  // lock held. Throws InvalidArgument for an unknown name and the error of a failed write.
+  // Whether `name` has no write and no prefetch read in flight (or is unknown): what a swap_in
+  // waits for.
+  bool at_rest(const std::string& name) const {
+    auto it = entries.find(name);
+    return it == entries.end() ||
+           (it->second.writing == 0 && it->second.prefetch != Prefetch::Reading);
+  }
+
+  // Waits until `name` is at rest; returns its entry, with the lock held. Throws InvalidArgument
+  // for an unknown name and the error of a failed write.
   Entry& settled(Lock& lock, const std::string& name) {
-    wait_until(lock, [&] {
-      auto it = entries.find(name);
-      return it == entries.end() ||
-             (it->second.writing == 0 && it->second.prefetch != Prefetch::Reading);
-    });
+    wait_until(lock, [&] { return at_rest(name); });
     check_open();  // closed by another thread while this one waited
     auto it = entries.find(name);
     if (it == entries.end()) {
@@ -912,11 +916,8 @@ void Swapper::swap_in(std::span<const Target> targets) {
   s.check_open();
   // All settled under one hold of the lock: waiting for one name may let another change.
   s.wait_until(lock, [&] {
-    return std::all_of(targets.begin(), targets.end(), [&](const Target& t) {
-      auto it = s.entries.find(t.name);
-      return it == s.entries.end() ||
-             (it->second.writing == 0 && it->second.prefetch != Impl::Prefetch::Reading);
-    });
+    return std::all_of(targets.begin(), targets.end(),
+                       [&](const Target& t) { return s.at_rest(t.name); });
   });
   s.check_open();
   std::vector<MemoryKind> kinds;

@@ -102,8 +102,10 @@ class DeviceBuffer {
   int device_ = 0;
 };
 
-// Page-locks host memory for DMA with cuMemHostRegister for its lifetime (move-only). Throws
-// GpuError when CUDA is unusable or refuses.
+// Page-locks host memory for DMA with cuMemHostRegister (portable: for every device) for its
+// lifetime (move-only). The driver needs a context current: where the calling thread has none,
+// device 0's primary context is made current on it (as the CUDA runtime's first call would).
+// Throws GpuError when CUDA is unusable or refuses.
 class HostRegistration {
  public:
   HostRegistration() = default;

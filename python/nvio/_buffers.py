@@ -29,6 +29,14 @@ _DLPACK_CUDA_MANAGED = 13
 _DLPACK_KNOWN = (_DLPACK_CPU, _DLPACK_CUDA, _DLPACK_CUDA_HOST, _DLPACK_CUDA_MANAGED)
 
 
+def untyped_storage(t: Any) -> Any:
+    """The tensor's untyped storage: ``Tensor.untyped_storage()`` where torch has it (2.0 on), so
+    that torch 2's deprecation warning for TypedStorage is never raised; ``storage().untyped()``
+    on the older torch that has no other way (Debian 12's 1.13)."""
+    get = getattr(t, "untyped_storage", None)
+    return get() if get is not None else t.storage().untyped()
+
+
 class BufferRef(NamedTuple):
     address: int
     nbytes: int

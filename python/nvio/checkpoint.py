@@ -33,7 +33,7 @@ import struct
 import threading
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import _args, _landing, _nvio
+from . import _args, _buffers, _landing, _nvio
 from ._handle import shared_handle
 
 __all__ = ["save", "load", "CheckpointFormatError"]
@@ -611,7 +611,7 @@ def _load_into(raw: bytes, text: str, into: Any, handle: Any) -> Any:
                                         "not contiguous in its storage")
         if meta.numel() == 0:
             continue
-        start = records.offsets[meta.storage().untyped()._cdata]
+        start = records.offsets[_buffers.untyped_storage(meta)._cdata]
         items.append((target, start + meta.storage_offset() * meta.element_size()))
     if items:
         (handle if handle is not None else shared_handle()).read_batch(items, raw)
@@ -647,5 +647,5 @@ class _MetaRecords(_Records):
         if size != numel:
             raise self.archive._bad(f"record {name!r} holds {size} bytes, its tensor {numel}")
         t = self.torch.empty(numel, dtype=self.torch.uint8, device="meta")
-        self.offsets[t.storage().untyped()._cdata] = start
+        self.offsets[_buffers.untyped_storage(t)._cdata] = start
         return t

@@ -26,7 +26,7 @@ import os
 import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import _args, _landing, _nvio
+from . import _args, _buffers, _landing, _nvio
 from ._handle import shared_handle
 
 SafetensorError = _nvio.FormatError
@@ -301,8 +301,8 @@ def _prepare(tensors: Dict[str, Any], metadata: Optional[Dict[str, str]]) -> Tup
             raise _nvio.InvalidArgument(
                 f"nvio.safetensors: tensor {name!r} is {t.layout}; only dense tensors can be "
                 "saved (call .to_dense())")
-        storage = t.storage()
-        if storage.size() > 0:
+        storage = _buffers.untyped_storage(t)
+        if storage.nbytes() > 0:
             by_storage.setdefault((str(t.device), storage.data_ptr()), []).append(name)
     shared = [names for names in by_storage.values() if len(names) > 1]
     if shared:

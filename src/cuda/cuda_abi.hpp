@@ -59,6 +59,7 @@ using PFN_cuDeviceGetPCIBusId = CUresult (*)(char* pciBusId, int len, CUdevice d
 using PFN_cuDevicePrimaryCtxRetain = CUresult (*)(CUcontext* pctx, CUdevice dev);
 using PFN_cuDevicePrimaryCtxRelease_v2 = CUresult (*)(CUdevice dev);
 using PFN_cuCtxSetCurrent = CUresult (*)(CUcontext ctx);
+using PFN_cuCtxGetCurrent = CUresult (*)(CUcontext* pctx);
 using PFN_cuPointerGetAttribute = CUresult (*)(void* data, CUpointer_attribute attribute,
                                                CUdeviceptr ptr);
 using PFN_cuMemHostRegister_v2 = CUresult (*)(void* p, std::size_t bytesize, unsigned int Flags);

@@ -10,8 +10,17 @@ namespace nvio::cuda {
 DeviceLane::DeviceLane(std::shared_ptr<DeviceOps> ops, unsigned slots, detail::BouncePool& pool)
     : ops_(std::move(ops)), pool_(pool), events_(slots), event_device_(slots, -1) {
   pool_.on_slab([this](std::byte* slab, std::size_t bytes) {
+    // cuMemHostRegister needs a context current on the calling thread (without one it fails with
+    // CUDA_ERROR_INVALID_CONTEXT, as it did on a real GPU): a slab taken before this worker's
+    // first copy meets a thread with none. Any device's will do, since the registration is
+    // portable; device 0 always exists where a device does.
     int rc = kSuccess;
-    Registration reg(*ops_, slab, bytes, rc);
+    if (current_ < 0) {
+      rc = ops_->make_current(0);
+      if (rc == kSuccess) current_ = 0;
+    }
+    Registration reg;
+    if (rc == kSuccess) reg = Registration(*ops_, slab, bytes, rc);
     if (rc == kSuccess) {
       registrations_.push_back(std::move(reg));
     } else {

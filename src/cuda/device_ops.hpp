@@ -28,6 +28,8 @@ class DeviceOps {
   virtual std::optional<int> device_of(const void* ptr) noexcept = 0;
   // Makes `device`'s primary context current on the calling thread.
   virtual int make_current(int device) noexcept = 0;
+  // Page-locks host memory for every context (portable). Both need some context current on the
+  // calling thread, as the driver does: CUDA_ERROR_INVALID_CONTEXT (201) without one.
   virtual int host_register(void* ptr, std::size_t length) noexcept = 0;
   virtual int host_unregister(void* ptr) noexcept = 0;
   virtual int stream_create(void** stream) noexcept = 0;

@@ -53,6 +53,7 @@ Driver load_driver(Library lib) {
   resolve(l, "cuDeviceGetPCIBusId", d.device_get_pci_bus_id, missing);
   resolve(l, "cuDevicePrimaryCtxRetain", d.primary_ctx_retain, missing);
   resolve(l, "cuCtxSetCurrent", d.ctx_set_current, missing);
+  resolve(l, "cuCtxGetCurrent", d.ctx_get_current, missing);
   resolve(l, "cuPointerGetAttribute", d.pointer_get_attribute, missing);
   resolve(l, "cuMemHostRegister_v2", d.mem_host_register, missing);
   resolve(l, "cuMemHostUnregister", d.mem_host_unregister, missing);
@@ -147,6 +148,13 @@ int make_context_current(const Driver& d, int device) noexcept {
     }
   }
   return d.ctx_set_current(ctx);
+}
+
+int make_a_context_current(const Driver& d) noexcept {
+  abi::CUcontext ctx = nullptr;
+  const int rc = d.ctx_get_current(&ctx);
+  if (rc == abi::CUDA_SUCCESS && ctx != nullptr) return rc;
+  return make_context_current(d, 0);
 }
 
 namespace {
@@ -379,6 +387,7 @@ void DeviceBuffer::copy_to_host(void* dst, std::size_t length, std::size_t offse
 
 HostRegistration::HostRegistration(void* ptr, std::size_t length) {
   const cuda::Driver& d = usable_driver("cuMemHostRegister");
+  check(d, "cuCtxSetCurrent", cuda::make_a_context_current(d));
   check(d, "cuMemHostRegister",
         d.mem_host_register(ptr, length, cuda::abi::kMemHostRegisterPortable));
   ptr_ = ptr;
@@ -398,7 +407,10 @@ HostRegistration& HostRegistration::operator=(HostRegistration&& other) noexcept
 }
 
 void HostRegistration::release() noexcept {
-  if (ptr_ != nullptr) cuda::driver().mem_host_unregister(ptr_);
+  if (ptr_ == nullptr) return;
+  // Released on any thread, which may have no context current.
+  const cuda::Driver& d = cuda::driver();
+  if (cuda::make_a_context_current(d) == cuda::abi::CUDA_SUCCESS) d.mem_host_unregister(ptr_);
   ptr_ = nullptr;
 }
 

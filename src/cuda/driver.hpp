@@ -32,6 +32,7 @@ struct Driver {
   abi::PFN_cuDeviceGetPCIBusId device_get_pci_bus_id = nullptr;
   abi::PFN_cuDevicePrimaryCtxRetain primary_ctx_retain = nullptr;
   abi::PFN_cuCtxSetCurrent ctx_set_current = nullptr;
+  abi::PFN_cuCtxGetCurrent ctx_get_current = nullptr;
   abi::PFN_cuPointerGetAttribute pointer_get_attribute = nullptr;
   abi::PFN_cuMemHostRegister_v2 mem_host_register = nullptr;
   abi::PFN_cuMemHostUnregister mem_host_unregister = nullptr;
@@ -64,5 +65,10 @@ const Driver& driver();
 bool driver_already_loaded();
 // Makes `device`'s primary context current on the calling thread, retaining it on first use.
 int make_context_current(const Driver& d, int device) noexcept;
+// Leaves a context current on the calling thread: the one already there, else device 0's primary
+// context (device 0 exists wherever a device does). For calls that need some context but no
+// particular one, such as a portable cuMemHostRegister: without one they fail with
+// CUDA_ERROR_INVALID_CONTEXT.
+int make_a_context_current(const Driver& d) noexcept;
 
 }  // namespace nvio::cuda

@@ -94,6 +94,7 @@ NVIO_SAME(PFN_cuDeviceGetPCIBusId, cuDeviceGetPCIBusId);
 NVIO_SAME(PFN_cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain);
 NVIO_SAME(PFN_cuDevicePrimaryCtxRelease_v2, cuDevicePrimaryCtxRelease_v2);
 NVIO_SAME(PFN_cuCtxSetCurrent, cuCtxSetCurrent);
+NVIO_SAME(PFN_cuCtxGetCurrent, cuCtxGetCurrent);
 NVIO_SAME(PFN_cuPointerGetAttribute, cuPointerGetAttribute);
 NVIO_SAME(PFN_cuMemHostRegister_v2, cuMemHostRegister_v2);
 NVIO_SAME(PFN_cuMemHostUnregister, cuMemHostUnregister);

@@ -114,12 +114,14 @@ int FakeDevice::make_current(int device) noexcept {
 }
 
 int FakeDevice::host_register(void* ptr, std::size_t length) noexcept {
+  if (t_current_device < 0) return 201;  // CUDA_ERROR_INVALID_CONTEXT, as the driver
   std::lock_guard lock(mutex_);
   if (!registered_.emplace(reinterpret_cast<std::uintptr_t>(ptr), length).second) return 712;
   return 0;
 }
 
 int FakeDevice::host_unregister(void* ptr) noexcept {
+  if (t_current_device < 0) return 201;
   std::lock_guard lock(mutex_);
   return registered_.erase(reinterpret_cast<std::uintptr_t>(ptr)) == 1 ? 0 : 713;
 }

@@ -16,6 +16,30 @@ constexpr std::size_t kMinSlot = 16;
 
 std::size_t slot_size(std::size_t size) { return std::bit_ceil(std::max(size, kMinSlot)); }
 
+// Medium buffers (256 KiB to below a huge page): the slot is the size rounded up to a multiple of
+// an eighth of its power of two, so at most 1/8 of a slot is unused. Smaller buffers gain nothing
+// from huge pages (64 pages are far below any drive's segment limit) and would leave most of a
+// 2 MiB slab unused.
+constexpr std::size_t kMediumMin = 256 * 1024;
+bool is_medium(std::size_t size) { return size >= kMediumMin && size < kHugePage; }
+
+std::size_t medium_slot(std::size_t size) {
+  const std::size_t step = std::bit_floor(size) / 8;
+  return static_cast<std::size_t>(round_up(size, step));
+}
+
+// The slab for medium slots of `slot` bytes: the fewest huge pages (at most 8) that leave no more
+// than an eighth of the slab unused, so 1 MiB slots take one huge page each two and 1.125 MiB
+// slots five to three.
+std::size_t medium_slab(std::size_t slot) {
+  std::size_t bytes = kHugePage;
+  for (unsigned pages = 1; pages <= 8; ++pages) {
+    bytes = pages * kHugePage;
+    if (bytes % slot <= bytes / 8) break;
+  }
+  return bytes;
+}
+
 }  // namespace
 
 // A lent buffer: a slab slot, or a large buffer of its own. Returns its memory on destruction.
@@ -42,44 +66,65 @@ std::uint64_t SwapPool::mapping_size(std::size_t size) noexcept {
 }
 
 std::uint64_t SwapPool::footprint(std::size_t size) noexcept {
+  // A medium buffer that finds no room for a slab takes a mapping of its own: that is the least.
   return size <= kSlabMax ? kSlabSize : mapping_size(size);
+}
+
+std::shared_ptr<SwapBuffer> SwapPool::take_slot(std::unique_lock<std::mutex>& lock,
+                                                std::size_t size, std::size_t slot,
+                                                std::size_t slab_bytes, std::uint64_t room) {
+  auto& list = slabs_[slot];
+  Slab* slab = nullptr;
+  for (auto& s : list) {
+    if (!s->free_slots.empty()) {
+      slab = s.get();
+      break;
+    }
+  }
+  if (slab == nullptr) {
+    if (!make_room(room)) return nullptr;
+    // Counted before mapping, which happens outside the lock (locking up to 16 MiB of huge pages
+    // takes milliseconds), so that nobody else takes the room meanwhile.
+    mapped_ += slab_bytes;
+    auto fresh = std::make_unique<Slab>();
+    lock.unlock();
+    try {
+      fresh->memory = AlignedBuffer(slab_bytes, lock_);
+    } catch (...) {
+      lock.lock();
+      mapped_ -= slab_bytes;
+      throw;
+    }
+    lock.lock();
+    fresh->slot_size = slot;
+    const auto count = static_cast<std::uint32_t>(slab_bytes / slot);
+    fresh->free_slots.reserve(count);
+    for (std::uint32_t i = count; i > 0; --i) fresh->free_slots.push_back(i - 1);
+    slab = fresh.get();
+    list.push_back(std::move(fresh));
+  } else if (slab->used == 0) {
+    free_ -= slab->memory.size();  // an empty slab kept for reuse is in use again
+  }
+  const std::uint32_t index = slab->free_slots.back();
+  slab->free_slots.pop_back();
+  ++slab->used;
+  std::byte* p = slab->memory.bytes() + std::size_t{index} * slot;
+  const auto start = reinterpret_cast<std::uintptr_t>(p);
+  lent_[start] = start + size;
+  lock.unlock();
+  return std::make_shared<Lent>(shared_from_this(), slab, p, size, AlignedBuffer());
 }
 
 std::shared_ptr<SwapBuffer> SwapPool::try_allocate(std::size_t size) {
   std::unique_lock lock(mutex_);
-  if (size <= kSlabMax) {
-    const std::size_t slot = slot_size(size);
-    auto& list = slabs_[slot];
-    Slab* slab = nullptr;
-    for (auto& s : list) {
-      if (!s->free_slots.empty()) {
-        slab = s.get();
-        break;
-      }
-    }
-    if (slab == nullptr) {
-      if (!fits(kSlabSize)) drop_free_locked();
-      if (!fits(kSlabSize)) return nullptr;
-      auto fresh = std::make_unique<Slab>();
-      fresh->memory = AlignedBuffer(kSlabSize, lock_);
-      fresh->slot_size = slot;
-      const auto count = static_cast<std::uint32_t>(kSlabSize / slot);
-      fresh->free_slots.reserve(count);
-      for (std::uint32_t i = count; i > 0; --i) fresh->free_slots.push_back(i - 1);
-      slab = fresh.get();
-      list.push_back(std::move(fresh));
-      mapped_ += kSlabSize;
-    } else if (slab->used == 0) {
-      free_ -= kSlabSize;  // an empty slab kept for reuse is in use again
-    }
-    const std::uint32_t index = slab->free_slots.back();
-    slab->free_slots.pop_back();
-    ++slab->used;
-    std::byte* p = slab->memory.bytes() + std::size_t{index} * slot;
-    const auto start = reinterpret_cast<std::uintptr_t>(p);
-    lent_[start] = start + size;
-    lock.unlock();
-    return std::make_shared<Lent>(shared_from_this(), slab, p, size, AlignedBuffer());
+  if (size <= kSlabMax) return take_slot(lock, size, slot_size(size), kSlabSize, kSlabSize);
+  if (is_medium(size)) {
+    const std::size_t slot = medium_slot(size);
+    const std::size_t slab = medium_slab(slot);
+    // A new slab only where the budget has room for it twice over: slabs of several size
+    // classes, each with unused slots, must not take the room the buffers themselves need.
+    if (auto b = take_slot(lock, size, slot, slab, 2 * std::uint64_t{slab})) return b;
+    // No room for a slab (take_slot keeps the lock then): a mapping of its own, if that fits.
   }
   const std::uint64_t mapping = mapping_size(size);
   AlignedBuffer buffer;
@@ -88,8 +133,7 @@ std::shared_ptr<SwapBuffer> SwapPool::try_allocate(std::size_t size) {
     free_large_.erase(it);
     free_ -= mapping;
   } else {
-    if (!fits(mapping)) drop_free_locked();
-    if (!fits(mapping)) return nullptr;
+    if (!make_room(mapping)) return nullptr;
     mapped_ += mapping;  // counted before mapping, outside the lock, so nobody else takes it
     lock.unlock();
     try {
@@ -115,7 +159,7 @@ void SwapPool::release(Slab* slab, void* p, AlignedBuffer large) noexcept {
     const auto index = static_cast<std::uint32_t>(
         (static_cast<std::byte*>(p) - slab->memory.bytes()) / static_cast<long>(slab->slot_size));
     slab->free_slots.push_back(index);
-    if (--slab->used == 0) free_ += kSlabSize;
+    if (--slab->used == 0) free_ += slab->memory.size();
     return;
   }
   const std::uint64_t mapping = mapping_size(large.size());
@@ -123,19 +167,33 @@ void SwapPool::release(Slab* slab, void* p, AlignedBuffer large) noexcept {
   free_large_.emplace(mapping, std::move(large));
 }
 
-void SwapPool::drop_free_locked() noexcept {
-  free_large_.clear();  // unmaps them
-  for (auto& [slot, list] : slabs_) {
-    std::erase_if(list, [](const std::unique_ptr<Slab>& s) { return s->used == 0; });
+bool SwapPool::make_room(std::uint64_t bytes) noexcept {
+  if (fits(bytes)) return true;
+  if (charged_ + mapped_ - free_ + bytes > budget_) return false;  // not even with none kept
+  // Drops free memory, the largest first, only until `bytes` fit: dropping it all (as this did)
+  // made a pool kept warm for the next reads map and lock everything again after each burst of
+  // write-behind, which on this VM costs about 1 s per 512 MiB.
+  while (!fits(bytes) && !free_large_.empty()) {
+    auto last = std::prev(free_large_.end());
+    mapped_ -= last->first;
+    free_ -= last->first;
+    free_large_.erase(last);  // unmaps it
   }
-  mapped_ -= free_;
-  free_ = 0;
+  for (auto& [slot, list] : slabs_) {
+    if (fits(bytes)) break;
+    std::erase_if(list, [&](const std::unique_ptr<Slab>& s) {
+      if (s->used != 0 || fits(bytes)) return false;
+      mapped_ -= s->memory.size();
+      free_ -= s->memory.size();
+      return true;
+    });
+  }
+  return fits(bytes);
 }
 
 bool SwapPool::try_charge(std::uint64_t bytes) {
   std::lock_guard lock(mutex_);
-  if (!fits(bytes)) drop_free_locked();
-  if (!fits(bytes)) return false;
+  if (!make_room(bytes)) return false;
   charged_ += bytes;
   return true;
 }

@@ -3,9 +3,15 @@
 //
 // held = charged (write-behind bytes) + mapped (every slab and large buffer the pool has mapped,
 // in use or kept free for reuse) and never exceeds the budget: an allocation or charge that does
-// not fit after dropping the free memory fails (returns null / false) and the swapper decides
+// not fit after dropping free memory fails (returns null / false) and the swapper decides
 // whether to wait or throw. Buffers of at most kSlabMax bytes are slots of 64 KiB slabs (one size
-// class per slab, powers of two from 16 bytes); larger ones are AlignedBuffers of their own.
+// class per slab, powers of two from 16 bytes). Medium buffers, 256 KiB to 2 MiB, are slots of
+// slabs of whole 2 MiB huge pages (size classes at most 1/8 above the size): a buffer of its own
+// below 2 MiB gets 4 KiB pages scattered in physical memory, and an O_DIRECT read into 1 MiB of
+// those carries 256 segments, past a virtio disk's 254, so it went to the drive as two requests
+// (swap_in of 1 MiB tensors ran at half the speed of reads into huge pages). A medium buffer that
+// finds no slot, where the budget has no room for a new slab twice over, gets a mapping of its own,
+// as do the other sizes above kSlabMax (from 2 MiB on, huge pages already).
 //
 // Thread-safety: every member may be called from any thread (one internal mutex). SwapBuffers hold
 // a shared_ptr to the pool, so they may outlive the swapper; destroying one returns its memory.
@@ -51,14 +57,23 @@ class SwapPool : public std::enable_shared_from_this<SwapPool> {
  private:
   class Lent;
   struct Slab {
-    AlignedBuffer memory;
+    AlignedBuffer memory;  // kSlabSize, or whole huge pages for medium slots
     std::size_t slot_size = 0;
     std::vector<std::uint32_t> free_slots;
     std::uint32_t used = 0;
   };
 
   bool fits(std::uint64_t bytes) const noexcept { return charged_ + mapped_ + bytes <= budget_; }
-  void drop_free_locked() noexcept;
+  // A slot of `slot` bytes lent as a buffer of `size`, from a slab of its class or a new slab of
+  // `slab_bytes`, made only where the budget has `room` (>= slab_bytes) bytes free. Called and
+  // returns null with `lock` held (no slab has a free slot and a new one does not fit); returns
+  // the buffer with `lock` released.
+  std::shared_ptr<SwapBuffer> take_slot(std::unique_lock<std::mutex>& lock, std::size_t size,
+                                        std::size_t slot, std::size_t slab_bytes,
+                                        std::uint64_t room);
+  // Whether `bytes` more fit the budget, after dropping as much free memory as that needs
+  // (nothing is dropped when they cannot fit even so). Called with the mutex held.
+  bool make_room(std::uint64_t bytes) noexcept;
   void release(Slab* slab, void* p, AlignedBuffer large) noexcept;
   static std::uint64_t mapping_size(std::size_t size) noexcept;
 

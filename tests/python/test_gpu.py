@@ -211,6 +211,34 @@ def test_device_round_trips(tmp_path, api, kind, size, offset):
 
 
 @needs_cuda
+def test_device_transfers_register_their_bounce_memory(tmp_path):
+    """A fresh process's first device transfers: each worker page-locks its bounce chunks with
+    cuMemHostRegister, which needs a CUDA context current on the worker's thread. On the first
+    real GPU (an H200) every registration failed with CUDA_ERROR_INVALID_CONTEXT; the copies still
+    worked, from pageable memory, with only a warning. Any nvio warning fails this test."""
+    path = str(tmp_path / "r.bin")
+    script = textwrap.dedent(f"""
+        import warnings, torch, nvio
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            src = torch.arange(3 << 20, dtype=torch.int32, device="cuda")
+            dst = torch.zeros_like(src)
+            with nvio.Handle(intra_op_parallelism=4, gpu_direct="off") as h:
+                h.write(src, {path!r})
+                h.read(dst, {path!r})
+            torch.cuda.synchronize()
+            assert torch.equal(src, dst)
+        msgs = [str(x.message) for x in w if "nvio" in str(x.message)]
+        assert not msgs, msgs
+        print("ok")
+    """)
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(nvio.__file__)))
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=package_root), timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+@needs_cuda
 def test_gds_handle_pinned_tensors_and_views(tmp_path):
     h = GDSBuilder().load().gds_handle()
     example = torch.empty(1, dtype=torch.float16, device="cuda")

@@ -1,0 +1,111 @@
+// The swapper's memory pool (src/jobs/swap_pool.hpp): medium buffers in huge-page slabs, the
+// fallback to a mapping of their own, slot reuse, and that making room drops only the free memory
+// it needs.
+#include "jobs/swap_pool.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+namespace {
+
+using nvio::detail::SwapPool;
+constexpr std::uint64_t kMiB = std::uint64_t{1} << 20;
+
+std::shared_ptr<SwapPool> make_pool(std::uint64_t budget) {
+  return std::make_shared<SwapPool>(budget, nvio::LockMode::None);
+}
+
+std::uintptr_t address(const std::shared_ptr<nvio::SwapBuffer>& b) {
+  return reinterpret_cast<std::uintptr_t>(b->data());
+}
+
+TEST(SwapPool, MediumBuffersShareAHugePageSlab) {
+  auto pool = make_pool(64 * kMiB);
+  auto a = pool->try_allocate(kMiB);
+  auto b = pool->try_allocate(kMiB);
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(pool->mapped(), 2 * kMiB) << "two 1 MiB slots of one 2 MiB slab";
+  const std::uintptr_t lo = std::min(address(a), address(b));
+  EXPECT_EQ(lo % (2 * kMiB), 0u) << "the slab starts on a huge page";
+  EXPECT_EQ(std::max(address(a), address(b)) - lo, kMiB);
+  // The slots do not overlap: each keeps its own bytes.
+  std::memset(a->data(), 0x11, kMiB);
+  std::memset(b->data(), 0x22, kMiB);
+  EXPECT_EQ(static_cast<unsigned char*>(a->data())[kMiB - 1], 0x11);
+  EXPECT_EQ(static_cast<unsigned char*>(b->data())[0], 0x22);
+  EXPECT_TRUE(pool->owns(a->data(), kMiB));
+  EXPECT_FALSE(pool->owns(static_cast<char*>(a->data()) + 1, kMiB)) << "past the lent size";
+}
+
+TEST(SwapPool, MediumSlotsWasteAtMostAnEighth) {
+  auto pool = make_pool(64 * kMiB);
+  // 1 MiB + 1 byte takes a slot of 1.125 MiB; five of them fill a slab of three huge pages.
+  auto a = pool->try_allocate(kMiB + 1);
+  auto b = pool->try_allocate(kMiB + 1);
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(a->size(), kMiB + 1);
+  EXPECT_EQ(pool->mapped(), 6 * kMiB);
+  EXPECT_EQ(address(a) > address(b) ? address(a) - address(b) : address(b) - address(a),
+            kMiB + kMiB / 8);
+  // 300 KiB: a slot of 320 KiB, six of them in one huge page.
+  auto c = pool->try_allocate(300 * 1024);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(pool->mapped(), 8 * kMiB);
+  // 200 KiB is not medium: a mapping of its own.
+  auto d = pool->try_allocate(200 * 1024);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(pool->mapped(), 8 * kMiB + 200 * 1024);
+}
+
+TEST(SwapPool, AFreedSlotIsReusedWithoutMapping) {
+  auto pool = make_pool(8 * kMiB);
+  auto a = pool->try_allocate(700 * 1024);
+  ASSERT_TRUE(a);
+  const std::uintptr_t at = address(a);
+  const std::uint64_t mapped = pool->mapped();
+  a.reset();
+  EXPECT_EQ(pool->free_bytes(), mapped) << "an empty slab is kept for reuse";
+  auto b = pool->try_allocate(700 * 1024);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(address(b), at);
+  EXPECT_EQ(pool->mapped(), mapped);
+  EXPECT_EQ(pool->free_bytes(), 0u);
+}
+
+TEST(SwapPool, MediumBufferWithoutRoomForASlabGetsItsOwnMapping) {
+  auto pool = make_pool(3 * kMiB);
+  auto a = pool->try_allocate(kMiB);
+  ASSERT_TRUE(a) << "1 MiB fits a budget of 3 MiB, which has no room for its slab twice over";
+  EXPECT_EQ(pool->mapped(), kMiB);
+  EXPECT_EQ(pool->held(), kMiB);
+  auto b = pool->try_allocate(kMiB);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(pool->mapped(), 2 * kMiB);
+  EXPECT_FALSE(pool->try_allocate(2 * kMiB)) << "past the budget";
+}
+
+TEST(SwapPool, MakingRoomDropsOnlyWhatItNeeds) {
+  auto pool = make_pool(12 * kMiB);
+  {
+    std::vector<std::shared_ptr<nvio::SwapBuffer>> held;
+    for (int i = 0; i < 3; ++i) held.push_back(pool->try_allocate(4 * kMiB));
+    for (const auto& b : held) ASSERT_TRUE(b);
+  }
+  EXPECT_EQ(pool->free_bytes(), 12 * kMiB);
+  EXPECT_FALSE(pool->try_charge(13 * kMiB));
+  EXPECT_EQ(pool->mapped(), 12 * kMiB) << "nothing is dropped for what can never fit";
+  ASSERT_TRUE(pool->try_charge(4 * kMiB));
+  EXPECT_EQ(pool->mapped(), 8 * kMiB) << "one free buffer dropped, two kept warm";
+  EXPECT_EQ(pool->free_bytes(), 8 * kMiB);
+  EXPECT_EQ(pool->held(), 12 * kMiB);
+  auto reused = pool->try_allocate(4 * kMiB);
+  ASSERT_TRUE(reused);
+  EXPECT_EQ(pool->mapped(), 8 * kMiB) << "a kept buffer, not a new mapping";
+  pool->uncharge(4 * kMiB);
+}
+
+}  // namespace

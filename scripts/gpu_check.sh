@@ -2,9 +2,10 @@
 # The GPU checks of docs/performance.md, in one run on a machine with a GPU, from artifacts built on
 # another machine by scripts/gpu_pack.sh (the GPU machine lent to a session has CUDA, PyTorch and
 # pybind11 but none of nvio's Debian build dependencies). It writes four logs to OUT_DIR: env (the
-# machine, the disk, `nvio report`), gtest (the C++ device tests), pytest (the Python tests that
-# use CUDA) and bench (the commands of docs/performance.md's GPU section). Every step has its own
-# time limit so that one hang costs that step only.
+# machine, the disk, `nvio report`, whether cuFile registers a file there), gtest (the C++ device
+# tests), pytest (the Python tests that use CUDA) and bench (the commands and scripts of
+# docs/performance.md's GPU section), and cuFile's own cufile.log where it wrote one. Every step
+# has its own time limit so that one hang costs that step only.
 # Usage: scripts/gpu_check.sh ARTIFACTS OUT_DIR [BENCH_DIR]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -65,6 +66,7 @@ done
 step bench 45 "$NVIO" bench --dir "$D" "${B[@]}" --gpu --gds --json
 for dir in "$D" /dev/shm/nvio-gpu-bench; do
   step bench 90 env PYTHONPATH="$A/python" "$PY" bench/gpu_python_bench.py --dir "$dir"
+  step bench 120 env PYTHONPATH="$A/python" "$PY" bench/gpu_load_bench.py --dir "$dir"
 done
 # cuFile writes its log (errors by default) to the working directory.
 [ -f cufile.log ] && cp cufile.log "$O/cufile.log"

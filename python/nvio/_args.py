@@ -50,7 +50,9 @@ def integer(value: Any, name: str) -> int:
 def boolean(value: Any, name: str) -> bool:
     """True/False (also numpy's bool and the integers 0 and 1, which DeepSpeed's binding takes);
     never a string: ``'no'`` is truthy and would silently mean True."""
-    if isinstance(value, bool) or type(value).__name__ == "bool_":
+    # numpy's bool is numpy.bool_ before numpy 2 and numpy.bool from 2 on.
+    if isinstance(value, bool) or (type(value).__module__ == "numpy"
+                                   and type(value).__name__ in ("bool_", "bool")):
         return bool(value)
     if isinstance(value, int) and value in (0, 1):
         return bool(value)

@@ -152,10 +152,15 @@ class _StoragePickler(pickle.Pickler):
     def persistent_id(self, obj: Any) -> Optional[tuple]:
         torch = self.torch
         if isinstance(obj, torch.storage.TypedStorage):
-            storage = obj._storage
+            # torch 2 names these _untyped_storage, _pickle_storage_type() and _size() (the public
+            # ones warn that TypedStorage is going away); 1.13 has only _storage and the public.
+            if hasattr(obj, "_untyped_storage"):
+                storage, type_name, numel = (obj._untyped_storage, obj._pickle_storage_type(),
+                                             obj._size())
+            else:
+                storage, type_name, numel = obj._storage, obj.pickle_storage_type(), obj.size()
             dtype = obj.dtype
-            storage_type = getattr(torch, obj.pickle_storage_type())
-            numel = obj.size()
+            storage_type = getattr(torch, type_name)
         elif torch.is_storage(obj):
             storage = obj
             dtype = torch.uint8
@@ -386,12 +391,14 @@ def save(obj: Any, path: Any, *, pickle_protocol: int = 2, handle: Any = None) -
 
 
 class _Archive:
-    """The entries of a stored zip archive in memory: name -> (data offset, size, crc)."""
+    """The entries of a stored zip archive in memory: name -> (data offset, size, crc), and each
+    entry's local header offset in ``headers``."""
 
     def __init__(self, data: memoryview, path: str) -> None:
         self.data = data
         self.path = path
         self.entries: Dict[str, Tuple[int, int, int]] = {}
+        self.headers: Dict[str, int] = {}
         self._parse()
 
     def _bad(self, what: str) -> CheckpointFormatError:
@@ -440,6 +447,7 @@ class _Archive:
                 raise self._bad(f"entry {name!r} ({usize} bytes at offset {start}) runs past the "
                                 f"end of the file ({len(data)} bytes): truncated?")
             self.entries[name] = (start, usize, crc)
+            self.headers[name] = offset
             at += 46 + name_len + extra_len + comment_len
         pickles = [n for n in self.entries if n.endswith("/data.pkl") and n.count("/") == 1]
         if len(pickles) != 1:
@@ -489,6 +497,29 @@ class _Records:
     def get_record(self, name: str) -> bytes:
         start, size, _ = self.archive.record(name)
         return bytes(self.archive.data[start:start + size])
+
+    # The rest of torch's PyTorchFileReader that torch 2's _load calls (1.13 calls none of them;
+    # on torch 2.11, nvio.load failed for want of has_record): record lookups and offsets in the
+    # file, which the archive's central directory gives.
+    def has_record(self, name: str) -> bool:
+        return self.archive.prefix + name in self.archive.entries
+
+    def get_record_offset(self, name: str) -> int:
+        return self.archive.record(name)[0]
+
+    def get_record_header_offset(self, name: str) -> int:
+        self.archive.record(name)  # a missing record raises CheckpointFormatError
+        return self.archive.headers[self.archive.prefix + name]
+
+    def get_record_offset_no_read(self, header_offset: int, name: str, size: int,
+                                  alignment: int) -> int:
+        # torch's reader works out where the data starts from the local header it expects at
+        # header_offset; the central directory has that already.
+        return self.get_record_offset(name)
+
+    def serialization_id(self) -> str:
+        key = ".data/serialization_id"
+        return self.get_record(key).decode("ascii", "replace") if self.has_record(key) else ""
 
     def get_all_records(self) -> List[str]:
         n = len(self.archive.prefix)

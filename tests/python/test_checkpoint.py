@@ -90,6 +90,37 @@ def test_crc32_and_combine_match_zlib():
         _nvio.crc32(t.numpy()[::2])
 
 
+def test_records_answer_as_torchs_own_reader(tmp_path):
+    """nvio.load hands torch.serialization._load an object standing in for torch's zip reader
+    (torch._C.PyTorchFileReader). Every method that reader has in the installed torch must exist
+    on it and give the same answers: torch 2 calls has_record, get_record_offset and
+    serialization_id, which 1.13 did not, and nvio.load failed on torch 2.11 for want of them."""
+    path = tmp_path / "r.pt"
+    torch.save({"a": torch.arange(1000), "b": [torch.ones(3, 4, dtype=torch.float64)]}, path)
+    ours = checkpoint._Records(checkpoint._Archive(memoryview(path.read_bytes()), str(path)), torch)
+    theirs = torch._C.PyTorchFileReader(str(path))
+    methods = [m for m in dir(theirs) if not m.startswith("_")]
+    missing = [m for m in methods if not hasattr(ours, m)]
+    assert not missing, f"torch {torch.__version__}'s reader has {missing}; nvio's records do not"
+    names = theirs.get_all_records()
+    assert sorted(ours.get_all_records()) == sorted(names)
+    for name in names + ["no/such/record"]:
+        assert ours.has_record(name) == theirs.has_record(name), name
+    for name in names:
+        assert ours.get_record(name) == theirs.get_record(name), name
+        for m in ("get_record_offset", "get_record_header_offset"):
+            if m in methods:
+                assert getattr(ours, m)(name) == getattr(theirs, m)(name), (m, name)
+    if "serialization_id" in methods:
+        assert ours.serialization_id() == theirs.serialization_id()
+    with zipfile.ZipFile(path) as z:  # the offsets where the entries are (also on 1.13)
+        for info in z.infolist():
+            name = info.filename.split("/", 1)[1]
+            assert ours.get_record_header_offset(name) == info.header_offset, name
+            start = ours.get_record_offset(name)
+            assert path.read_bytes()[start:start + info.file_size] == z.read(info), name
+
+
 def test_every_dtype_round_trip_both_ways(tmp_path):
     obj = _every_dtype()
     mine, theirs = tmp_path / "nvio.pt", tmp_path / "torch.pt"

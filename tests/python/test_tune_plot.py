@@ -6,6 +6,7 @@ import json
 import math
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -14,7 +15,7 @@ pytest.importorskip("matplotlib", reason="python3-matplotlib is not installed")
 import nvio
 from nvio import tune_plot
 
-PYTHON = "/usr/bin/python3"
+PYTHON = sys.executable  # the interpreter that found matplotlib above
 ENGINES = ("io_uring", "libaio", "psync")
 QDS = tuple(1 << i for i in range(9))  # 1 .. 256
 BLOCKS = (128 << 10, 1 << 20, 4 << 20, 16 << 20)
@@ -63,7 +64,7 @@ def synthetic_result() -> dict:
 
 
 def run_python(*args):
-    """/usr/bin/python3 ARGS, importing the same nvio package as the tests did."""
+    """This interpreter with ARGS, importing the same nvio package as the tests did."""
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(nvio.__file__)))
     return subprocess.run([PYTHON, *map(str, args)], env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True, timeout=60)

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "core/align.hpp"
+#include "core/fork.hpp"
 
 namespace nvio::detail {
 
@@ -21,7 +22,6 @@ std::size_t slot_size(std::size_t size) { return std::bit_ceil(std::max(size, kM
 // from huge pages (64 pages are far below any drive's segment limit) and would leave most of a
 // 2 MiB slab unused.
 constexpr std::size_t kMediumMin = 256 * 1024;
-bool is_medium(std::size_t size) { return size >= kMediumMin && size < kHugePage; }
 
 std::size_t medium_slot(std::size_t size) {
   const std::size_t step = std::bit_floor(size) / 8;
@@ -41,6 +41,10 @@ std::size_t medium_slab(std::size_t slot) {
 }
 
 }  // namespace
+
+bool SwapPool::is_medium(std::size_t size) noexcept {
+  return size >= kMediumMin && size < kHugePage;
+}
 
 // A lent buffer: a slab slot, or a large buffer of its own. Returns its memory on destruction.
 class SwapPool::Lent final : public SwapBuffer {
@@ -160,11 +164,32 @@ void SwapPool::release(Slab* slab, void* p, AlignedBuffer large) noexcept {
         (static_cast<std::byte*>(p) - slab->memory.bytes()) / static_cast<long>(slab->slot_size));
     slab->free_slots.push_back(index);
     if (--slab->used == 0) free_ += slab->memory.size();
-    return;
+  } else {
+    const std::uint64_t mapping = mapping_size(large.size());
+    free_ += mapping;
+    free_large_.emplace(mapping, std::move(large));
   }
-  const std::uint64_t mapping = mapping_size(large.size());
-  free_ += mapping;
-  free_large_.emplace(mapping, std::move(large));
+  if (free_ > keep_free_) drop_free([&] { return free_ <= keep_free_; });
+}
+
+template <class Done>
+void SwapPool::drop_free(const Done& done) noexcept {
+  while (!done() && !free_large_.empty()) {
+    auto last = std::prev(free_large_.end());
+    mapped_ -= last->first;
+    free_ -= last->first;
+    free_large_.erase(last);  // unmaps it
+  }
+  for (auto& [slot, list] : slabs_) {
+    if (done()) break;
+    // The predicate runs once per slab, in order, and stops dropping once done.
+    std::erase_if(list, [&](const std::unique_ptr<Slab>& s) {
+      if (s->used != 0 || done()) return false;
+      mapped_ -= s->memory.size();
+      free_ -= s->memory.size();
+      return true;
+    });
+  }
 }
 
 bool SwapPool::make_room(std::uint64_t bytes) noexcept {
@@ -173,23 +198,11 @@ bool SwapPool::make_room(std::uint64_t bytes) noexcept {
   // Drops free memory, the largest first, only until `bytes` fit: dropping it all (as this did)
   // made a pool kept warm for the next reads map and lock everything again after each burst of
   // write-behind, which on this VM costs about 1 s per 512 MiB.
-  while (!fits(bytes) && !free_large_.empty()) {
-    auto last = std::prev(free_large_.end());
-    mapped_ -= last->first;
-    free_ -= last->first;
-    free_large_.erase(last);  // unmaps it
-  }
-  for (auto& [slot, list] : slabs_) {
-    if (fits(bytes)) break;
-    std::erase_if(list, [&](const std::unique_ptr<Slab>& s) {
-      if (s->used != 0 || fits(bytes)) return false;
-      mapped_ -= s->memory.size();
-      free_ -= s->memory.size();
-      return true;
-    });
-  }
+  drop_free([&] { return fits(bytes); });
   return fits(bytes);
 }
+
+void SwapPool::hold_across_fork() noexcept { detail::hold_across_fork(mutex_); }
 
 bool SwapPool::try_charge(std::uint64_t bytes) {
   std::lock_guard lock(mutex_);

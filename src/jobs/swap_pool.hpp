@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -34,7 +35,19 @@ class SwapPool : public std::enable_shared_from_this<SwapPool> {
   static constexpr std::size_t kSlabSize = 64 * 1024;
   static constexpr std::size_t kSlabMax = 2048;
 
-  SwapPool(std::uint64_t budget, LockMode lock) : budget_(budget), lock_(lock) {}
+  // `keep_free`: the most free memory kept for reuse; beyond it, memory a buffer returns is
+  // unmapped at once (the swapper keeps all it may, under its budget; a pool without a budget,
+  // such as the binding's for locked tensors, must not keep its peak for ever).
+  SwapPool(std::uint64_t budget, LockMode lock,
+           std::uint64_t keep_free = std::numeric_limits<std::uint64_t>::max())
+      : budget_(budget), lock_(lock), keep_free_(keep_free) {}
+
+  // Whether a buffer of `size` bytes is a slot of a huge-page slab (256 KiB up to 2 MiB):
+  // page-aligned and, where the kernel gives huge pages, physically contiguous.
+  static bool is_medium(std::size_t size) noexcept;
+  // Registers the pool's mutex with core/fork.hpp, for a pool that lives as long as the process
+  // and that a forked child may use.
+  void hold_across_fork() noexcept;
 
   // The most a buffer of `size` bytes can add to `mapped` (a new slab, or its own mapping).
   static std::uint64_t footprint(std::size_t size) noexcept;
@@ -74,11 +87,15 @@ class SwapPool : public std::enable_shared_from_this<SwapPool> {
   // Whether `bytes` more fit the budget, after dropping as much free memory as that needs
   // (nothing is dropped when they cannot fit even so). Called with the mutex held.
   bool make_room(std::uint64_t bytes) noexcept;
+  // Drops free memory (the largest buffers first, then empty slabs) until done() (mutex held).
+  template <class Done>
+  void drop_free(const Done& done) noexcept;
   void release(Slab* slab, void* p, AlignedBuffer large) noexcept;
   static std::uint64_t mapping_size(std::size_t size) noexcept;
 
   const std::uint64_t budget_;
   const LockMode lock_;
+  const std::uint64_t keep_free_;
   mutable std::mutex mutex_;
   std::uint64_t charged_ = 0;
   std::uint64_t mapped_ = 0;

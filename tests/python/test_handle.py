@@ -326,6 +326,27 @@ def test_empty_locked_torch_and_numpy():
         nvio.empty_locked((2, -1))
 
 
+@pytest.mark.parametrize("size", [256 << 10, (1 << 20) + 1, (7 << 20) // 4, (2 << 20) - 4096])
+def test_empty_locked_medium_buffers_share_huge_page_slabs(size):
+    """256 KiB to 2 MiB come from slabs of whole 2 MiB huge pages, so that they are physically
+    contiguous where the kernel gives huge pages (a buffer of its own is scattered 4 KiB pages,
+    and a 1 MiB O_DIRECT transfer into it split in two on a virtio disk). Each buffer keeps its
+    own bytes, pages are aligned, and it is pinned; 1.75 MiB is one slot to a slab, so its
+    buffers start on a huge page."""
+    bufs = [nvio.empty_locked(size) for _ in range(6)]
+    for i, t in enumerate(bufs):
+        assert t.numel() == size and t.data_ptr() % 4096 == 0 and nvio.is_pinned(t)
+        t.fill_(i + 1)
+    for i, t in enumerate(bufs):
+        assert int(t[0]) == i + 1 and int(t[-1]) == i + 1, "two buffers overlap"
+    spans = sorted((t.data_ptr(), t.data_ptr() + size) for t in bufs)
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+    if size == (7 << 20) // 4:
+        assert all(t.data_ptr() % (2 << 20) == 0 for t in bufs)
+    views = bufs[0][size // 2:]
+    assert nvio.is_pinned(views)
+
+
 def test_is_pinned_views_and_ordinary():
     t = nvio.empty_locked(1 << 16)
     assert nvio.is_pinned(t[100:200])

@@ -5,10 +5,14 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <memory>
+#include <random>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -129,6 +133,45 @@ TEST(SwapPool, KeepsNoMoreFreeMemoryThanAsked) {
   held.clear();
   EXPECT_EQ(pool->free_bytes(), 2 * kMiB);
   EXPECT_EQ(pool->mapped(), 2 * kMiB);
+}
+
+TEST(SwapPool, ThreadsAllocatingAndReleasingStayInTheBudget) {
+  // Four threads take and return buffers of every kind (small slots, medium slots, mappings of
+  // their own) under a budget that forces slabs to be dropped and mapped again, while slabs are
+  // mapped outside the lock. Every buffer keeps its own bytes, and the budget holds throughout.
+  constexpr std::uint64_t kBudget = 24 * kMiB;
+  auto pool = std::make_shared<SwapPool>(kBudget, nvio::LockMode::None, 8 * kMiB);
+  std::atomic<bool> over{false};
+  std::atomic<int> corrupt{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(static_cast<unsigned>(t));
+      const std::size_t sizes[] = {100, 2048, 300 << 10, kMiB, kMiB + 4096, 3 * kMiB / 2, 3 * kMiB};
+      std::vector<std::pair<std::shared_ptr<nvio::SwapBuffer>, unsigned char>> held;
+      for (int i = 0; i < 400; ++i) {
+        if (held.size() < 4 && rng() % 2 == 0) {
+          const std::size_t size = sizes[rng() % std::size(sizes)];
+          if (auto b = pool->try_allocate(size)) {
+            const auto tag = static_cast<unsigned char>(rng());
+            std::memset(b->data(), tag, size);
+            held.emplace_back(std::move(b), tag);
+          }
+        } else if (!held.empty()) {
+          auto& [b, tag] = held.back();
+          const auto* p = static_cast<const unsigned char*>(b->data());
+          if (p[0] != tag || p[b->size() - 1] != tag || p[b->size() / 2] != tag) ++corrupt;
+          held.pop_back();
+        }
+        if (pool->held() > kBudget) over = true;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_FALSE(over);
+  EXPECT_EQ(corrupt.load(), 0) << "two buffers shared memory";
+  EXPECT_LE(pool->free_bytes(), 8 * kMiB);
+  EXPECT_EQ(pool->free_bytes(), pool->mapped()) << "everything returned";
 }
 
 }  // namespace

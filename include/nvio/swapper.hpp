@@ -13,10 +13,12 @@
 //   held = bytes of the caller's buffers that in-flight swap_out writes are reading from
 //        + bytes mapped by the swapper's pool of locked buffers: buffers lent by swap_in(name),
 //          prefetched data not yet claimed, snapshot staging, and free pool memory kept for reuse
-//          (a pool buffer of n bytes maps n rounded up to 4 KiB, or to 2 MiB from 2 MiB on;
-//          buffers of at most 2 KiB share 64 KiB slabs).
-// held never exceeds budget_bytes. When new work does not fit, the swapper first drops free pool
-// memory, then prefetched data nobody has claimed, then waits for in-flight I/O to finish; when
+//          (buffers of at most 2 KiB share 64 KiB slabs; of 256 KiB to 2 MiB, slabs of whole
+//          2 MiB huge pages, in size classes at most 1/8 above the size, when the budget has room
+//          for a slab twice over; any other buffer of n bytes maps n rounded up to 4 KiB, or to
+//          2 MiB from 2 MiB on).
+// held never exceeds budget_bytes. When new work does not fit, the swapper first drops as much
+// free pool memory as it needs, then prefetched data nobody has claimed, then waits for in-flight I/O to finish; when
 // none of that can make room (the request is larger than the whole budget, or the rest is held by
 // buffers the caller keeps) it throws BudgetExceeded with the sizes. A buffer lent by swap_in
 // counts until the caller destroys it; swapping such a buffer out again does not count it twice.

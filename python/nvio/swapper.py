@@ -71,8 +71,9 @@ class TensorSwapper:
     ``swap_in(name, out=None)`` returns the bytes in ``out`` (a tensor of any memory kind, CPU or
     CUDA, of the same size) or in a tensor over a pooled locked buffer, with the dtype and shape
     it was swapped out with. ``prefetch(names)`` reads names ahead, each on its own, as far as the
-    budget allows (the rest queued until it frees up); ``evict(name)`` forgets one; ``wait()`` waits for all I/O in flight; ``snapshot(dst_dir)``
-    copies the swapped state into a directory another ``TensorSwapper`` can open.
+    budget allows (the rest queued until it frees up); ``evict(name)`` forgets one; ``wait()``
+    waits for all I/O in flight; ``snapshot(dst_dir)`` copies the swapped state into a directory
+    another ``TensorSwapper`` can open.
 
     Any size and dtype; small tensors share pack files, large ones (``pack_threshold`` bytes and
     more) get files of their own at 4 KiB-aligned offsets. ``checksums=True`` keeps an XXH3-64 of

@@ -15,13 +15,16 @@
 //          prefetched data not yet claimed, snapshot staging, and free pool memory kept for reuse
 //          (buffers of at most 2 KiB share 64 KiB slabs; of 256 KiB to 2 MiB, slabs of whole
 //          2 MiB huge pages, in size classes at most 1/8 above the size, when the budget has room
-//          for a slab twice over; any other buffer of n bytes maps n rounded up to 4 KiB, or to
-//          2 MiB from 2 MiB on).
+//          for a slab twice over and the unused slots of slabs in use stay within 1/8 of it; any
+//          other buffer of n bytes maps n rounded up to 4 KiB, or to 2 MiB from 2 MiB on).
 // held never exceeds budget_bytes. When new work does not fit, the swapper first drops as much
-// free pool memory as it needs, then prefetched data nobody has claimed, then waits for in-flight I/O to finish; when
-// none of that can make room (the request is larger than the whole budget, or the rest is held by
-// buffers the caller keeps) it throws BudgetExceeded with the sizes. A buffer lent by swap_in
-// counts until the caller destroys it; swapping such a buffer out again does not count it twice.
+// free pool memory as it needs, then prefetched data nobody has claimed, then waits for in-flight
+// I/O to finish; when none of that can make room (the request is larger than the whole budget, or
+// the rest is held by buffers the caller keeps) it throws BudgetExceeded with the sizes. A buffer
+// lent by swap_in counts until the caller destroys it; swapping such a buffer out again does not
+// count it twice. Threads sharing a swapper share its budget: buffers one thread keeps are not
+// waited for by another's request, which throws instead (the swapper cannot tell a buffer about
+// to be dropped from one kept for good), so size the budget for every thread's lent buffers.
 // Reads into the caller's own memory (swap_in with a buffer) are not counted: that memory is the
 // caller's.
 //

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <optional>
 #include <utility>
 
 #include "core/align.hpp"
@@ -74,9 +75,20 @@ std::uint64_t SwapPool::footprint(std::size_t size) noexcept {
   return size <= kSlabMax ? kSlabSize : mapping_size(size);
 }
 
+std::uint64_t SwapPool::idle_in_used_slabs() const noexcept {
+  std::uint64_t idle = 0;
+  for (const auto& [slot, list] : slabs_) {
+    for (const auto& s : list) {
+      if (s->used != 0) idle += s->memory.size() - std::uint64_t{s->used} * slot;
+    }
+  }
+  return idle;
+}
+
 std::shared_ptr<SwapBuffer> SwapPool::take_slot(std::unique_lock<std::mutex>& lock,
                                                 std::size_t size, std::size_t slot,
-                                                std::size_t slab_bytes, std::uint64_t room) {
+                                                std::size_t slab_bytes,
+                                                std::optional<std::uint64_t> room) {
   auto& list = slabs_[slot];
   Slab* slab = nullptr;
   for (auto& s : list) {
@@ -86,7 +98,7 @@ std::shared_ptr<SwapBuffer> SwapPool::take_slot(std::unique_lock<std::mutex>& lo
     }
   }
   if (slab == nullptr) {
-    if (!make_room(room)) return nullptr;
+    if (!room || !make_room(*room)) return nullptr;
     // Counted before mapping, which happens outside the lock (locking up to 16 MiB of huge pages
     // takes milliseconds), so that nobody else takes the room meanwhile.
     mapped_ += slab_bytes;
@@ -125,9 +137,15 @@ std::shared_ptr<SwapBuffer> SwapPool::try_allocate(std::size_t size) {
   if (is_medium(size)) {
     const std::size_t slot = medium_slot(size);
     const std::size_t slab = medium_slab(slot);
-    // A new slab only where the budget has room for it twice over: slabs of several size
-    // classes, each with unused slots, must not take the room the buffers themselves need.
-    if (auto b = take_slot(lock, size, slot, slab, 2 * std::uint64_t{slab})) return b;
+    // A new slab only where the budget has room for it twice over, and where the slots nobody
+    // uses in slabs somebody does (which no drop can return) stay within an eighth of the
+    // budget with the new slab's: slabs of several size classes, each with a slot or two lent
+    // for long, must not take the room the buffers themselves need (a 300 KiB buffer held
+    // pins its whole 2 MiB slab). Budgets of a few MiB therefore get no slabs.
+    const bool may_map = idle_in_used_slabs() + slab - slot <= budget_ / 8;
+    std::optional<std::uint64_t> room;
+    if (may_map) room = 2 * std::uint64_t{slab};
+    if (auto b = take_slot(lock, size, slot, slab, room)) return b;
     // No room for a slab (take_slot keeps the lock then): a mapping of its own, if that fits.
   }
   const std::uint64_t mapping = mapping_size(size);

@@ -93,6 +93,30 @@ TEST(SwapPool, MediumBufferWithoutRoomForASlabGetsItsOwnMapping) {
   EXPECT_FALSE(pool->try_allocate(2 * kMiB)) << "past the budget";
 }
 
+TEST(SwapPool, SlabsInUseLeaveAtMostAnEighthOfTheBudgetIdle) {
+  // Budget 32 MiB: slots of slabs in use that nobody uses may take at most 4 MiB of it.
+  auto pool = make_pool(32 * kMiB);
+  auto a = pool->try_allocate(300 * 1024);  // a 320 KiB slot: 1.6875 MiB of its slab idle
+  auto b = pool->try_allocate(kMiB);        // 1 MiB idle more
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(pool->mapped(), 4 * kMiB);
+  // A 640 KiB slot's slab would leave 1.375 MiB more idle, 4.0625 MiB in all: a mapping of its
+  // own instead, though the budget has room for the slab twice over.
+  auto c = pool->try_allocate(600 * 1024);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(pool->mapped(), 4 * kMiB + 600 * 1024);
+  // Slots of the slabs there are still serve.
+  auto d = pool->try_allocate(kMiB);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(pool->mapped(), 4 * kMiB + 600 * 1024);
+  // Once the 320 KiB slot is returned its slab is empty (free, dropped when room is needed), no
+  // longer idle in use: the 640 KiB class gets a slab.
+  a.reset();
+  auto e = pool->try_allocate(600 * 1024);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(pool->mapped(), 6 * kMiB + 600 * 1024);
+}
+
 TEST(SwapPool, MakingRoomDropsOnlyWhatItNeeds) {
   auto pool = make_pool(12 * kMiB);
   {

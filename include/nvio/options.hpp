@@ -99,7 +99,6 @@ struct Options {
   unsigned intra_op_parallelism = 1;
   DirectIo direct = DirectIo::Auto;
   GpuDirect gpu_direct = GpuDirect::Auto;
-  bool caller_lane = true;
 
   // Throws InvalidArgument (option() names it) for the first option out of range.
   void validate() const;
@@ -123,7 +122,6 @@ struct OptionOverrides {
   std::optional<unsigned> intra_op_parallelism;
   std::optional<DirectIo> direct;
   std::optional<GpuDirect> gpu_direct;
-  std::optional<bool> caller_lane;
 
   // Sets option `name` from text as an NVIO_* variable or a command-line flag spells it ("64K",
   // "on", "io_uring"), strictly: a value that does not parse or is out of range throws

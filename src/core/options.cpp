@@ -336,10 +336,6 @@ constexpr OptionSpec kOptions[] = {
     {"gpu_direct", "NVIO_GPU_DIRECT", OptionType::Choice, 0, 0, "", kModeWords,
      "GPUDirect Storage (cuFile) for device memory",
      &kAccess<&Options::gpu_direct, &OptionOverrides::gpu_direct>},
-    {"caller_lane", "NVIO_CALLER_LANE", OptionType::Boolean, 0, 0, "", kBoolWords,
-     "Small direct requests (up to 256 KiB of host memory) are submitted and reaped by the calling "
-     "thread, not handed to a worker (io_uring, libaio)",
-     &kAccess<&Options::caller_lane, &OptionOverrides::caller_lane>},
 };
 
 }  // namespace

@@ -53,27 +53,26 @@ EngineFactory set_engine_factory_for_testing(EngineFactory factory) {
   return factory;
 }
 
-std::unique_ptr<Engine> make_engine(EngineKind kind, unsigned queue_depth, EngineUsers users) {
+std::unique_ptr<Engine> make_engine(EngineKind kind, unsigned queue_depth) {
   EngineFactory factory;
   {
     std::lock_guard lock(factory_mutex());
     factory = g_factory;
   }
   if (factory && kind != EngineKind::Auto) {
-    std::unique_ptr<Engine> e = factory(kind, queue_depth, users);
+    std::unique_ptr<Engine> e = factory(kind, queue_depth);
     if (!e) {
       throw EngineUnavailable(
           fmt::format("the test engine factory made no {} engine", to_string(kind)));
     }
     return e;
   }
-  return make_backend_engine(kind, queue_depth, users);
+  return make_backend_engine(kind, queue_depth);
 }
 
-std::unique_ptr<Engine> make_backend_engine(EngineKind kind, unsigned queue_depth,
-                                            EngineUsers users) {
+std::unique_ptr<Engine> make_backend_engine(EngineKind kind, unsigned queue_depth) {
   switch (kind) {
-    case EngineKind::IoUring: return make_io_uring_engine(queue_depth, real_io_uring_calls(), users);
+    case EngineKind::IoUring: return make_io_uring_engine(queue_depth);
     case EngineKind::Libaio: return make_libaio_engine(queue_depth);
     case EngineKind::Psync: return make_psync_engine(queue_depth);
     case EngineKind::Auto: break;

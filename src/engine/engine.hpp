@@ -44,13 +44,6 @@ struct Completion {
   std::int64_t result;  // bytes transferred, or -errno
 };
 
-// Which threads use an engine. A worker's engine is used only by the worker thread that made it
-// (io_uring: a single-issuer ring whose deferred completion work runs when that thread enters the
-// kernel). The handle's caller lane (handle/caller_lane.hpp) is driven by whichever calling thread
-// holds it, one at a time: its ring must accept submissions from any thread and complete a
-// request without its submitter entering the kernel again.
-enum class EngineUsers : std::uint8_t { MakingThread, ThreadsInTurn };
-
 class Engine {
  public:
   virtual ~Engine() = default;
@@ -97,10 +90,6 @@ class Engine {
     return -1;
   }
   virtual EngineKind kind() const noexcept = 0;
-  // Whether an accepted request proceeds without the caller (the kernel transfers it while the
-  // submitting thread does something else): true for io_uring and libaio, false for the engines
-  // that transfer inside submit(). The caller lane uses only engines that answer true.
-  virtual bool completes_in_background() const noexcept { return true; }
   // For messages: "io_uring", "libaio", "psync", "cuFile".
   virtual const char* name() const noexcept { return to_string(kind()); }
   // The error of a request of `path` at [offset, offset + length) that completed with `result`
@@ -120,7 +109,6 @@ class SynchronousEngine : public Engine {
   int submit(std::span<const Request> requests) final;
   int reap(std::span<Completion> out, std::size_t min_complete) final;
   int cancel() final { return 0; }
-  bool completes_in_background() const noexcept final { return false; }
 
  protected:
   // One request's transfer: the bytes moved, or a negative code (-errno for the kernel's).
@@ -133,16 +121,13 @@ class SynchronousEngine : public Engine {
 // Creates an engine of a concrete kind able to keep `queue_depth` requests in flight: the test
 // factory's when one is installed, else the back end's. Throws EngineUnavailable when the kernel
 // refuses (with the reason), never returns null.
-std::unique_ptr<Engine> make_engine(EngineKind kind, unsigned queue_depth,
-                                    EngineUsers users = EngineUsers::MakingThread);
+std::unique_ptr<Engine> make_engine(EngineKind kind, unsigned queue_depth);
 // The back end's own engine, whatever factory is installed (the availability probes use it).
-std::unique_ptr<Engine> make_backend_engine(EngineKind kind, unsigned queue_depth,
-                                            EngineUsers users = EngineUsers::MakingThread);
+std::unique_ptr<Engine> make_backend_engine(EngineKind kind, unsigned queue_depth);
 
-// Makes the engine for a concrete kind, queue depth and users. Called on worker threads and
-// calling threads: it must be thread-safe.
-using EngineFactory = std::function<std::unique_ptr<Engine>(EngineKind kind, unsigned queue_depth,
-                                                            EngineUsers users)>;
+// Makes the engine for a concrete kind and queue depth. Called on worker threads: it must be
+// thread-safe.
+using EngineFactory = std::function<std::unique_ptr<Engine>(EngineKind kind, unsigned queue_depth)>;
 // Tests: installs `factory` for the engines made from now on (an empty one restores the back
 // ends) and returns the previous one. Workers keep the engine they made until their handle goes.
 EngineFactory set_engine_factory_for_testing(EngineFactory factory);
@@ -189,8 +174,7 @@ std::unique_ptr<Engine> make_cufile_engine(CuFileCalls calls);
 
 // Back ends, defined in their own files.
 std::unique_ptr<Engine> make_io_uring_engine(unsigned queue_depth,
-                                             IoUringCalls calls = real_io_uring_calls(),
-                                             EngineUsers users = EngineUsers::MakingThread);
+                                             IoUringCalls calls = real_io_uring_calls());
 std::unique_ptr<Engine> make_libaio_engine(unsigned queue_depth);
 std::unique_ptr<Engine> make_psync_engine(unsigned queue_depth,
                                           PsyncCalls calls = real_psync_calls());

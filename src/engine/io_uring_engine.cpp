@@ -18,18 +18,13 @@ namespace {
 // Owns one io_uring instance. Move-only; not thread-safe (one worker uses it).
 class Ring {
  public:
-  Ring(unsigned entries, EngineUsers users) {
+  explicit Ring(unsigned entries) {
     io_uring_params params{};
-    // A worker's ring is only ever used by the worker thread that made it. TASKRUN_FLAG lets a
-    // reap that does not wait see completions whose deferred work still has to run (liburing then
-    // enters the kernel to run it). A ring that threads take turns on gets none of these: a
-    // single issuer refuses every other thread (EEXIST), and with COOP_TASKRUN a request's
-    // completion would wait for its submitting thread to enter the kernel, which it may never do
-    // while another thread waits for that completion.
-    if (users == EngineUsers::MakingThread) {
-      params.flags =
-          IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_COOP_TASKRUN | IORING_SETUP_TASKRUN_FLAG;
-    }
+    // The ring is only ever used by the worker thread that made it. TASKRUN_FLAG lets a reap that
+    // does not wait see completions whose deferred work still has to run (liburing then enters the
+    // kernel to run it).
+    params.flags =
+        IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_COOP_TASKRUN | IORING_SETUP_TASKRUN_FLAG;
     int rc = io_uring_queue_init_params(entries, &ring_, &params);
     if (rc == -EINVAL) {  // older kernels lack the flags: they are optimisations only
       params = io_uring_params{};
@@ -66,8 +61,8 @@ constexpr unsigned kMaxRegions = 64;
 class IoUringEngine final : public Engine {
  public:
   // One SQE more than queue_depth: a cancel always finds room behind a full queue of requests.
-  IoUringEngine(unsigned queue_depth, IoUringCalls calls, EngineUsers users)
-      : ring_(queue_depth + 1, users),
+  IoUringEngine(unsigned queue_depth, IoUringCalls calls)
+      : ring_(queue_depth + 1),
         calls_(calls),
         tags_(queue_depth),
         state_(queue_depth, SlotState::Free) {
@@ -266,9 +261,8 @@ IoUringCalls real_io_uring_calls() noexcept {
                       ::io_uring_register_buffers_update_tag};
 }
 
-std::unique_ptr<Engine> make_io_uring_engine(unsigned queue_depth, IoUringCalls calls,
-                                             EngineUsers users) {
-  return std::make_unique<IoUringEngine>(queue_depth, calls, users);
+std::unique_ptr<Engine> make_io_uring_engine(unsigned queue_depth, IoUringCalls calls) {
+  return std::make_unique<IoUringEngine>(queue_depth, calls);
 }
 
 }  // namespace nvio::engine

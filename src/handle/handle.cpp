@@ -93,6 +93,9 @@ struct Job {
   Ticket ticket = 0;                       // 0 for a blocking call's
   std::atomic<std::size_t> unfinished{0};  // operations not finished yet (asynchronous jobs)
 
+  void wait() const {
+    for (const OperationPtr& op : ops) detail::OperationQueue::wait_finished(*op);
+  }
   bool done() const {
     for (const OperationPtr& op : ops) {
       std::lock_guard lock(op->mutex);
@@ -103,14 +106,14 @@ struct Job {
   // A job of no operations (an empty batch): when it was registered, which is when it finished.
   std::chrono::steady_clock::time_point empty_finished_at;
 
-  // After Impl::wait_job: when the last of its operations finished.
+  // After wait(): when the last of its operations finished.
   std::chrono::steady_clock::time_point finished_at() const {
     if (ops.empty()) return empty_finished_at;
     std::chrono::steady_clock::time_point last;
     for (const OperationPtr& op : ops) last = std::max(last, op->finished_at);
     return last;
   }
-  // After Impl::wait_job: the first failure in extent order, or null.
+  // After wait(): the first failure in extent order, or null.
   std::exception_ptr error() const {
     for (const OperationPtr& op : ops) {
       if (op->error) return op->error;
@@ -147,26 +150,6 @@ struct Handle::Impl final : detail::FinishListener {
   JobPtr prepare_batch(Direction dir, std::span<const Extent> extents, const WriteOptions& wopts);
   void run_blocking(const JobPtr& job);
   Ticket register_async(const JobPtr& job);
-  // Starts `op`: on the caller lane when it fits there, else through the workers' queue.
-  void start(const OperationPtr& op);
-  // Blocks until every operation of `job` has finished, driving the caller lane for those on it.
-  void wait_job(const Job& job);
-
-  // The caller lane: small direct requests of host memory are submitted and reaped by the calling
-  // threads themselves (detail::CallerWorker), one thread driving at a time, instead of a worker
-  // thread and back. A request takes the lane only when nobody drives it and it has a free slot,
-  // so it never waits there; the thread that waits for a request on the lane drives the lane
-  // (reaping everyone's completions) or, while another thread does, sleeps until that one lets
-  // go. Requests on the lane proceed in the kernel while no thread drives.
-  bool start_on_lane(const OperationPtr& op);
-  // Drives the lane (or waits for the thread that does) until `done()` or the lane is empty.
-  template <class Done>
-  void drive_lane_until(const Done& done);
-  // One turn of the lane that never waits, when nobody drives it: completions are reaped for a
-  // caller that polls (done(), wait_some with min_count 0).
-  void poke_lane();
-  // Ends a turn (lane.mutex held): records what is in flight, lets the lane go, wakes waiters.
-  void end_turn(std::unique_lock<std::mutex>& lock);
   // The operation behind `ticket`; with `collect` a wait takes it: it moves from the table to
   // `collecting` until the wait calls end_collect.
   JobPtr find_ticket(Ticket ticket, bool collect);
@@ -203,16 +186,6 @@ struct Handle::Impl final : detail::FinishListener {
   std::atomic<std::uint64_t> finished_count{0};  // jobs finished so far: wait_some polls it
 
   std::vector<std::thread> workers;
-
-  struct CallerLane {
-    std::mutex mutex;  // guards the fields below; the worker is used only by the driving thread
-    std::condition_variable let_go;  // a driving thread let go of the lane
-    bool driving = false;
-    bool made = false;  // the worker was made, or found unusable (then it stays null)
-    unsigned waiters = 0;
-    std::atomic<std::size_t> busy{0};  // pieces in flight when the last turn ended
-    std::unique_ptr<detail::CallerWorker> worker;
-  } lane;
 };
 
 namespace {
@@ -318,8 +291,6 @@ Handle::Impl::Impl(const Options& opts) : options(opts) {
 }
 
 Handle::Impl::~Impl() {
-  // Requests still on the caller lane are completed here: nothing else would reap them.
-  drive_lane_until([] { return false; });
   queue.stop();
   for (auto& t : workers) t.join();
 }
@@ -527,113 +498,9 @@ JobPtr Handle::Impl::prepare_batch(Direction dir, std::span<const Extent> extent
 }
 
 void Handle::Impl::run_blocking(const JobPtr& job) {
-  for (const OperationPtr& op : job->ops) start(op);
-  wait_job(*job);
+  for (const OperationPtr& op : job->ops) queue.push(op, counters.others());
+  job->wait();
   if (std::exception_ptr e = job->error()) std::rethrow_exception(e);
-}
-
-namespace {
-
-// The largest request the caller lane takes: the requests whose hand-off to a worker thread and
-// back costs as much as their transfer (about 10 us against 1-20 us for 4-64 KiB on a fast drive).
-// Larger ones gain from the workers (several in parallel, pieces split between them).
-constexpr std::size_t kLaneMax = 256 * 1024;
-
-// Whether `op` may go to the caller lane: host memory, one direct piece, no bounce chunk (the lane
-// copies nothing, so its calling thread only submits and reaps).
-bool fits_lane(const Operation& op) {
-  if (op.memory != MemoryKind::Host || op.piece_count != 1 || op.length > kLaneMax) return false;
-  const detail::Piece piece = op.plan.piece(0);
-  return piece.direct && !op.needs_bounce(piece);
-}
-
-}  // namespace
-
-void Handle::Impl::start(const OperationPtr& op) {
-  if (!start_on_lane(op)) queue.push(op, counters.others());
-}
-
-bool Handle::Impl::start_on_lane(const OperationPtr& op) {
-  if (!options.caller_lane || !fits_lane(*op)) return false;
-  std::unique_lock lock(lane.mutex);
-  if (lane.driving) return false;
-  if (!lane.made) {
-    lane.made = true;
-    detail::WorkerSettings settings;
-    settings.queue_depth = options.queue_depth;
-    settings.intra_op_parallelism = 1;
-    settings.block_size = options.block_size;
-    settings.overlap_events = options.overlap_events;
-    settings.single_submit = options.single_submit;
-    settings.engine = engine_kind;
-    settings.stats = &counters.others();
-    try {
-      lane.worker = std::make_unique<detail::CallerWorker>(settings);
-      if (!lane.worker->completes_in_background()) lane.worker.reset();
-    } catch (...) {
-      // No second ring or aio context (RLIMIT_MEMLOCK, aio-max-nr): the workers do everything,
-      // as they do without the lane.
-      lane.worker.reset();
-    }
-  }
-  if (!lane.worker || !lane.worker->alive() || !lane.worker->has_room()) return false;
-  lane.driving = true;
-  lock.unlock();
-  op->on_lane = true;
-  queue.note_activity();
-  lane.worker->submit(op, counters.others());
-  lock.lock();
-  end_turn(lock);
-  return true;
-}
-
-void Handle::Impl::end_turn(std::unique_lock<std::mutex>& lock) {
-  lane.busy.store(lane.worker->in_flight(), std::memory_order_release);
-  lane.driving = false;
-  if (lane.waiters > 0) {
-    lock.unlock();
-    lane.let_go.notify_all();
-    lock.lock();
-  }
-}
-
-template <class Done>
-void Handle::Impl::drive_lane_until(const Done& done) {
-  if (lane.busy.load(std::memory_order_acquire) == 0) return;
-  std::unique_lock lock(lane.mutex);
-  while (!done() && lane.busy.load(std::memory_order_relaxed) > 0) {
-    if (lane.driving) {
-      ++lane.waiters;
-      lane.let_go.wait(lock);
-      --lane.waiters;
-      continue;
-    }
-    lane.driving = true;
-    lock.unlock();
-    lane.worker->turn(/*block=*/true);
-    lock.lock();
-    end_turn(lock);
-  }
-}
-
-void Handle::Impl::poke_lane() {
-  if (lane.busy.load(std::memory_order_acquire) == 0) return;
-  std::unique_lock lock(lane.mutex);
-  if (lane.driving || lane.busy.load(std::memory_order_relaxed) == 0) return;
-  lane.driving = true;
-  lock.unlock();
-  lane.worker->turn(/*block=*/false);
-  lock.lock();
-  end_turn(lock);
-}
-
-void Handle::Impl::wait_job(const Job& job) {
-  for (const OperationPtr& op : job.ops) {
-    if (op->on_lane) {
-      drive_lane_until([&] { return op->finished_flag.load(std::memory_order_acquire); });
-    }
-    detail::OperationQueue::wait_finished(*op);
-  }
 }
 
 Ticket Handle::Impl::register_async(const JobPtr& job) {
@@ -658,7 +525,7 @@ Ticket Handle::Impl::register_async(const JobPtr& job) {
     if (job->ops.empty()) list_finished(t);
   }
   if (job->ops.empty()) finished_cv.notify_all();
-  for (const OperationPtr& op : job->ops) start(op);
+  for (const OperationPtr& op : job->ops) queue.push(op, counters.others());
   return t;
 }
 
@@ -851,7 +718,7 @@ void Handle::wait(Ticket ticket) {
 Completion Handle::wait_completion(Ticket ticket) {
   Impl& s = impl();
   JobPtr job = s.find_ticket(ticket, /*collect=*/true);
-  s.wait_job(*job);
+  job->wait();
   s.end_collect(std::span(&job, 1));
   return Completion{ticket, job->error(), job->finished_at()};
 }
@@ -865,7 +732,6 @@ constexpr std::size_t kPollOutstanding = 2;
 
 std::size_t Handle::wait_some(std::span<Completion> out, std::size_t min_count) {
   Impl& s = impl();
-  s.poke_lane();  // what the lane has completed is collected even when nothing is waited for
   std::vector<JobPtr> mine;
   {
     std::unique_lock lock(s.tickets_mutex);
@@ -884,19 +750,6 @@ std::size_t Handle::wait_some(std::span<Completion> out, std::size_t min_count) 
       // Fewer than asked for can only come when no more are outstanding.
       const std::size_t want = std::min({min_count, out.size(), mine.size() + s.tickets.size()});
       if (mine.size() >= want) break;
-      if (s.lane.busy.load(std::memory_order_acquire) > 0) {
-        // Requests on the caller lane finish only when a thread drives it: this one, until one
-        // more job has finished (or the lane is empty, or another thread drives it and lets go).
-        const std::uint64_t seen = s.finished_count.load(std::memory_order_acquire);
-        lock.unlock();
-        s.drive_lane_until(
-            [&] { return s.finished_count.load(std::memory_order_acquire) != seen; });
-        lock.lock();
-        if (s.finished_count.load(std::memory_order_acquire) != seen ||
-            s.lane.busy.load(std::memory_order_acquire) > 0) {
-          continue;
-        }
-      }
       // With one or two operations outstanding the caller waits for each in turn: poll before
       // sleeping (core/spin.hpp), as a small one finishes within microseconds. With more, one
       // finishes soon anyway, and polling would take a CPU from the kernel's side of the I/O.
@@ -911,22 +764,16 @@ std::size_t Handle::wait_some(std::span<Completion> out, std::size_t min_count) 
       s.finished_cv.wait(lock);
     }
   }
-  // Their last operation is finishing (its listener ran): wait_job covers the last few steps.
+  // Their last operation is finishing (its listener ran): wait() covers the last few steps.
   for (std::size_t i = 0; i < mine.size(); ++i) {
-    s.wait_job(*mine[i]);
+    mine[i]->wait();
     out[i] = Completion{mine[i]->ticket, mine[i]->error(), mine[i]->finished_at()};
   }
   s.end_collect(mine);
   return mine.size();
 }
 
-bool Handle::done(Ticket ticket) const {
-  Impl& s = impl();
-  const JobPtr job = s.find_ticket(ticket, false);
-  if (job->done()) return true;
-  s.poke_lane();  // a caller polling done() drives the lane's completions
-  return job->done();
-}
+bool Handle::done(Ticket ticket) const { return impl().find_ticket(ticket, false)->done(); }
 
 std::size_t Handle::wait() {
   Impl& s = impl();
@@ -941,8 +788,8 @@ std::size_t Handle::wait() {
     }
     s.tickets.clear();
   }
-  for (const JobPtr& job : mine) s.wait_job(*job);
-  for (const JobPtr& job : others) s.wait_job(*job);
+  for (const JobPtr& job : mine) job->wait();
+  for (const JobPtr& job : others) job->wait();
   s.end_collect(mine);
   // Every operation has been waited for; the first failure is the one reported, this wait's own
   // operations first.

@@ -72,15 +72,6 @@ void OperationQueue::push(const OperationPtr& op, StatsShard& stats) {
   cv_.notify_all();
 }
 
-void OperationQueue::note_activity() {
-  {
-    std::lock_guard lock(mutex_);
-    if (idle_armed_ || !idle_hook_) return;
-    idle_armed_ = true;
-  }
-  cv_.notify_all();  // a worker asleep without a timeout takes it up
-}
-
 void OperationQueue::set_idle_hook(std::function<bool()> hook, std::chrono::milliseconds period) {
   idle_hook_ = std::move(hook);
   idle_period_ = period;

@@ -129,8 +129,6 @@ struct Operation {
   // of the ticket it belongs to, which outlives the call).
   FinishListener* listener = nullptr;
   void* job = nullptr;
-  // Started on the handle's caller lane (handle.cpp): a thread waiting for it drives the lane.
-  bool on_lane = false;
 
   std::size_t next_piece = 0;
 
@@ -205,14 +203,6 @@ class OperationQueue {
   // lock, and again after each further `period` while it returns true; it is armed again when an
   // operation is queued. Set before any worker starts (not synchronised).
   void set_idle_hook(std::function<bool()> hook, std::chrono::milliseconds period);
-  // Something ran outside this queue (the caller lane's requests use the handle's files too):
-  // arms the idle hook as a push does, so that an idle worker closes files unused since.
-  void note_activity();
-  // Operations queued or running (pushed and not yet finished).
-  std::size_t live() {
-    std::lock_guard lock(live_mutex_);
-    return live_ops_;
-  }
   // Waits until no operation is alive, then wakes the workers to stop.
   void stop();
   // True once stop() was called and nothing is queued: a worker with nothing in flight exits.

@@ -118,7 +118,7 @@ void abandon(std::unique_ptr<WorkerMemory> memory) noexcept {
 
 // The error a worker reports when `cause` stopped it: MemoryError for std::bad_alloc, an
 // nvio::Error naming the exception otherwise. `fallback` when there is no memory to say more.
-std::exception_ptr worker_death_error(unsigned index, bool lane, const std::exception_ptr& cause,
+std::exception_ptr worker_death_error(unsigned index, const std::exception_ptr& cause,
                                       const std::exception_ptr& fallback) noexcept {
   try {
     std::string what = "an exception of unknown type";
@@ -138,15 +138,10 @@ std::exception_ptr worker_death_error(unsigned index, bool lane, const std::exce
       std::free(name);
     } catch (...) {
     }
-    const std::string message =
-        lane ? fmt::format("the caller lane of this handle (small direct requests made by the "
-                           "calling threads) stopped on an unexpected exception, {}; the "
-                           "operations it held failed, and later ones go to the worker threads",
-                           what)
-             : fmt::format("worker thread {} of this handle stopped on an unexpected exception, "
-                           "{}; the operations it held failed and the handle runs no more "
-                           "operations: make a new one",
-                           index + 1, what);
+    const std::string message = fmt::format(
+        "worker thread {} of this handle stopped on an unexpected exception, {}; the operations "
+        "it held failed and the handle runs no more operations: make a new one",
+        index + 1, what);
     if (oom) return std::make_exception_ptr(MemoryError(message, ENOMEM));
     return std::make_exception_ptr(Error(message));
   } catch (...) {
@@ -173,19 +168,6 @@ class Worker {
   // Runs until the queue says stop with nothing in flight, or until the worker dies. Never
   // throws.
   void run() noexcept;
-  // One round of the loop: starts the pieces it can, submits what is due, then makes one host
-  // copy or reaps. With `may_block` it waits (for work when nothing is in flight and the worker
-  // has a thread of its own; for a completion or a copy otherwise); without, never. Returns
-  // false when nothing is in flight.
-  bool turn(bool may_block);
-  // Starts the pieces it can and submits what is due, without reaping or waiting.
-  void start_and_submit() {
-    fill(false);
-    if (!ready_.empty()) submit_ready();
-  }
-  bool has_free_slot() const { return !free_.empty(); }
-  engine::Engine& kernel_engine() { return engine(kKernel); }
-  void die(std::exception_ptr cause) noexcept;
 
  private:
   std::uint64_t tag(unsigned i) const { return (std::uint64_t{slots_[i].generation} << 32) | i; }
@@ -195,7 +177,7 @@ class Worker {
   int region_of(const std::byte* chunk);
 
   // Transitions.
-  void fill(bool wait_for_work);
+  void fill();
   void start(const OperationPtr& op, const Piece& piece);
   void make_ready(unsigned i);
   void submit_ready();
@@ -224,6 +206,7 @@ class Worker {
   void count_piece(const Slot& s);
   void quarantine(unsigned i, std::exception_ptr error);
   OperationPtr release(unsigned i) noexcept;
+  void die(std::exception_ptr cause) noexcept;
 
   WorkerSettings settings_;
   OperationQueue& queue_;
@@ -255,10 +238,8 @@ Worker::Worker(const WorkerSettings& settings, OperationQueue& queue)
   const std::size_t chunk = bounce_chunk_size(settings.block_size);
   const std::size_t bounce_count =
       std::min<std::size_t>(qd, std::max<std::size_t>(2, (std::size_t{64} << 20) / chunk));
-  const auto users =
-      settings.caller_lane ? engine::EngineUsers::ThreadsInTurn : engine::EngineUsers::MakingThread;
-  memory_ = std::make_unique<WorkerMemory>(engine::make_engine(settings.engine, qd, users), chunk,
-                                           bounce_count);
+  memory_ =
+      std::make_unique<WorkerMemory>(engine::make_engine(settings.engine, qd), chunk, bounce_count);
   slots_.resize(qd);
   // Never more than qd entries in any of these: pushing to them does not allocate.
   free_.reserve(qd);
@@ -340,7 +321,7 @@ void Worker::make_ready(unsigned i) {
   ready_.push_back(i);
 }
 
-void Worker::fill(bool wait_for_work) {
+void Worker::fill() {
   // Without overlap_events, new pieces start only once the previous ones have all completed.
   if (!settings_.overlap_events && inflight_ > 0) return;
   // While the engine fails to report completions, nothing new starts on it until it has given
@@ -354,7 +335,7 @@ void Worker::fill(bool wait_for_work) {
   while (!free_.empty()) {
     OperationPtr op = last_op;
     Piece piece;
-    const bool idle = wait_for_work && inflight_ == 0;
+    const bool idle = inflight_ == 0;
     const std::size_t limit =
         op ? std::max<std::size_t>(1, ceil_div(op->piece_count, settings_.intra_op_parallelism))
            : settings_.queue_depth;
@@ -716,50 +697,47 @@ void Worker::transfer_finished(unsigned i) {
   retire(i);
 }
 
-bool Worker::turn(bool may_block) {
-  fill(may_block && !settings_.caller_lane);
-  const std::size_t copies_done = copying_.empty() ? 0 : poll_copies(false);
-  if (!ready_.empty()) submit_ready();
-  if (inflight_ == 0) return false;
-  if (!host_copies_.empty()) {
-    // One chunk's copy, then back to the engines without waiting: a written chunk's request goes
-    // out at the top of the next round, before the next copy, and a read chunk copied out frees
-    // its slot for the next piece.
-    copy_next_host();
-    for (unsigned lane = 0; lane < kLanes; ++lane) {
-      if (on_disk_[lane] > 0) reap(lane, 0);
-    }
-    return true;
-  }
-  const bool both = on_disk_[kKernel] > 0 && on_disk_[kCuFile] > 0;
-  if (!copying_.empty() || both || !may_block) {
-    // Several things are pending (copies, or both engines): never block in one while another may
-    // finish; block only when nothing moved, on the oldest copy or else the kernel.
-    std::size_t got = 0;
-    for (unsigned lane = 0; lane < kLanes; ++lane) {
-      if (on_disk_[lane] > 0) got += reap(lane, 0);
-    }
-    if (may_block && got == 0 && copies_done == 0) {
-      if (!copying_.empty()) {
-        poll_copies(true);
-      } else {
-        reap(kKernel, 1);
-      }
-    }
-    return true;
-  }
-  // One engine has requests: at least one completion (overlap_events), or all of them.
-  for (unsigned lane = 0; lane < kLanes; ++lane) {
-    if (on_disk_[lane] > 0) reap(lane, settings_.overlap_events ? 1 : on_disk_[lane]);
-  }
-  return true;
-}
-
 void Worker::run() noexcept {
   try {
     for (;;) {
-      // Nothing in flight: the next round waits for work, unless the handle is stopping.
-      if (!turn(true) && queue_.should_exit()) return;
+      fill();
+      const std::size_t copies_done = copying_.empty() ? 0 : poll_copies(false);
+      if (!ready_.empty()) submit_ready();
+      if (inflight_ == 0) {
+        if (queue_.should_exit()) return;
+        continue;
+      }
+      if (!host_copies_.empty()) {
+        // One chunk's copy, then back to the engines without waiting: a written chunk's request
+        // goes out at the top of the loop, before the next copy, and a read chunk copied out
+        // frees its slot for the next piece.
+        copy_next_host();
+        for (unsigned lane = 0; lane < kLanes; ++lane) {
+          if (on_disk_[lane] > 0) reap(lane, 0);
+        }
+        continue;
+      }
+      const bool both = on_disk_[kKernel] > 0 && on_disk_[kCuFile] > 0;
+      if (!copying_.empty() || both) {
+        // Several things are pending (copies, or both engines): never block in one while another
+        // may finish; block only when nothing moved, on the oldest copy or else the kernel.
+        std::size_t got = 0;
+        for (unsigned lane = 0; lane < kLanes; ++lane) {
+          if (on_disk_[lane] > 0) got += reap(lane, 0);
+        }
+        if (got == 0 && copies_done == 0) {
+          if (!copying_.empty()) {
+            poll_copies(true);
+          } else {
+            reap(kKernel, 1);
+          }
+        }
+      } else {
+        // One engine has requests: at least one completion (overlap_events), or all of them.
+        for (unsigned lane = 0; lane < kLanes; ++lane) {
+          if (on_disk_[lane] > 0) reap(lane, settings_.overlap_events ? 1 : on_disk_[lane]);
+        }
+      }
     }
   } catch (...) {
     die(std::current_exception());
@@ -772,8 +750,7 @@ void Worker::die(std::exception_ptr cause) noexcept {
   // the handle takes no more operations, the queued ones fail, and every operation this worker
   // holds fails once nothing of its pieces is in use any more. Nothing below throws or waits for
   // ever.
-  const std::exception_ptr error =
-      worker_death_error(settings_.index, settings_.caller_lane, cause, no_memory_error_);
+  const std::exception_ptr error = worker_death_error(settings_.index, cause, no_memory_error_);
   queue_.worker_died(error, stats_);
   // The kernel may still be transferring pieces handed to the engine, and a device copy may still
   // use a chunk: wait for them, so that neither the caller's buffers nor the chunks are released
@@ -824,47 +801,6 @@ void Worker::die(std::exception_ptr cause) noexcept {
 }
 
 }  // namespace
-
-struct CallerWorker::State {
-  std::unique_ptr<Worker> worker;
-};
-
-CallerWorker::CallerWorker(WorkerSettings settings) : state_(std::make_unique<State>()) {
-  settings.caller_lane = true;
-  state_->worker = std::make_unique<Worker>(settings, queue_);
-  background_ = state_->worker->kernel_engine().completes_in_background();
-}
-
-CallerWorker::~CallerWorker() = default;
-
-bool CallerWorker::has_room() const noexcept { return alive_ && state_->worker->has_free_slot(); }
-
-std::size_t CallerWorker::in_flight() noexcept {
-  // Operations, not slots: one may wait in the lane's queue for a slot (overlap_events off starts
-  // nothing while pieces are in flight), and must still be driven to the end.
-  return alive_ ? queue_.live() : 0;
-}
-
-void CallerWorker::submit(const OperationPtr& op, StatsShard& stats) {
-  queue_.push(op, stats);  // fails the operation at once when the lane has died
-  if (!alive_) return;
-  try {
-    state_->worker->start_and_submit();
-  } catch (...) {
-    alive_ = false;
-    state_->worker->die(std::current_exception());
-  }
-}
-
-void CallerWorker::turn(bool block) noexcept {
-  if (!alive_) return;
-  try {
-    state_->worker->turn(block);
-  } catch (...) {
-    alive_ = false;
-    state_->worker->die(std::current_exception());
-  }
-}
 
 void run_worker(const WorkerSettings& settings, OperationQueue& queue, std::promise<void> ready) {
   std::unique_ptr<Worker> worker;

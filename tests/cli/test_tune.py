@@ -10,9 +10,8 @@ from test_cli import OPTION_NAMES, assert_one_error_line, bench_json, clean_env,
 
 TINY = ("--size", "32M", "--budget", "3")
 # Without --gpu the tuner measures host memory: gpu_direct is not part of its space, nor of what it
-# shows or saves. caller_lane concerns small requests, which the tuner's sequential trials do not
-# make: not tuned either.
-TUNED = OPTION_NAMES - {"gpu_direct", "caller_lane"}
+# shows or saves.
+TUNED = OPTION_NAMES - {"gpu_direct"}
 
 
 def tune_json(tmp_path, *args, env=None):

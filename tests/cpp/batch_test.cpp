@@ -195,9 +195,9 @@ class FailingRangeEngine final : public nvio::engine::Engine {
 };
 
 TEST_P(Batch, AFailingExtentFailsTheBatchNamingIt) {
-  ScopedEngineFactory factory([](nvio::EngineKind k, unsigned qd, nvio::engine::EngineUsers users) {
+  ScopedEngineFactory factory([](nvio::EngineKind k, unsigned qd) {
     return std::unique_ptr<nvio::engine::Engine>(
-        new FailingRangeEngine(nvio::engine::make_backend_engine(k, qd, users)));
+        new FailingRangeEngine(nvio::engine::make_backend_engine(k, qd)));
   });
   nvio::Handle h(options());
   write_pattern_file(file("src"), 4 * MiB, 23);
@@ -225,9 +225,9 @@ TEST_P(Batch, AFailingExtentFailsTheBatchNamingIt) {
 // wait_completion: a failure comes back in the Completion instead of being thrown, and `finished`
 // is when the operation finished, not when the wait collected it.
 TEST_P(Batch, WaitCompletionReturnsTheFailureAndWhenItFinished) {
-  ScopedEngineFactory factory([](nvio::EngineKind k, unsigned qd, nvio::engine::EngineUsers users) {
+  ScopedEngineFactory factory([](nvio::EngineKind k, unsigned qd) {
     return std::unique_ptr<nvio::engine::Engine>(
-        new FailingRangeEngine(nvio::engine::make_backend_engine(k, qd, users)));
+        new FailingRangeEngine(nvio::engine::make_backend_engine(k, qd)));
   });
   nvio::Handle h(options());
   write_pattern_file(file("src"), 4 * MiB, 31);
@@ -267,9 +267,9 @@ TEST_P(Batch, WaitCompletionReturnsTheFailureAndWhenItFinished) {
 // a throw; the others' bytes are right. Operations of very different sizes, so that completions
 // come out of submission order.
 TEST_P(Batch, WaitSomeCollectsEachCompletionOnceWithItsOwnFailure) {
-  ScopedEngineFactory factory([](nvio::EngineKind k, unsigned qd, nvio::engine::EngineUsers users) {
+  ScopedEngineFactory factory([](nvio::EngineKind k, unsigned qd) {
     return std::unique_ptr<nvio::engine::Engine>(
-        new FailingRangeEngine(nvio::engine::make_backend_engine(k, qd, users)));
+        new FailingRangeEngine(nvio::engine::make_backend_engine(k, qd)));
   });
   nvio::Handle h(options());
   write_pattern_file(file("src"), 4 * MiB, 29);

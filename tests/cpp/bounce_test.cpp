@@ -90,8 +90,8 @@ class BounceOrder : public BouncedPieces {};
 
 TEST_P(BounceOrder, EachChunkGoesToTheEngineBeforeTheNextCopy) {
   auto range = std::make_shared<CallerRange>();
-  ScopedEngineFactory factory([range](EngineKind k, unsigned qd, nvio::engine::EngineUsers users) -> std::unique_ptr<Engine> {
-    return std::make_unique<RecordingEngine>(nvio::engine::make_backend_engine(k, qd, users), range);
+  ScopedEngineFactory factory([range](EngineKind k, unsigned qd) -> std::unique_ptr<Engine> {
+    return std::make_unique<RecordingEngine>(nvio::engine::make_backend_engine(k, qd), range);
   });
   Options o = base_options();
   o.block_size = kBlock;
@@ -235,13 +235,13 @@ class RegisteredBuffers : public BouncedPieces {
     EXPECT_TRUE(buf.guards_intact());
   }
 
-  ScopedEngineFactory factory_{[](EngineKind k, unsigned qd, nvio::engine::EngineUsers users) -> std::unique_ptr<Engine> {
-    if (k != EngineKind::IoUring) return nvio::engine::make_backend_engine(k, qd, users);
+  ScopedEngineFactory factory_{[](EngineKind k, unsigned qd) -> std::unique_ptr<Engine> {
+    if (k != EngineKind::IoUring) return nvio::engine::make_backend_engine(k, qd);
     nvio::engine::IoUringCalls calls = nvio::engine::real_io_uring_calls();
     calls.submit = counting_submit;
     calls.register_buffers_sparse = counting_sparse;
     calls.register_buffers_update_tag = counting_update;
-    return nvio::engine::make_io_uring_engine(qd, calls, users);
+    return nvio::engine::make_io_uring_engine(qd, calls);
   }};
 };
 

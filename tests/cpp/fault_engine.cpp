@@ -264,11 +264,10 @@ nvio::EngineKind FaultEngine::kind() const noexcept { return inner_->kind(); }
 nvio::engine::EngineFactory fault_engine_factory(FaultPlan plan, std::uint64_t seed,
                                                  std::shared_ptr<FaultStats> stats) {
   auto made = std::make_shared<std::atomic<std::uint64_t>>(0);
-  return [plan, seed, stats = std::move(stats), made](nvio::EngineKind kind, unsigned queue_depth,
-                                                    nvio::engine::EngineUsers users) {
+  return [plan, seed, stats = std::move(stats), made](nvio::EngineKind kind, unsigned queue_depth) {
     const std::uint64_t engine_seed = mix(seed ^ mix(made->fetch_add(1)));
     return std::unique_ptr<Engine>(std::make_unique<FaultEngine>(
-        nvio::engine::make_backend_engine(kind, queue_depth, users), plan, engine_seed, stats));
+        nvio::engine::make_backend_engine(kind, queue_depth), plan, engine_seed, stats));
   };
 }
 

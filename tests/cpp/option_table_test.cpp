@@ -43,7 +43,6 @@ const std::map<std::string, Sample>& samples() {
       {"intra_op_parallelism", {"3", std::int64_t{3}, "257", std::int64_t{-1}}},
       {"direct", {"off", std::string("off"), "sometimes", std::string("sometimes")}},
       {"gpu_direct", {"on", std::string("on"), "p2p", true}},
-      {"caller_lane", {"off", false, "sometimes", std::int64_t{0}}},
   };
   return s;
 }

@@ -19,8 +19,7 @@ using nvio::resolve_options;
 
 const std::vector<std::string> kOptionNames = {
     "engine",         "block_size",           "queue_depth", "single_submit",
-    "overlap_events", "intra_op_parallelism", "direct",      "gpu_direct",
-    "caller_lane"};
+    "overlap_events", "intra_op_parallelism", "direct",      "gpu_direct"};
 
 template <typename Fn>
 ::testing::AssertionResult rejects_naming(Fn&& fn, const std::string& name) {
@@ -60,8 +59,7 @@ TEST(Options, EnvironmentNames) {
       {"overlap_events", "NVIO_OVERLAP_EVENTS"},
       {"intra_op_parallelism", "NVIO_INTRA_OP_PARALLELISM"},
       {"direct", "NVIO_DIRECT"},
-      {"gpu_direct", "NVIO_GPU_DIRECT"},
-      {"caller_lane", "NVIO_CALLER_LANE"}};
+      {"gpu_direct", "NVIO_GPU_DIRECT"}};
   EXPECT_EQ(names, expected);
 }
 
@@ -92,11 +90,9 @@ TEST(Options, EnvironmentOverridesDefaults) {
   env.vars = {{"NVIO_ENGINE", "psync"},       {"NVIO_BLOCK_SIZE", "64K"},
               {"NVIO_QUEUE_DEPTH", "32"},     {"NVIO_SINGLE_SUBMIT", "true"},
               {"NVIO_OVERLAP_EVENTS", "off"}, {"NVIO_INTRA_OP_PARALLELISM", "4"},
-              {"NVIO_DIRECT", "on"},          {"NVIO_GPU_DIRECT", "off"},
-              {"NVIO_CALLER_LANE", "off"}};
+              {"NVIO_DIRECT", "on"},          {"NVIO_GPU_DIRECT", "off"}};
   auto eff = resolve_options({}, env.lookup());
   EXPECT_EQ(eff.values.gpu_direct, nvio::GpuDirect::Off);
-  EXPECT_FALSE(eff.values.caller_lane);
   EXPECT_EQ(eff.values.engine, EngineKind::Psync);
   EXPECT_EQ(eff.values.block_size, 64 * KiB);
   EXPECT_EQ(eff.values.queue_depth, 32u);

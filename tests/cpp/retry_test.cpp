@@ -70,7 +70,7 @@ constexpr PsyncCalls kFlaky{flaky_pread, flaky_pwrite};
 class FlakyEngines {
  public:
   FlakyEngines()
-      : guard_([](nvio::EngineKind, unsigned qd, nvio::engine::EngineUsers) {
+      : guard_([](nvio::EngineKind, unsigned qd) {
           return nvio::engine::make_psync_engine(qd, kFlaky);
         }) {}
 
@@ -240,7 +240,7 @@ TEST(ShortRead, FileTruncatedDuringRead) {
   o.block_size = 256 * KiB;
   o.queue_depth = 1;
   o.intra_op_parallelism = 1;
-  ScopedEngineFactory guard([](nvio::EngineKind, unsigned qd, nvio::engine::EngineUsers) {
+  ScopedEngineFactory guard([](nvio::EngineKind, unsigned qd) {
     return nvio::engine::make_psync_engine(qd, PsyncCalls{shrinking_pread, ::pwrite});
   });
   nvio::Handle h(o);

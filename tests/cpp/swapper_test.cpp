@@ -204,9 +204,9 @@ class SlowWrites final : public nvio::engine::Engine {
 };
 
 TEST(Swapper, SwapInWhileTheWriteIsInFlightSeesTheNewBytes) {
-  ScopedEngineFactory factory([](nvio::EngineKind k, unsigned qd, nvio::engine::EngineUsers users) {
+  ScopedEngineFactory factory([](nvio::EngineKind k, unsigned qd) {
     return std::unique_ptr<nvio::engine::Engine>(
-        new SlowWrites(nvio::engine::make_backend_engine(k, qd, users)));
+        new SlowWrites(nvio::engine::make_backend_engine(k, qd)));
   });
   TempDir dir;
   nvio::Swapper swapper(dir.path(), swapper_options(64 * MiB), handle_options());
@@ -381,9 +381,9 @@ class GatedReads final : public nvio::engine::Engine {
 
 TEST(Swapper, ASwapInWaitsOnlyForItsOwnPrefetchRead) {
   const auto gate = std::make_shared<ReadGate>();
-  ScopedEngineFactory factory([gate](nvio::EngineKind k, unsigned qd, nvio::engine::EngineUsers users) {
+  ScopedEngineFactory factory([gate](nvio::EngineKind k, unsigned qd) {
     return std::unique_ptr<nvio::engine::Engine>(
-        new GatedReads(nvio::engine::make_backend_engine(k, qd, users), gate));
+        new GatedReads(nvio::engine::make_backend_engine(k, qd), gate));
   });
   TempDir dir;
   nvio::Swapper swapper(dir.path(), swapper_options(16 * MiB), handle_options());

@@ -171,7 +171,7 @@ class WorkerEscape : public ::testing::TestWithParam<Throw> {
     });
   }
 
-  ScopedEngineFactory engines_{[mode = GetParam()](nvio::EngineKind, unsigned qd, nvio::engine::EngineUsers) {
+  ScopedEngineFactory engines_{[mode = GetParam()](nvio::EngineKind, unsigned qd) {
     return std::make_unique<ThrowingEngine>(nvio::engine::make_psync_engine(qd), mode);
   }};
   TempDir dir_;

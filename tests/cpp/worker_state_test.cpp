@@ -148,8 +148,8 @@ class WorkerState : public EngineTest {
 // engine still held the requests, which then wrote into released memory.
 TEST_P(WorkerState, ReapFailureReportsOnlyAfterTheEngineGaveEverythingBack) {
   auto log = std::make_shared<EngineLog>();
-  ScopedEngineFactory factory([&](nvio::EngineKind k, unsigned qd, nvio::engine::EngineUsers users) -> std::unique_ptr<Engine> {
-    return std::make_unique<HoldingEngine>(nvio::engine::make_backend_engine(k, qd, users), log, false);
+  ScopedEngineFactory factory([&](nvio::EngineKind k, unsigned qd) -> std::unique_ptr<Engine> {
+    return std::make_unique<HoldingEngine>(nvio::engine::make_backend_engine(k, qd), log, false);
   });
   const std::size_t len = MiB + 123;
   write_pattern_file(file("src"), len, 7);
@@ -177,8 +177,8 @@ TEST_P(WorkerState, ReapFailureReportsOnlyAfterTheEngineGaveEverythingBack) {
 // hangs, and the handle refuses later operations (its worker stopped) instead of hanging.
 TEST_P(WorkerState, EngineThatKeepsFailingStopsTheWorkerWithoutHanging) {
   auto log = std::make_shared<EngineLog>();
-  ScopedEngineFactory factory([&](nvio::EngineKind k, unsigned qd, nvio::engine::EngineUsers users) -> std::unique_ptr<Engine> {
-    return std::make_unique<HoldingEngine>(nvio::engine::make_backend_engine(k, qd, users), log, false);
+  ScopedEngineFactory factory([&](nvio::EngineKind k, unsigned qd) -> std::unique_ptr<Engine> {
+    return std::make_unique<HoldingEngine>(nvio::engine::make_backend_engine(k, qd), log, false);
   });
   const std::size_t len = 256 * KiB;
   write_pattern_file(file("src"), len, 8);
@@ -201,8 +201,8 @@ TEST_P(WorkerState, EngineThatKeepsFailingStopsTheWorkerWithoutHanging) {
 // had moved on was applied to its next piece, which then counted as done without its data.
 TEST_P(WorkerState, StaleCompletionsNeverLandOnTheNextPiece) {
   auto log = std::make_shared<EngineLog>();
-  ScopedEngineFactory factory([&](nvio::EngineKind k, unsigned qd, nvio::engine::EngineUsers users) -> std::unique_ptr<Engine> {
-    return std::make_unique<HoldingEngine>(nvio::engine::make_backend_engine(k, qd, users), log, true);
+  ScopedEngineFactory factory([&](nvio::EngineKind k, unsigned qd) -> std::unique_ptr<Engine> {
+    return std::make_unique<HoldingEngine>(nvio::engine::make_backend_engine(k, qd), log, true);
   });
   const std::size_t len = 4 * MiB + 123;
   write_pattern_file(file("src"), len, 9);
@@ -223,8 +223,8 @@ TEST_P(WorkerState, StaleCompletionsNeverLandOnTheNextPiece) {
 TEST_P(WorkerState, ShortDirectTransfersResumeWithDirectIo) {
   if (!direct_supported()) GTEST_SKIP() << "O_DIRECT is not supported in " << dir();
   auto log = std::make_shared<EngineLog>();
-  ScopedEngineFactory factory([&](nvio::EngineKind k, unsigned qd, nvio::engine::EngineUsers users) -> std::unique_ptr<Engine> {
-    return std::make_unique<ShortDirectEngine>(nvio::engine::make_backend_engine(k, qd, users), log);
+  ScopedEngineFactory factory([&](nvio::EngineKind k, unsigned qd) -> std::unique_ptr<Engine> {
+    return std::make_unique<ShortDirectEngine>(nvio::engine::make_backend_engine(k, qd), log);
   });
   const std::uint64_t off = 4096 + 17;
   const std::size_t len = MiB + 123;

@@ -24,7 +24,6 @@ SAMPLES = {
     "intra_op_parallelism": (3, "3", 257),
     "direct": ("off", "off", "sometimes"),
     "gpu_direct": ("off", "off", "p2p"),
-    "caller_lane": (False, "off", "sometimes"),
 }
 
 

@@ -548,14 +548,17 @@ def _read_whole(path: bytes, text: str, handle: Any) -> memoryview:
     return _landing.read_region(handle if handle is not None else shared_handle(), path, 0, size)
 
 
-def load(path: Any, map_location: Any = None, weights_only: bool = False, into: Any = None, *,
-         handle: Any = None) -> Any:
+def load(path: Any, map_location: Any = None, weights_only: Optional[bool] = None,
+         into: Any = None, *, handle: Any = None) -> Any:
     """Loads what ``torch.save`` or ``nvio.save`` wrote to ``path``.
 
     The file is read with one parallel O_DIRECT read into page-aligned memory, every record's CRC-32 is
     checked (``nvio.CheckpointFormatError`` on a mismatch or a malformed file), and the tensors
     are views of that memory: no second copy. ``map_location`` and ``weights_only`` behave as in
-    ``torch.load`` (torch's own code applies them). With ``into=`` (a dict of tensors, e.g. a
+    ``torch.load`` (torch's own code applies them); ``weights_only`` left out takes the installed
+    torch's default, as ``torch.load`` does (False before torch 2.6, True from it, and the
+    ``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` / ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` variables that
+    torch reads). With ``into=`` (a dict of tensors, e.g. a
     model's ``state_dict()``), the checkpoint's tensors are read straight into those tensors'
     memory and ``into`` is returned; see ``_load_into``.
     """
@@ -564,10 +567,35 @@ def load(path: Any, map_location: Any = None, weights_only: bool = False, into: 
     if into is not None:
         return _load_into(raw, text, into, handle)
     torch = _torch()
+    if weights_only is None:
+        weights_only = _torch_weights_only_default(torch)
     archive = _Archive(_read_whole(raw, text, handle), text)
     with _pool(os.cpu_count() or 1) as pool:
         archive.verify(pool)
     return _unpickle(torch, _Records(archive, torch), map_location, weights_only)
+
+
+_TRUE_WORDS = ("1", "y", "yes", "true")
+
+
+def _torch_weights_only_default(torch) -> bool:
+    """What ``torch.load`` does when weights_only is not given, in the installed torch: its
+    signature's default where that is a boolean (False before torch 2.6); where it is None (torch
+    2.6 on), torch's rule: TORCH_FORCE_WEIGHTS_ONLY_LOAD, then TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD,
+    else True (no pickle_module is given)."""
+    import inspect
+
+    try:
+        default = inspect.signature(torch.load).parameters["weights_only"].default
+    except (KeyError, TypeError, ValueError):  # a torch without the argument: no restriction
+        return False
+    if default is not None and default is not inspect.Parameter.empty:
+        return bool(default)
+    if os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "0").lower() in _TRUE_WORDS:
+        return True
+    if os.environ.get("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "0").lower() in _TRUE_WORDS:
+        return False
+    return True
 
 
 def _unpickle(torch, records: Any, map_location: Any, weights_only: bool) -> Any:

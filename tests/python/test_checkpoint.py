@@ -252,11 +252,44 @@ def test_weights_only_refuses_code(tmp_path):
     with pytest.raises(pickle.UnpicklingError):  # as torch.load refuses it
         torch.load(path, weights_only=True)
     assert not os.path.exists(marker)
-    nvio.load(path)  # the file does run code when trusted: the refusal above was real
+    nvio.load(path, weights_only=False)  # the file runs code when trusted: the refusal was real
     assert os.path.isdir(marker)
     nvio.save({"w": torch.ones(3), "n": [1, 2]}, tmp_path / "ok.pt")
     assert_same({"w": torch.ones(3), "n": [1, 2]},
                 nvio.load(tmp_path / "ok.pt", weights_only=True))
+
+
+def _load_with_default(weights_only_default):
+    """A stand-in for torch.load whose signature has the given weights_only default."""
+    def fake_load(f, map_location=None, pickle_module=None, *, weights_only=weights_only_default,
+                  **kwargs):
+        raise AssertionError("nvio.load must not call torch.load")
+    return fake_load
+
+
+@pytest.mark.parametrize("torch_default, env, refused", [
+    (False, {}, False),  # torch before 2.6
+    (None, {}, True),  # torch 2.6 on: weights only unless told otherwise
+    (None, {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}, False),
+    (None, {"TORCH_FORCE_WEIGHTS_ONLY_LOAD": "true"}, True),
+])
+def test_weights_only_left_out_follows_the_installed_torch(tmp_path, monkeypatch, torch_default,
+                                                             env, refused):
+    marker = str(tmp_path / "pwned")
+    path = tmp_path / "evil.pt"
+    nvio.save({"w": torch.ones(3), "x": _Evil(marker)}, path)
+    monkeypatch.setattr(torch, "load", _load_with_default(torch_default))
+    for name in ("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    if refused:
+        with pytest.raises(pickle.UnpicklingError):
+            nvio.load(path)
+        assert not os.path.exists(marker)
+    else:
+        nvio.load(path)
+        assert os.path.isdir(marker)
 
 
 def test_into_fills_in_place(tmp_path):

@@ -1,7 +1,8 @@
 """Checkpoints past 4 GiB (the zip64 fields for real, not through test_checkpoint.py's lowered
 _ZIP64_LIMIT): nvio.save read by torch.load and nvio.load, torch.save read by nvio.load with and
 without into=, every 8-byte word holding its own offset. Needs about 14 GiB of memory and 5 GB of
-disk, so it runs only when asked: NVIO_BIG_TESTS=1 (optionally NVIO_BIG_DIR, default /var/tmp).
+disk, so it runs only when asked: RUN_NVIO_BIG_TESTS=1 (optionally RUN_NVIO_BIG_DIR, default /var/tmp;
+not NVIO_*, which conftest.py removes).
 Last run 2026-11-26 on the dev machine (4,609,563,203-byte archive): passed."""
 
 from __future__ import annotations
@@ -18,16 +19,16 @@ torch = pytest.importorskip("torch")
 import nvio  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
-    os.environ.get("NVIO_BIG_TESTS") != "1",
+    os.environ.get("RUN_NVIO_BIG_TESTS") != "1",
     reason="writes and reads a 4.6 GB checkpoint and holds three copies in memory: set "
-           "NVIO_BIG_TESTS=1 to run it")
+           "RUN_NVIO_BIG_TESTS=1 to run it")
 
 SIZE = (4 << 30) + (300 << 20) + 12345  # past 4 GiB, not a multiple of anything
 
 
 @pytest.fixture
 def big_dir():
-    path = tempfile.mkdtemp(prefix="nvio-big-", dir=os.environ.get("NVIO_BIG_DIR", "/var/tmp"))
+    path = tempfile.mkdtemp(prefix="nvio-big-", dir=os.environ.get("RUN_NVIO_BIG_DIR", "/var/tmp"))
     yield path
     shutil.rmtree(path)
 

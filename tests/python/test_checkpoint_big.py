@@ -1,9 +1,9 @@
 """Checkpoints past 4 GiB (the zip64 fields for real, not through test_checkpoint.py's lowered
 _ZIP64_LIMIT): nvio.save read by torch.load and nvio.load, torch.save read by nvio.load with and
 without into=, every 8-byte word holding its own offset. Needs about 14 GiB of memory and 5 GB of
-disk, so it runs only when asked: RUN_NVIO_BIG_TESTS=1 (optionally RUN_NVIO_BIG_DIR, default /var/tmp;
-not NVIO_*, which conftest.py removes).
-Last run 2026-11-26 on the dev machine (4,609,563,203-byte archive): passed."""
+disk, so it runs only when asked: RUN_NVIO_BIG_TESTS=1, optionally RUN_NVIO_BIG_DIR (default
+/var/tmp); not NVIO_* names, which conftest.py removes. Last run 2026-11-26 on the dev machine
+(4,609,563,203-byte archive, 51 s): passed."""
 
 from __future__ import annotations
 

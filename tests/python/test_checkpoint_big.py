@@ -48,7 +48,7 @@ def test_checkpoints_past_4_gib_round_trip_both_ways(big_dir):
     nvio.save(obj, ours)
     assert os.path.getsize(ours) > 4 << 30
     with zipfile.ZipFile(ours) as z:
-        assert z.testzip() is None  # every member's CRC-32, zip64 sizes and offsets as read by zipfile
+        assert z.testzip() is None  # every CRC-32, zip64 size and offset, as zipfile reads them
     for loader in (torch.load, nvio.load):
         back = loader(ours)
         assert torch.equal(back["big"], big) and torch.equal(back["small"], small)

@@ -420,6 +420,23 @@ OperationPtr Handle::Impl::prepare(Direction dir, std::byte* buf, std::size_t le
   return op;
 }
 
+namespace {
+
+// cuFile's registration for `op`'s direct descriptor: the file's, made once and kept with it, when
+// the file owns that descriptor; else one of the operation's own, since a caller's descriptor may
+// be closed, and its number reused for another file, while the handle keeps the file.
+std::shared_ptr<const cuda::CuFileHandle> gds_handle(const Operation& op) {
+  const auto make = [&] {
+    return std::make_shared<const cuda::CuFileHandle>(op.direct_fd, op.path);
+  };
+  if (op.file->direct && op.file->direct.get() == op.direct_fd) {
+    return op.file->gds_registration(make);
+  }
+  return make();
+}
+
+}  // namespace
+
 void Handle::Impl::prepare_device(Operation& op) {
   // A test's fake device memory is host memory: cuFile must never see it.
   if (options.gpu_direct == GpuDirect::Off || cuda::device_ops_override()) return;
@@ -434,7 +451,7 @@ void Handle::Impl::prepare_device(Operation& op) {
   }
   if (choice.transport == cuda::Transport::Gds) {
     try {
-      op.cufile = cuda::CuFileHandle(op.direct_fd, op.path);
+      op.cufile = gds_handle(op);
     } catch (const GpuError& e) {
       choice = {cuda::Transport::Bounce, options.gpu_direct == GpuDirect::On,
                 std::string(e.what()) + "; device memory moves through the host bounce path"};

@@ -34,6 +34,19 @@ std::exception_ptr ended_during_read(const Operation& op, std::uint64_t at) {
   }
 }
 
+std::shared_ptr<const cuda::CuFileHandle> OpenFile::gds_registration(
+    const std::function<std::shared_ptr<const cuda::CuFileHandle>()>& make) const {
+  std::call_once(gds_once_, [&] {
+    try {
+      gds_ = make();
+    } catch (...) {
+      gds_error_ = std::current_exception();
+    }
+  });
+  if (gds_error_) std::rethrow_exception(gds_error_);
+  return gds_;
+}
+
 void OperationQueue::push(const OperationPtr& op, StatsShard& stats) {
   {
     std::lock_guard lock(live_mutex_);
@@ -147,7 +160,7 @@ void OperationQueue::finish_piece(Operation& op, std::size_t count, StatsShard& 
   std::exception_ptr error;  // the outcome is final now
   {
     std::lock_guard lock(op.mutex);
-    op.cufile = cuda::CuFileHandle();  // deregistered before its descriptor closes
+    op.cufile.reset();  // an operation's own registration goes before its descriptor closes
     op.file.reset();
     op.batch.reset();
     op.finished_at = std::chrono::steady_clock::now();

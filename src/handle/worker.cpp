@@ -264,7 +264,7 @@ engine::Request Worker::request_for(unsigned i) const {
   engine::Request r{
       s.fd, s.op->direction, base + s.done, s.length - s.done, s.file_offset + s.done, tag(i)};
   if (s.lane == kCuFile) {
-    r.file_handle = &s.op->cufile;
+    r.file_handle = s.op->cufile.get();
     r.device = s.op->device;
   } else {
     r.region = s.region;

@@ -6,12 +6,15 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <thread>
 #include <vector>
 
 #include "handle/files.hpp"
+#include "handle/operation.hpp"
+#include "nvio/errors.hpp"
 #include "test_util.hpp"
 
 namespace nvio_test {
@@ -161,6 +164,48 @@ TEST_P(FileCache, RemovedFileIsLetGoOf) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, FileCache, NVIO_ALL_ENGINES, EngineParamName());
+
+// A kept file's cuFile registration is made once, by whichever of several threads asks first, and
+// shared; a refusal is made once too and thrown again, the same error, without asking again (the
+// real registration needs a GPU: here `make` stands in for it).
+TEST(OpenFileGds, RegistrationAndRefusalAreMadeOncePerFile) {
+  nvio::detail::OpenFile registered;
+  std::atomic<int> made{0};
+  const auto make = [&] {
+    ++made;
+    std::this_thread::sleep_for(5ms);  // the others ask meanwhile
+    return std::make_shared<const nvio::cuda::CuFileHandle>();
+  };
+  std::vector<std::shared_ptr<const nvio::cuda::CuFileHandle>> got(4);
+  std::vector<std::thread> threads;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    threads.emplace_back([&, i] { got[i] = registered.gds_registration(make); });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(made.load(), 1);
+  for (const auto& g : got) EXPECT_EQ(g, got[0]);
+  EXPECT_NE(got[0], nullptr);
+
+  nvio::detail::OpenFile refused;
+  int asked = 0;
+  const auto refuse = [&]() -> std::shared_ptr<const nvio::cuda::CuFileHandle> {
+    ++asked;
+    throw nvio::GpuError("cuFileHandleRegister", 5030, "CU_FILE_INTERNAL_ERROR", "refused",
+                         "/data/x.bin");
+  };
+  const nvio::GpuError* first = nullptr;
+  for (int i = 0; i < 3; ++i) {
+    try {
+      (void)refused.gds_registration(refuse);
+      ADD_FAILURE() << "a refused registration returned";
+    } catch (const nvio::GpuError& e) {
+      if (first == nullptr) first = &e;
+      EXPECT_EQ(&e, first) << "the kept error, not a new one";
+      EXPECT_NE(std::string(e.what()).find("/data/x.bin"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(asked, 1) << "cuFile was asked again after refusing";
+}
 
 }  // namespace
 }  // namespace nvio_test

@@ -7,10 +7,10 @@
 // whether to wait or throw. Buffers of at most kSlabMax bytes are slots of 64 KiB slabs (one size
 // class per slab, powers of two from 16 bytes). Medium buffers, 256 KiB to 2 MiB, are slots of
 // slabs of whole 2 MiB huge pages (size classes at most 1/8 above the size), made only while the
-// unused slots of slabs in use stay within 1/8 of the budget: a buffer of its own
-// below 2 MiB gets 4 KiB pages scattered in physical memory, and an O_DIRECT read into 1 MiB of
-// those carries 256 segments, past a virtio disk's 254, so it went to the drive as two requests
-// (swap_in of 1 MiB tensors ran at half the speed of reads into huge pages). A medium buffer that
+// unused slots of slabs in use stay within 1/8 of the budget: a buffer of its own below 2 MiB gets
+// 4 KiB pages scattered in physical memory, and an O_DIRECT read into 1 MiB of those carries 256
+// segments, past a virtio disk's 254, so it went to the drive as two requests (swap_in of 1 MiB
+// tensors ran at half the speed of reads into huge pages). A medium buffer that
 // finds no slot, where the budget has no room for a new slab twice over, gets a mapping of its own,
 // as do the other sizes above kSlabMax (from 2 MiB on, huge pages already).
 //
@@ -81,9 +81,8 @@ class SwapPool : public std::enable_shared_from_this<SwapPool> {
   bool fits(std::uint64_t bytes) const noexcept { return charged_ + mapped_ + bytes <= budget_; }
   // A slot of `slot` bytes lent as a buffer of `size`, from a slab of its class or a new slab of
   // `slab_bytes`, made only where `room` is given and the budget has that many (>= slab_bytes)
-  // bytes free. Called and
-  // returns null with `lock` held (no slab has a free slot and a new one does not fit); returns
-  // the buffer with `lock` released.
+  // bytes free. Called and returns null with `lock` held (no slab has a free slot and a new one
+  // may not be made); returns the buffer with `lock` released.
   std::shared_ptr<SwapBuffer> take_slot(std::unique_lock<std::mutex>& lock, std::size_t size,
                                         std::size_t slot, std::size_t slab_bytes,
                                         std::optional<std::uint64_t> room);

@@ -141,8 +141,10 @@ std::shared_ptr<SwapBuffer> SwapPool::try_allocate(std::size_t size) {
     // uses in slabs somebody does (which no drop can return) stay within an eighth of the
     // budget with the new slab's: slabs of several size classes, each with a slot or two lent
     // for long, must not take the room the buffers themselves need (a 300 KiB buffer held
-    // pins its whole 2 MiB slab). Budgets of a few MiB therefore get no slabs.
-    const bool may_map = idle_in_used_slabs() + slab - slot <= budget_ / 8;
+    // pins its whole 2 MiB slab). Budgets of a few MiB therefore get no slabs. Those slots are
+    // memory kept unused, so keep_free bounds them too (a pool without a budget, the binding's
+    // for locked tensors, would otherwise pin a slab per size class for a buffer or two).
+    const bool may_map = idle_in_used_slabs() + slab - slot <= std::min(budget_ / 8, keep_free_);
     std::optional<std::uint64_t> room;
     if (may_map) room = 2 * std::uint64_t{slab};
     if (auto b = take_slot(lock, size, slot, slab, room)) return b;

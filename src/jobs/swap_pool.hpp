@@ -7,7 +7,8 @@
 // whether to wait or throw. Buffers of at most kSlabMax bytes are slots of 64 KiB slabs (one size
 // class per slab, powers of two from 16 bytes). Medium buffers, 256 KiB to 2 MiB, are slots of
 // slabs of whole 2 MiB huge pages (size classes at most 1/8 above the size), made only while the
-// unused slots of slabs in use stay within 1/8 of the budget: a buffer of its own below 2 MiB gets
+// unused slots of slabs in use stay within 1/8 of the budget and within keep_free (memory kept
+// unused, which no drop can return while a slot is lent): a buffer of its own below 2 MiB gets
 // 4 KiB pages scattered in physical memory, and an O_DIRECT read into 1 MiB of those carries 256
 // segments, past a virtio disk's 254, so it went to the drive as two requests (swap_in of 1 MiB
 // tensors ran at half the speed of reads into huge pages). A medium buffer that

@@ -117,6 +117,20 @@ TEST(SwapPool, SlabsInUseLeaveAtMostAnEighthOfTheBudgetIdle) {
   EXPECT_EQ(pool->mapped(), 6 * kMiB + 600 * 1024);
 }
 
+TEST(SwapPool, WithoutABudgetKeepFreeBoundsTheIdleSlotsOfSlabsInUse) {
+  // The binding's pool for locked tensors: no budget to speak of, keep_free 4 MiB.
+  auto pool = std::make_shared<SwapPool>(std::numeric_limits<std::uint64_t>::max(),
+                                         nvio::LockMode::None, 4 * kMiB);
+  auto a = pool->try_allocate(300 * 1024);  // a slab: 1.6875 MiB of it idle
+  auto b = pool->try_allocate(600 * 1024);  // a slab: 1.375 MiB more, 3.0625 MiB
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(pool->mapped(), 4 * kMiB);
+  // 1 MiB + 1: a 1.125 MiB slot of a 6 MiB slab would leave 4.875 MiB more idle: its own mapping.
+  auto c = pool->try_allocate(kMiB + 1);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(pool->mapped(), 4 * kMiB + kMiB + 4096);
+}
+
 TEST(SwapPool, MakingRoomDropsOnlyWhatItNeeds) {
   auto pool = make_pool(12 * kMiB);
   {

@@ -395,8 +395,9 @@ bool in_locked_memory(std::uintptr_t addr, std::size_t nbytes) {
 // that size is 4 KiB pages scattered in physical memory, and an O_DIRECT transfer into 1 MiB of
 // them is 256 segments, which a virtio disk (254 at most) split into two requests: reads into
 // 512 separate 1 MiB buffers ran at 1.33 GB/s against 2.61 into one huge-page buffer. No budget;
-// at most 32 MiB of free slabs are kept for reuse (and of unused slots in slabs in use). Leaked (buffers may outlive the module) and
-// its mutex held across fork (core/fork.hpp), since a forked child may allocate.
+// at most 32 MiB of free slabs are kept for reuse (and of unused slots in slabs in use). Leaked
+// (buffers may outlive the module) and its mutex held across fork (core/fork.hpp), since a forked
+// child may allocate.
 nvio::detail::SwapPool& locked_arena() {
   static auto* pool = [] {
     auto* p = new std::shared_ptr<nvio::detail::SwapPool>(std::make_shared<nvio::detail::SwapPool>(

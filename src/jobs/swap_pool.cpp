@@ -87,8 +87,8 @@ std::uint64_t SwapPool::idle_in_used_slabs() const noexcept {
 
 std::shared_ptr<SwapBuffer> SwapPool::take_slot(std::unique_lock<std::mutex>& lock,
                                                 std::size_t size, std::size_t slot,
-                                                std::size_t slab_bytes,
-                                                std::optional<std::uint64_t> room) {
+                                                std::size_t slab_bytes, std::uint64_t room,
+                                                std::optional<std::uint64_t> idle_cap) {
   auto& list = slabs_[slot];
   Slab* slab = nullptr;
   for (auto& s : list) {
@@ -98,7 +98,10 @@ std::shared_ptr<SwapBuffer> SwapPool::take_slot(std::unique_lock<std::mutex>& lo
     }
   }
   if (slab == nullptr) {
-    if (!room || !make_room(*room)) return nullptr;
+    // Counted only here, where a new slab is wanted: walking every slab on each allocation
+    // would tax the common case, a free slot.
+    if (idle_cap && idle_in_used_slabs() + slab_bytes - slot > *idle_cap) return nullptr;
+    if (!make_room(room)) return nullptr;
     // Counted before mapping, which happens outside the lock (locking up to 16 MiB of huge pages
     // takes milliseconds), so that nobody else takes the room meanwhile.
     mapped_ += slab_bytes;
@@ -133,7 +136,9 @@ std::shared_ptr<SwapBuffer> SwapPool::take_slot(std::unique_lock<std::mutex>& lo
 
 std::shared_ptr<SwapBuffer> SwapPool::try_allocate(std::size_t size) {
   std::unique_lock lock(mutex_);
-  if (size <= kSlabMax) return take_slot(lock, size, slot_size(size), kSlabSize, kSlabSize);
+  if (size <= kSlabMax) {
+    return take_slot(lock, size, slot_size(size), kSlabSize, kSlabSize, std::nullopt);
+  }
   if (is_medium(size)) {
     const std::size_t slot = medium_slot(size);
     const std::size_t slab = medium_slab(slot);
@@ -144,10 +149,10 @@ std::shared_ptr<SwapBuffer> SwapPool::try_allocate(std::size_t size) {
     // pins its whole 2 MiB slab). Budgets of a few MiB therefore get no slabs. Those slots are
     // memory kept unused, so keep_free bounds them too (a pool without a budget, the binding's
     // for locked tensors, would otherwise pin a slab per size class for a buffer or two).
-    const bool may_map = idle_in_used_slabs() + slab - slot <= std::min(budget_ / 8, keep_free_);
-    std::optional<std::uint64_t> room;
-    if (may_map) room = 2 * std::uint64_t{slab};
-    if (auto b = take_slot(lock, size, slot, slab, room)) return b;
+    if (auto b = take_slot(lock, size, slot, slab, 2 * std::uint64_t{slab},
+                           std::min(budget_ / 8, keep_free_))) {
+      return b;
+    }
     // No room for a slab (take_slot keeps the lock then): a mapping of its own, if that fits.
   }
   const std::uint64_t mapping = mapping_size(size);

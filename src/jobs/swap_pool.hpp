@@ -81,12 +81,13 @@ class SwapPool : public std::enable_shared_from_this<SwapPool> {
 
   bool fits(std::uint64_t bytes) const noexcept { return charged_ + mapped_ + bytes <= budget_; }
   // A slot of `slot` bytes lent as a buffer of `size`, from a slab of its class or a new slab of
-  // `slab_bytes`, made only where `room` is given and the budget has that many (>= slab_bytes)
-  // bytes free. Called and returns null with `lock` held (no slab has a free slot and a new one
-  // may not be made); returns the buffer with `lock` released.
+  // `slab_bytes`, made only where the budget has `room` (>= slab_bytes) bytes free and, given
+  // `idle_cap`, the unused slots of slabs in use stay within it with the new slab's. Called and
+  // returns null with `lock` held (no slab has a free slot and a new one may not be made);
+  // returns the buffer with `lock` released.
   std::shared_ptr<SwapBuffer> take_slot(std::unique_lock<std::mutex>& lock, std::size_t size,
                                         std::size_t slot, std::size_t slab_bytes,
-                                        std::optional<std::uint64_t> room);
+                                        std::uint64_t room, std::optional<std::uint64_t> idle_cap);
   // Bytes of slabs with a slot in use that no slot uses (mutex held).
   std::uint64_t idle_in_used_slabs() const noexcept;
   // Whether `bytes` more fit the budget, after dropping as much free memory as that needs

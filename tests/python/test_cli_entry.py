@@ -71,7 +71,10 @@ def test_python_m_nvio_runs_the_program_of_the_build_tree(tmp_path):
     if not os.access(_cli.BUNDLED, os.X_OK):
         pytest.skip(f"the bundled program is not built here: {_cli.BUNDLED}")
     package_root = Path(nvio.__file__).resolve().parents[1]
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(package_root), "NVIO_CONFIG": "none"}
+    # No nvio on PATH, so the bundled program is the one that runs; the loader's path is kept for
+    # builds whose libraries lie outside the system's (the GPU machine's packed build).
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(package_root), "NVIO_CONFIG": "none",
+           **{k: os.environ[k] for k in ("LD_LIBRARY_PATH",) if k in os.environ}}
     r = subprocess.run([sys.executable, "-m", "nvio", "--version"], capture_output=True,
                        text=True, env=env, cwd=tmp_path, timeout=60)
     assert (r.returncode, r.stdout) == (0, f"nvio {nvio.__version__}\n"), r.stderr

@@ -89,6 +89,16 @@ class Engine {
     (void)bytes;
     return -1;
   }
+  // Asks reap() to end a wait early once `fd`, an eventfd, becomes readable: another thread has
+  // work for this engine's thread (OperationQueue::block_in_engine). The engine reads the eventfd
+  // when that happens, and reap() then returns what it has, fewer than min_complete completions
+  // or none. Returns true when the engine watches `fd` from now on, false when it cannot (the
+  // default, and engines whose reap() never waits). Called once, before the first submit();
+  // `fd` outlives the engine.
+  virtual bool watch(int fd) noexcept {
+    (void)fd;
+    return false;
+  }
   virtual EngineKind kind() const noexcept = 0;
   // For messages: "io_uring", "libaio", "psync", "cuFile".
   virtual const char* name() const noexcept { return to_string(kind()); }

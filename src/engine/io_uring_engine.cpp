@@ -1,6 +1,8 @@
 // io_uring back end (liburing): one ring per worker.
 #include <fmt/format.h>
 #include <liburing.h>
+#include <poll.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -48,6 +50,8 @@ class Ring {
 // The user_data of the engine's own cancel requests. Requests carry their slot index (below
 // queue_depth), never the caller's tag, so no tag can be mistaken for it.
 constexpr std::uint64_t kCancelData = ~std::uint64_t{0};
+// The user_data of the poll of the watched eventfd (Engine::watch).
+constexpr std::uint64_t kWatchData = kCancelData - 1;
 
 // Cancels every request of the ring in one SQE (Linux 5.19); older kernels answer -EINVAL, and the
 // engine then cancels each request by its user_data.
@@ -60,9 +64,10 @@ constexpr unsigned kMaxRegions = 64;
 
 class IoUringEngine final : public Engine {
  public:
-  // One SQE more than queue_depth: a cancel always finds room behind a full queue of requests.
+  // Two SQEs more than queue_depth: a cancel and the watch's poll always find room behind a full
+  // queue of requests.
   IoUringEngine(unsigned queue_depth, IoUringCalls calls)
-      : ring_(queue_depth + 1),
+      : ring_(queue_depth + 2),
         calls_(calls),
         tags_(queue_depth),
         state_(queue_depth, SlotState::Free) {
@@ -71,6 +76,7 @@ class IoUringEngine final : public Engine {
   }
 
   int submit(std::span<const Request> requests) override {
+    arm_watch();  // goes to the kernel with the requests: no system call of its own
     std::size_t queued = 0;
     for (const Request& r : requests) {
       if (free_.empty()) break;
@@ -110,6 +116,7 @@ class IoUringEngine final : public Engine {
       sent = send();
       if (sent < 0 && sent != -EAGAIN && sent != -EBUSY) return sent;
     }
+    woken_ = false;
     std::size_t n = drain(out);
     // -EBUSY: the kernel had too many completions waiting; draining them may have made room.
     if (sent < 0 && n > 0 && !unsent_.empty()) send();
@@ -119,7 +126,8 @@ class IoUringEngine final : public Engine {
     if (n == 0 && want == 0 && min_complete > 0 && !out.empty() && outstanding() > 0) {
       return -EAGAIN;  // all of them are still in the ring: nothing can be waited for now
     }
-    while (n < want) {
+    if (n < want && !woken_ && arm_watch()) send();
+    while (n < want && !woken_) {
       // A wait moves no data: interruptions (and EAGAIN, which the ring reports while it cannot
       // wait yet) are repeated within the bound for such calls. The engine's own cancel CQEs
       // count for the kernel but are not reported, hence the loop; it never waits for more than
@@ -127,8 +135,10 @@ class IoUringEngine final : public Engine {
       io_uring_cqe* cqe = nullptr;
       detail::RetryCounter interrupted(detail::kInterruptedCallRetries);
       int rc;
+      // With the watch's poll pending, one CQE at a time: it may be the one that ends the wait.
+      const auto nr = watch_armed_ ? 1U : static_cast<unsigned>(want - n);
       do {
-        rc = io_uring_wait_cqe_nr(ring_.get(), &cqe, static_cast<unsigned>(want - n));
+        rc = io_uring_wait_cqe_nr(ring_.get(), &cqe, nr);
       } while (rc < 0 && interrupted.retry(-rc));
       if (rc < 0) return n > 0 ? static_cast<int>(n) : rc;
       n += drain(out.subspan(n));
@@ -182,6 +192,11 @@ class IoUringEngine final : public Engine {
     return static_cast<int>(next_region_++);
   }
 
+  bool watch(int fd) noexcept override {
+    watch_fd_ = fd;
+    return true;
+  }
+
   EngineKind kind() const noexcept override { return EngineKind::IoUring; }
 
  private:
@@ -190,6 +205,32 @@ class IoUringEngine final : public Engine {
     Queued,    // an SQE in the ring that the kernel has not taken yet
     InKernel,  // taken by the kernel; its CQE is still to come
   };
+
+  // Prepares the watched eventfd's poll unless it is pending already. Returns true when it
+  // prepared one (it still has to be sent).
+  bool arm_watch() {
+    if (watch_fd_ < 0 || watch_armed_) return false;
+    io_uring_sqe* sqe = io_uring_get_sqe(ring_.get());
+    if (sqe == nullptr) return false;
+    io_uring_prep_poll_add(sqe, watch_fd_, POLLIN);
+    io_uring_sqe_set_data64(sqe, kWatchData);
+    unsent_.push_back(kWatchData);
+    watch_armed_ = true;
+    return true;
+  }
+
+  // The watch's poll completed: the eventfd was written (or the poll was cancelled or failed).
+  void watch_fired(std::int32_t res) {
+    watch_armed_ = false;
+    woken_ = true;
+    if (res < 0 && res != -ECANCELED) {
+      watch_fd_ = -1;  // a kernel that cannot poll it: waits end on completions only, as before
+      return;
+    }
+    std::uint64_t count = 0;
+    // Resets the counter; EAGAIN (another poll of ours saw it first) needs nothing.
+    [[maybe_unused]] const ssize_t rc = ::read(watch_fd_, &count, sizeof count);
+  }
 
   // Requests accepted and not reaped yet, in the ring or in the kernel.
   std::size_t outstanding() const noexcept { return tags_.size() - free_.size(); }
@@ -204,7 +245,7 @@ class IoUringEngine final : public Engine {
     for (unsigned i = 0; i < taken; ++i) {
       const std::uint64_t data = unsent_.front();
       unsent_.pop_front();
-      if (data != kCancelData) {
+      if (data != kCancelData && data != kWatchData) {
         state_[data] = SlotState::InKernel;
         ++in_kernel_;
       }
@@ -212,8 +253,8 @@ class IoUringEngine final : public Engine {
     return rc;
   }
 
-  // Moves the CQEs available now into `out` (the engine's own cancel CQEs are consumed but not
-  // reported). Returns how many it stored.
+  // Moves the CQEs available now into `out` (the engine's own cancel and watch CQEs are consumed
+  // but not reported). Returns how many it stored.
   std::size_t drain(std::span<Completion> out) {
     std::size_t n = 0;
     io_uring_cqe* cqe = nullptr;
@@ -226,6 +267,10 @@ class IoUringEngine final : public Engine {
           cancel_all_ = false;
           recancel_ = true;
         }
+        continue;
+      }
+      if (data == kWatchData) {
+        watch_fired(res);
         continue;
       }
       out[n++] = Completion{tags_[data], res};
@@ -252,6 +297,9 @@ class IoUringEngine final : public Engine {
   bool regions_made_ = false;         // the sparse table of registered buffers exists
   bool regions_usable_ = true;        // false: the kernel refused the table
   unsigned next_region_ = 0;          // the table's next free entry
+  int watch_fd_ = -1;                 // the eventfd that ends a wait (Engine::watch), or -1
+  bool watch_armed_ = false;          // its poll is in the ring or in the kernel
+  bool woken_ = false;                // its poll completed during this reap()
 };
 
 }  // namespace

@@ -1,6 +1,8 @@
 // libaio back end: io_submit / io_getevents on one aio context per worker.
 #include <fmt/format.h>
 #include <libaio.h>
+#include <poll.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -43,10 +45,24 @@ class AioContext {
 
 class LibaioEngine final : public Engine {
  public:
+  // One event more than queue_depth: the watch's poll (Engine::watch).
   explicit LibaioEngine(unsigned queue_depth)
-      : ctx_(queue_depth), iocbs_(queue_depth), free_(queue_depth), events_(queue_depth) {
+      : ctx_(queue_depth + 1),
+        iocbs_(queue_depth),
+        free_(queue_depth),
+        events_(queue_depth + 1) {
     for (unsigned i = 0; i < queue_depth; ++i) free_[i] = &iocbs_[i];
   }
+
+  ~LibaioEngine() override {
+    // io_destroy waits for every request; the poll ends once the eventfd is readable.
+    if (watch_armed_) {
+      const std::uint64_t one = 1;
+      [[maybe_unused]] const ssize_t rc = ::write(watch_fd_, &one, sizeof one);
+    }
+  }
+  LibaioEngine(const LibaioEngine&) = delete;
+  LibaioEngine& operator=(const LibaioEngine&) = delete;
 
   int submit(std::span<const Request> requests) override {
     std::vector<iocb*>& batch = batch_;
@@ -91,15 +107,28 @@ class LibaioEngine final : public Engine {
     if (room == 0) return static_cast<int>(n);
     // Never wait for more than the kernel holds: it would wait for ever.
     const std::size_t in_kernel = iocbs_.size() - free_.size() - cancelled_.size();
-    const std::size_t wait_for =
-        std::min({min_complete > n ? min_complete - n : 0, in_kernel, room});
+    std::size_t wait_for = std::min({min_complete > n ? min_complete - n : 0, in_kernel, room});
+    // With the watch's poll pending, wait for one event: it may be the one that ends the wait.
+    if (wait_for > 0 && arm_watch()) wait_for = 1;
     const int rc = detail::retry_interrupted([&] {
       return io_getevents(ctx_.get(), static_cast<long>(wait_for), static_cast<long>(room),
                           events_.data(), nullptr);
     });
     if (rc < 0) return n > 0 ? static_cast<int>(n) : rc;
-    for (int i = 0; i < rc; ++i) out[n++] = complete(events_[static_cast<std::size_t>(i)]);
+    for (int i = 0; i < rc; ++i) {
+      const io_event& e = events_[static_cast<std::size_t>(i)];
+      if (e.obj == &watch_cb_) {
+        watch_fired(static_cast<long>(e.res));
+      } else {
+        out[n++] = complete(e);
+      }
+    }
     return static_cast<int>(n);
+  }
+
+  bool watch(int fd) noexcept override {
+    watch_fd_ = fd;
+    return true;
   }
 
   int cancel() override {
@@ -139,12 +168,42 @@ class LibaioEngine final : public Engine {
 
   std::size_t index(const iocb* cb) const { return static_cast<std::size_t>(cb - iocbs_.data()); }
 
+  // Makes sure the watched eventfd's poll (IOCB_CMD_POLL, Linux 4.18) is in the kernel before a
+  // wait. Returns true when it is.
+  bool arm_watch() {
+    if (watch_fd_ < 0) return false;
+    if (watch_armed_) return true;
+    io_prep_poll(&watch_cb_, watch_fd_, POLLIN);
+    iocb* cb = &watch_cb_;
+    const int rc = detail::retry_interrupted([&] { return io_submit(ctx_.get(), 1, &cb); });
+    if (rc == 1) {
+      watch_armed_ = true;
+    } else if (rc == -EINVAL) {
+      watch_fd_ = -1;  // a kernel without aio poll: waits end on completions only, as before
+    }
+    return watch_armed_;
+  }
+
+  // The watch's poll completed: the eventfd was written (or the poll failed).
+  void watch_fired(long res) {
+    watch_armed_ = false;
+    if (res < 0) {
+      watch_fd_ = -1;
+      return;
+    }
+    std::uint64_t count = 0;
+    [[maybe_unused]] const ssize_t rc = ::read(watch_fd_, &count, sizeof count);
+  }
+
   AioContext ctx_;
   std::vector<iocb> iocbs_;
   std::vector<iocb*> free_;
   std::vector<io_event> events_;
   std::vector<iocb*> batch_;
   std::deque<io_event> cancelled_;  // events io_cancel returned itself (kernels before 3.11)
+  iocb watch_cb_{};                 // the poll of the watched eventfd (Engine::watch)
+  int watch_fd_ = -1;               // that eventfd, or -1
+  bool watch_armed_ = false;        // its poll is in the kernel
 };
 
 }  // namespace

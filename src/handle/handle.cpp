@@ -252,6 +252,7 @@ Handle::Impl::Impl(const Options& opts) : options(opts) {
   workers.reserve(count);
   std::exception_ptr first;
   counters.set_workers(count);
+  queue.prepare_wakeups(count);
   for (unsigned i = 0; i < count && !first; ++i) {
     try {
       auto ready = std::make_shared<std::promise<void>>();

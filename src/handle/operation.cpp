@@ -1,6 +1,7 @@
 #include "handle/operation.hpp"
 
 #include <fmt/format.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include "core/spin.hpp"
@@ -64,7 +65,7 @@ void OperationQueue::push(const OperationPtr& op, StatsShard& stats) {
       idle_armed_ = static_cast<bool>(idle_hook_);
       try {
         queue_.push_back(op);
-        pushes_.fetch_add(1, std::memory_order_release);
+        pushes_.fetch_add(1, std::memory_order_seq_cst);  // see block_in_engine()
       } catch (...) {  // std::bad_alloc
         refused = std::current_exception();
         try {
@@ -83,6 +84,48 @@ void OperationQueue::push(const OperationPtr& op, StatsShard& stats) {
     return;
   }
   cv_.notify_all();
+  wake_blocked(op->piece_count);
+}
+
+void OperationQueue::prepare_wakeups(unsigned workers) noexcept {
+  try {
+    auto made = std::make_unique<Wakeup[]>(workers);
+    for (unsigned i = 0; i < workers; ++i) {
+      made[i].eventfd = FileDescriptor(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+      if (!made[i].eventfd) return;
+    }
+    wakeups_ = std::move(made);
+    wakeup_count_ = workers;
+  } catch (const std::bad_alloc&) {  // no wakeups: workers wait for completions as before
+  }
+}
+
+int OperationQueue::wakeup_fd(unsigned worker) const noexcept {
+  return worker < wakeup_count_ ? wakeups_[worker].eventfd.get() : -1;
+}
+
+bool OperationQueue::block_in_engine(unsigned worker, std::uint64_t seen) noexcept {
+  Wakeup& w = wakeups_[worker];
+  w.blocked.store(true, std::memory_order_seq_cst);
+  if (pushes_.load(std::memory_order_seq_cst) == seen) return true;
+  w.blocked.store(false, std::memory_order_relaxed);
+  return false;
+}
+
+void OperationQueue::blocked_in_engine_done(unsigned worker) noexcept {
+  wakeups_[worker].blocked.store(false, std::memory_order_relaxed);
+}
+
+void OperationQueue::wake_blocked(std::size_t pieces) noexcept {
+  for (unsigned i = 0; i < wakeup_count_ && pieces > 0; ++i) {
+    Wakeup& w = wakeups_[i];
+    // The load first: a worker not blocked costs no atomic write. exchange: one write per block.
+    if (!w.blocked.load(std::memory_order_seq_cst) || !w.blocked.exchange(false)) continue;
+    const std::uint64_t one = 1;
+    // EAGAIN (the counter full) leaves it readable: the worker wakes all the same.
+    [[maybe_unused]] const ssize_t rc = ::write(w.eventfd.get(), &one, sizeof one);
+    --pieces;
+  }
 }
 
 void OperationQueue::set_idle_hook(std::function<bool()> hook, std::chrono::milliseconds period) {

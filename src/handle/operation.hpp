@@ -224,7 +224,34 @@ class OperationQueue {
   // True once stop() was called and nothing is queued: a worker with nothing in flight exits.
   bool should_exit();
 
+  // Waking a worker blocked in its engine. A worker with requests in flight waits in the kernel
+  // for a completion, not on cv_, so a piece queued meanwhile would wait for the next completion
+  // (on a drive that completes in bursts, for a whole burst) with the worker's slots idle. Each
+  // worker gets an eventfd its engine watches (Engine::watch), written by push() when the worker
+  // said it is about to block there.
+  //
+  // Makes the eventfds of `workers` workers; called before any worker starts. Without descriptors
+  // left (EMFILE) there are none, and workers wait for their completions as before.
+  void prepare_wakeups(unsigned workers) noexcept;
+  // Worker `worker`'s eventfd, or -1 when it has none.
+  int wakeup_fd(unsigned worker) const noexcept;
+  // Operations queued so far; a worker reads it before it takes pieces (sequentially consistent).
+  std::uint64_t pushes() const noexcept { return pushes_.load(std::memory_order_seq_cst); }
+  // Worker `worker` is about to block in its engine, having taken pieces with pushes() at `seen`.
+  // Returns false, and the worker must not block, when an operation was queued since: push()
+  // either sees the flag set here and writes the eventfd, or is seen here (both sides are
+  // sequentially consistent). Call blocked_in_engine_done() after the wait.
+  bool block_in_engine(unsigned worker, std::uint64_t seen) noexcept;
+  void blocked_in_engine_done(unsigned worker) noexcept;
+
  private:
+  struct Wakeup {
+    FileDescriptor eventfd;
+    std::atomic<bool> blocked{false};  // the worker is, or is about to be, waiting in its engine
+  };
+  // Writes the eventfd of up to `pieces` workers blocked in their engines.
+  void wake_blocked(std::size_t pieces) noexcept;
+
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<OperationPtr> queue_;
@@ -239,6 +266,11 @@ class OperationQueue {
   std::mutex live_mutex_;
   std::condition_variable live_cv_;
   std::size_t live_ops_ = 0;  // queued or running: stop() waits for them
+
+  // One per worker, made before the workers start and kept until the queue goes (after every
+  // worker and every thread that may push), so a write never meets a closed descriptor.
+  std::unique_ptr<Wakeup[]> wakeups_;
+  unsigned wakeup_count_ = 0;
 };
 
 }  // namespace nvio::detail

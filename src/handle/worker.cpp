@@ -182,6 +182,9 @@ class Worker {
   void make_ready(unsigned i);
   void submit_ready();
   std::size_t reap(unsigned lane, std::size_t min_complete);
+  // reap() that waits for `min_complete` (> 0) completions, or less when an operation is queued
+  // meanwhile and a slot is free for its pieces.
+  std::size_t reap_waiting(unsigned lane, std::size_t min_complete);
   // Takes back from engine `lane` the request a completion's tag names: its slot's index, or
   // nothing when the tag is not that of the slot's current piece on that engine (nothing may then
   // be applied to the slot). The slot leaves OnDisk.
@@ -218,6 +221,8 @@ class Worker {
   std::vector<unsigned> copying_;      // device copies running, oldest first
   std::vector<unsigned> host_copies_;  // host copies due, oldest first
   std::vector<int> regions_;           // the kernel engine's region of each slab of the pool, or -1
+  bool watching_ = false;              // the kernel engine watches the queue's eventfd for us
+  std::uint64_t seen_pushes_ = 0;      // OperationQueue::pushes() when fill() last looked
   std::size_t inflight_ = 0;           // slots not Free
   std::array<std::size_t, kLanes> on_disk_{};  // OnDisk slots, by engine
   std::vector<engine::Request> requests_;
@@ -240,6 +245,10 @@ Worker::Worker(const WorkerSettings& settings, OperationQueue& queue)
       std::min<std::size_t>(qd, std::max<std::size_t>(2, (std::size_t{64} << 20) / chunk));
   memory_ =
       std::make_unique<WorkerMemory>(engine::make_engine(settings.engine, qd), chunk, bounce_count);
+  // Pieces queued while the worker waits for a completion end that wait (OperationQueue::
+  // block_in_engine); without overlap_events no piece starts before all have completed anyway.
+  const int wakeup = queue_.wakeup_fd(settings.index);
+  watching_ = settings.overlap_events && wakeup >= 0 && engine(kKernel).watch(wakeup);
   slots_.resize(qd);
   // Never more than qd entries in any of these: pushing to them does not allocate.
   free_.reserve(qd);
@@ -322,6 +331,7 @@ void Worker::make_ready(unsigned i) {
 }
 
 void Worker::fill() {
+  seen_pushes_ = queue_.pushes();  // before any early return: reap_waiting() compares with it
   // Without overlap_events, new pieces start only once the previous ones have all completed.
   if (!settings_.overlap_events && inflight_ > 0) return;
   // While the engine fails to report completions, nothing new starts on it until it has given
@@ -563,6 +573,14 @@ void Worker::submit_ready() {
   ready_.erase(ready_.begin(), ready_.begin() + static_cast<std::ptrdiff_t>(pos));
 }
 
+std::size_t Worker::reap_waiting(unsigned lane, std::size_t min_complete) {
+  const bool wakeable = watching_ && lane == kKernel && !free_.empty();
+  if (wakeable && !queue_.block_in_engine(settings_.index, seen_pushes_)) return 0;
+  const std::size_t got = reap(lane, min_complete);
+  if (wakeable) queue_.blocked_in_engine_done(settings_.index);
+  return got;
+}
+
 std::size_t Worker::reap(unsigned lane, std::size_t min_complete) {
   in_engine_ = true;
   const int got = engine(lane).reap(completions_, min_complete);
@@ -729,13 +747,15 @@ void Worker::run() noexcept {
           if (!copying_.empty()) {
             poll_copies(true);
           } else {
-            reap(kKernel, 1);
+            reap_waiting(kKernel, 1);
           }
         }
       } else {
         // One engine has requests: at least one completion (overlap_events), or all of them.
         for (unsigned lane = 0; lane < kLanes; ++lane) {
-          if (on_disk_[lane] > 0) reap(lane, settings_.overlap_events ? 1 : on_disk_[lane]);
+          if (on_disk_[lane] > 0) {
+            reap_waiting(lane, settings_.overlap_events ? 1 : on_disk_[lane]);
+          }
         }
       }
     }

@@ -4,6 +4,7 @@
 // of fault seeds.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -513,6 +514,81 @@ TEST_P(EngineContract, CancelThenReapReturnsEveryAcceptedTagOnce) {
     std::vector<Completion> out(kDepth);
     EXPECT_TRUE(engine->reap(out, 0) <= 0) << "a completion after all were reaped";
   });
+}
+
+// Engine::watch: the back ends that wait in the kernel watch the eventfd; a wake that is due when
+// the engine waits ends the wait, is consumed (the eventfd read), and loses no completion.
+TEST_P(EngineContract, AWatchedEventfdEndsAWaitAndLosesNoCompletion) {
+  constexpr unsigned kDepth = 16;
+  const std::string path = file("data");
+  nvio_test::write_pattern_file(path, kDepth * nvio_test::MiB, 13);
+  const Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  const Fd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  std::vector<unsigned char> buf(kDepth * nvio_test::MiB);
+  std::vector<Request> requests;
+  for (unsigned i = 0; i < kDepth; ++i) {
+    requests.push_back(Request{fd.get(), Direction::Read, &buf[i * nvio_test::MiB], nvio_test::MiB,
+                               i * nvio_test::MiB, tag_for(i, 13)});
+  }
+  run_within(kLimit, "a wake among reads", [&] {
+    auto engine = make(kDepth);
+    const bool waits_in_kernel = !GetParam().faults && GetParam().kind != EngineKind::Psync;
+    const bool watching = engine->watch(wake.get());
+    EXPECT_EQ(watching, waits_in_kernel);
+    const std::uint64_t one = 1;
+    ASSERT_EQ(::write(wake.get(), &one, sizeof one), 8);  // due before the first wait
+    const std::vector<Completion> all = submit_and_reap(*engine, requests);
+    ASSERT_EQ(all.size(), kDepth);
+    for (const Completion& c : all) EXPECT_EQ(c.result, static_cast<std::int64_t>(nvio_test::MiB));
+    // The poll's own event may still wait behind the last completion (libaio reaps at most
+    // queue_depth events a call): one more reap takes it, and reports nothing.
+    std::vector<Completion> rest(kDepth);
+    EXPECT_TRUE(engine->reap(rest, 0) <= 0) << "a completion after all were reaped";
+    std::uint64_t count = 0;
+    if (watching) {
+      EXPECT_EQ(::read(wake.get(), &count, sizeof count), -1) << "the wake was not consumed";
+    } else {
+      EXPECT_EQ(::read(wake.get(), &count, sizeof count), 8) << "an engine that does not watch "
+                                                                "read the eventfd";
+    }
+  });
+  EXPECT_TRUE(nvio_test::buffer_has_pattern(buf.data(), buf.size(), 0, 13));
+}
+
+// A wait for a request that does not complete (a read of an empty pipe: io_uring reads it
+// asynchronously) ends when the watched eventfd is written, with no completion; the request still
+// completes once the pipe has data.
+TEST_P(EngineContract, AWatchedEventfdEndsAWaitForARequestThatHasNotCompleted) {
+  if (GetParam().kind != EngineKind::IoUring || GetParam().faults) {
+    GTEST_SKIP() << "only the bare io_uring engine reads a pipe asynchronously (libaio would block "
+                    "in io_submit, psync in submit)";
+  }
+  int ends[2];
+  ASSERT_EQ(::pipe2(ends, O_CLOEXEC), 0);
+  const Fd in(ends[0]), out_end(ends[1]);
+  const Fd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  char byte = 0;
+  run_within(kLimit, "a wait ended by the eventfd", [&] {
+    auto engine = make(2);
+    ASSERT_TRUE(engine->watch(wake.get()));
+    const std::vector<Request> read = {Request{in.get(), Direction::Read, &byte, 1, 0, 99}};
+    ASSERT_EQ(engine->submit(read), 1);
+    std::thread writer([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      const std::uint64_t one = 1;
+      EXPECT_EQ(::write(wake.get(), &one, sizeof one), 8);
+    });
+    std::vector<Completion> out(2);
+    const int got = engine->reap(out, 1);
+    writer.join();
+    EXPECT_EQ(got, 0) << "the wait ended with a completion that cannot have come";
+    ASSERT_EQ(::write(out_end.get(), "x", 1), 1);
+    const std::vector<Completion> all = reap_all(*engine, 1);
+    ASSERT_EQ(all.size(), 1u);
+    EXPECT_EQ(all[0].tag, 99u);
+    EXPECT_EQ(all[0].result, 1);
+  });
+  EXPECT_EQ(byte, 'x');
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, EngineContract,

@@ -14,8 +14,11 @@
 
 namespace nvio::detail {
 
-// How long a thread polls before it sleeps.
-inline constexpr std::chrono::microseconds kSpinLimit{50};
+// How long a thread polls before it sleeps: longer than a 4 KiB read from a drive takes, so that
+// a caller waiting for one finds it done instead of asleep. 50 us was shorter than this VM's disk
+// (about 60 us a read): 4 KiB at queue depth 1 ran at 0.62-0.77x fio's IOPS, and at 0.99-1.08x
+// with 150 us (docs/performance.md, "Polling for 150 us").
+inline constexpr std::chrono::microseconds kSpinLimit{150};
 
 // Whether this process may run on more than one CPU (asked once).
 inline bool spinning_pays() noexcept {

@@ -14,11 +14,15 @@
 
 namespace nvio::detail {
 
-// How long a thread polls before it sleeps: longer than a 4 KiB read from a drive takes, so that
-// a caller waiting for one finds it done instead of asleep. 50 us was shorter than this VM's disk
-// (about 60 us a read): 4 KiB at queue depth 1 ran at 0.62-0.77x fio's IOPS, and at 0.99-1.08x
-// with 150 us (docs/performance.md, "Polling for 150 us").
-inline constexpr std::chrono::microseconds kSpinLimit{150};
+// How long a caller waiting for its operation polls before it sleeps: longer than a 4 KiB read
+// from a drive takes, so that it finds the read done instead of asleep. 50 us was shorter than
+// this VM's disk (about 60 us a read): 4 KiB at queue depth 1 ran at 0.62-0.77x fio's IOPS, and
+// at 0.99-1.08x with 150 us (docs/performance.md, "Polling for 150 us").
+inline constexpr std::chrono::microseconds kCompletionSpinLimit{150};
+// How long an idle worker polls for the next submission: the caller that waited for the last
+// completion submits again within microseconds. Longer took a CPU from the caller and the
+// kernel with several workers (4 workers, 8 operations each in flight: 0.83x with 150 us).
+inline constexpr std::chrono::microseconds kWorkSpinLimit{50};
 
 // Whether this process may run on more than one CPU (asked once).
 inline bool spinning_pays() noexcept {
@@ -30,13 +34,13 @@ inline bool spinning_pays() noexcept {
   return pays;
 }
 
-// Polls `ready` (a cheap check of an atomic) until it returns true or kSpinLimit has passed.
+// Polls `ready` (a cheap check of an atomic) until it returns true or `limit` has passed.
 // Returns its last answer. Thread-safe as `ready` is.
 template <class Ready>
-bool spin_until(Ready ready) noexcept(noexcept(ready())) {
+bool spin_until(std::chrono::microseconds limit, Ready ready) noexcept(noexcept(ready())) {
   if (ready()) return true;
   if (!spinning_pays()) return false;
-  const auto until = std::chrono::steady_clock::now() + kSpinLimit;
+  const auto until = std::chrono::steady_clock::now() + limit;
   for (unsigned i = 1;; ++i) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();

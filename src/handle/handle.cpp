@@ -774,8 +774,9 @@ std::size_t Handle::wait_some(std::span<Completion> out, std::size_t min_count) 
       if (s.tickets.size() <= kPollOutstanding) {
         const std::uint64_t seen = s.finished_count.load(std::memory_order_acquire);
         lock.unlock();
-        const bool more = detail::spin_until(
-            [&] { return s.finished_count.load(std::memory_order_acquire) != seen; });
+        const bool more = detail::spin_until(detail::kCompletionSpinLimit, [&] {
+          return s.finished_count.load(std::memory_order_acquire) != seen;
+        });
         lock.lock();
         if (more || s.finished_count.load(std::memory_order_acquire) != seen) continue;
       }

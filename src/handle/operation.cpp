@@ -58,8 +58,10 @@ void OperationQueue::push(const OperationPtr& op, StatsShard& stats) {
     return;
   }
   std::exception_ptr refused;  // why the operation is not queued
+  bool spinner = false;        // an idle worker polls for this push: it takes one piece
   {
     std::lock_guard lock(mutex_);
+    spinner = spinner_;
     refused = worker_error_;
     if (!refused) {
       idle_armed_ = static_cast<bool>(idle_hook_);
@@ -83,11 +85,18 @@ void OperationQueue::push(const OperationPtr& op, StatsShard& stats) {
     finish_piece(*op, op->piece_count, stats);
     return;
   }
-  cv_.notify_all();
+  // As many sleeping workers as there are pieces for, not all: each woken one takes the mutex.
+  const std::size_t pieces = op->piece_count - (spinner ? 1 : 0);
+  if (workers_ == 0 || pieces >= workers_) {
+    cv_.notify_all();
+  } else {
+    for (std::size_t i = 0; i < pieces; ++i) cv_.notify_one();
+  }
   wake_blocked(op->piece_count);
 }
 
 void OperationQueue::prepare_wakeups(unsigned workers) noexcept {
+  workers_ = workers;
   try {
     auto made = std::make_unique<Wakeup[]>(workers);
     for (unsigned i = 0; i < workers; ++i) {
@@ -142,14 +151,18 @@ bool OperationQueue::take_piece(OperationPtr& op, Piece& piece, bool bounce_ok, 
       queue_.pop_front();
     }
     if (!queue_.empty() || stopping_ || !wait_for_work) break;
-    if (!polled) {
+    if (!polled && !spinner_) {
       // The next submission often follows within microseconds (a caller waiting for each small
-      // operation before the next): poll for it before sleeping (core/spin.hpp).
+      // operation before the next): poll for it before sleeping (core/spin.hpp). One idle worker
+      // at a time: several polling would take the CPUs from the caller and the kernel, and all
+      // rush for the one operation that comes.
       polled = true;
+      spinner_ = true;
       const std::uint64_t seen = pushes_.load(std::memory_order_acquire);
       lock.unlock();
-      spin_until([&] { return pushes_.load(std::memory_order_acquire) != seen; });
+      spin_until(kWorkSpinLimit, [&] { return pushes_.load(std::memory_order_acquire) != seen; });
       lock.lock();
+      spinner_ = false;
       continue;
     }
     if (!idle_armed_) {
@@ -277,7 +290,10 @@ std::exception_ptr OperationQueue::worker_failure() {
 void OperationQueue::wait_finished(Operation& op) {
   // A small operation usually finishes within microseconds: poll before sleeping. The finishing
   // thread still holds a reference to `op` while it notifies, so returning here is safe.
-  if (spin_until([&] { return op.finished_flag.load(std::memory_order_acquire); })) return;
+  if (spin_until(kCompletionSpinLimit,
+                 [&] { return op.finished_flag.load(std::memory_order_acquire); })) {
+    return;
+  }
   std::unique_lock lock(op.mutex);
   op.finished_cv.wait(lock, [&] { return op.finished; });
 }

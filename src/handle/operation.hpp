@@ -231,7 +231,8 @@ class OperationQueue {
   // said it is about to block there.
   //
   // Makes the eventfds of `workers` workers; called before any worker starts. Without descriptors
-  // left (EMFILE) there are none, and workers wait for their completions as before.
+  // left (EMFILE) there are none, and workers wait for their completions as before. The count
+  // also lets push() wake only as many sleeping workers as the operation has pieces.
   void prepare_wakeups(unsigned workers) noexcept;
   // Worker `worker`'s eventfd, or -1 when it has none.
   int wakeup_fd(unsigned worker) const noexcept;
@@ -262,6 +263,7 @@ class OperationQueue {
   std::function<bool()> idle_hook_;
   std::chrono::milliseconds idle_period_{0};
   bool idle_armed_ = false;  // guarded by mutex_
+  bool spinner_ = false;     // guarded by mutex_: an idle worker is polling pushes_
 
   std::mutex live_mutex_;
   std::condition_variable live_cv_;
@@ -271,6 +273,7 @@ class OperationQueue {
   // worker and every thread that may push), so a write never meets a closed descriptor.
   std::unique_ptr<Wakeup[]> wakeups_;
   unsigned wakeup_count_ = 0;
+  unsigned workers_ = 0;  // set by prepare_wakeups(); 0: unknown, push() wakes every sleeper
 };
 
 }  // namespace nvio::detail

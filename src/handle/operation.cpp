@@ -180,7 +180,12 @@ bool OperationQueue::take_piece(OperationPtr& op, Piece& piece, bool bounce_ok, 
   Operation& head = *queue_.front();
   if (op.get() == &head && taken_from_op >= per_op_limit) return false;
   const Piece p = head.plan.piece(head.next_piece);
-  if (!bounce_ok && head.needs_bounce(p)) return false;
+  if (!bounce_ok && head.needs_bounce(p)) {
+    // push() may have woken only this worker for the piece: another one with bounce chunks free
+    // takes it instead.
+    cv_.notify_one();
+    return false;
+  }
   ++head.next_piece;
   op = queue_.front();
   piece = p;

@@ -92,9 +92,11 @@ class Engine {
   // Asks reap() to end a wait early once `fd`, an eventfd, becomes readable: another thread has
   // work for this engine's thread (OperationQueue::block_in_engine). The engine reads the eventfd
   // when that happens, and reap() then returns what it has, fewer than min_complete completions
-  // or none. Returns true when the engine watches `fd` from now on, false when it cannot (the
-  // default, and engines whose reap() never waits). Called once, before the first submit();
-  // `fd` outlives the engine.
+  // or none. While it watches, a wait for several completions may also end after the first.
+  // Returns true when the engine watches `fd` from now on, false when it cannot (the default, and
+  // engines whose reap() never waits). Called once, before the first submit(); `fd` outlives the
+  // engine. An engine that later finds it cannot poll `fd` stops watching silently: its waits
+  // then end on completions only.
   virtual bool watch(int fd) noexcept {
     (void)fd;
     return false;

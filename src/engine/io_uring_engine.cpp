@@ -222,8 +222,11 @@ class IoUringEngine final : public Engine {
   // The watch's poll completed: the eventfd was written (or the poll was cancelled or failed).
   void watch_fired(std::int32_t res) {
     watch_armed_ = false;
+    // Cancelled by cancel()'s cancel-all: no wake, and nothing to read. Ending the wait here would
+    // return an empty reap that the worker takes for a working engine.
+    if (res == -ECANCELED) return;
     woken_ = true;
-    if (res < 0 && res != -ECANCELED) {
+    if (res < 0) {
       watch_fd_ = -1;  // a kernel that cannot poll it: waits end on completions only, as before
       return;
     }

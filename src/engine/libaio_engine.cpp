@@ -55,7 +55,8 @@ class LibaioEngine final : public Engine {
   }
 
   ~LibaioEngine() override {
-    // io_destroy waits for every request; the poll ends once the eventfd is readable.
+    // io_destroy waits for every request; it cancels a pending poll too, but a readable eventfd
+    // ends the poll on any kernel.
     if (watch_armed_) {
       const std::uint64_t one = 1;
       [[maybe_unused]] const ssize_t rc = ::write(watch_fd_, &one, sizeof one);

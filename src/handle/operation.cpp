@@ -61,7 +61,8 @@ void OperationQueue::push(const OperationPtr& op, StatsShard& stats) {
   bool spinner = false;        // an idle worker polls for this push: it takes one piece
   {
     std::lock_guard lock(mutex_);
-    spinner = spinner_;
+    spinner = spinner_ && !spinner_counted_on_;
+    if (spinner) spinner_counted_on_ = true;  // it takes one piece: this push's
     refused = worker_error_;
     if (!refused) {
       idle_armed_ = static_cast<bool>(idle_hook_);
@@ -158,6 +159,7 @@ bool OperationQueue::take_piece(OperationPtr& op, Piece& piece, bool bounce_ok, 
       // rush for the one operation that comes.
       polled = true;
       spinner_ = true;
+      spinner_counted_on_ = false;
       const std::uint64_t seen = pushes_.load(std::memory_order_acquire);
       lock.unlock();
       spin_until(kWorkSpinLimit, [&] { return pushes_.load(std::memory_order_acquire) != seen; });
@@ -182,8 +184,9 @@ bool OperationQueue::take_piece(OperationPtr& op, Piece& piece, bool bounce_ok, 
   const Piece p = head.plan.piece(head.next_piece);
   if (!bounce_ok && head.needs_bounce(p)) {
     // push() may have woken only this worker for the piece: another one with bounce chunks free
-    // takes it instead.
+    // takes it instead, sleeping or waiting in its engine.
     cv_.notify_one();
+    wake_blocked(1);
     return false;
   }
   ++head.next_piece;

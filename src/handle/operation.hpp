@@ -246,7 +246,8 @@ class OperationQueue {
   void blocked_in_engine_done(unsigned worker) noexcept;
 
  private:
-  struct Wakeup {
+  // A cache line each: every push reads the flags, and each worker writes its own.
+  struct alignas(64) Wakeup {
     FileDescriptor eventfd;
     std::atomic<bool> blocked{false};  // the worker is, or is about to be, waiting in its engine
   };
@@ -263,7 +264,10 @@ class OperationQueue {
   std::function<bool()> idle_hook_;
   std::chrono::milliseconds idle_period_{0};
   bool idle_armed_ = false;  // guarded by mutex_
-  bool spinner_ = false;     // guarded by mutex_: an idle worker is polling pushes_
+  // Guarded by mutex_: an idle worker is polling pushes_ (no other starts to), and a push has
+  // counted on it to take its piece (the next pushes wake sleepers instead).
+  bool spinner_ = false;
+  bool spinner_counted_on_ = false;
 
   std::mutex live_mutex_;
   std::condition_variable live_cv_;

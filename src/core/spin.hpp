@@ -11,18 +11,25 @@
 #include <sched.h>
 
 #include <chrono>
+#include <cstdint>
 
 namespace nvio::detail {
 
-// How long a caller waiting for its operation polls before it sleeps: longer than a 4 KiB read
-// from a drive takes, so that it finds the read done instead of asleep. 50 us was shorter than
-// this VM's disk (about 60 us a read): 4 KiB at queue depth 1 ran at 0.62-0.77x fio's IOPS, and
-// at 0.99-1.08x with 150 us (docs/performance.md, "Polling for 150 us").
-inline constexpr std::chrono::microseconds kCompletionSpinLimit{150};
 // How long an idle worker polls for the next submission: the caller that waited for the last
 // completion submits again within microseconds. Longer took a CPU from the caller and the
 // kernel with several workers (4 workers, 8 operations each in flight: 0.83x with 150 us).
 inline constexpr std::chrono::microseconds kWorkSpinLimit{50};
+
+// How long a caller waiting for `bytes` of I/O polls before it sleeps. A small transfer (a 4 KiB
+// read from this VM's disk takes about 60 us) gets 150 us, so that the caller finds it done
+// instead of asleep: at queue depth 1, 4 KiB ran at 0.62-0.77x fio's IOPS with 50 us and at
+// 0.99-1.08x with 150 us. A large one will not finish within that, and polling only costs: in a
+// VM the polling vCPU takes host CPU from the emulated drive (one 1 MiB read at a time ran 15%
+// slower with 150 us), so it keeps 50 us. See docs/performance.md, "Polling for 150 us".
+inline constexpr std::uint64_t kSmallTransfer = 64 * 1024;
+inline constexpr std::chrono::microseconds completion_spin_limit(std::uint64_t bytes) noexcept {
+  return bytes <= kSmallTransfer ? std::chrono::microseconds{150} : kWorkSpinLimit;
+}
 
 // Whether this process may run on more than one CPU (asked once).
 inline bool spinning_pays() noexcept {

@@ -774,7 +774,11 @@ std::size_t Handle::wait_some(std::span<Completion> out, std::size_t min_count) 
       if (s.tickets.size() <= kPollOutstanding) {
         const std::uint64_t seen = s.finished_count.load(std::memory_order_acquire);
         lock.unlock();
-        const bool more = detail::spin_until(detail::kCompletionSpinLimit, [&] {
+        std::uint64_t bytes = 0;  // of the one or two jobs outstanding
+        for (const auto& [ticket, job] : s.tickets) {
+          for (const OperationPtr& op : job->ops) bytes += op->length;
+        }
+        const bool more = detail::spin_until(detail::completion_spin_limit(bytes), [&] {
           return s.finished_count.load(std::memory_order_acquire) != seen;
         });
         lock.lock();

@@ -298,7 +298,7 @@ std::exception_ptr OperationQueue::worker_failure() {
 void OperationQueue::wait_finished(Operation& op) {
   // A small operation usually finishes within microseconds: poll before sleeping. The finishing
   // thread still holds a reference to `op` while it notifies, so returning here is safe.
-  if (spin_until(kCompletionSpinLimit,
+  if (spin_until(completion_spin_limit(op.length),
                  [&] { return op.finished_flag.load(std::memory_order_acquire); })) {
     return;
   }

@@ -47,10 +47,7 @@ class LibaioEngine final : public Engine {
  public:
   // One event more than queue_depth: the watch's poll (Engine::watch).
   explicit LibaioEngine(unsigned queue_depth)
-      : ctx_(queue_depth + 1),
-        iocbs_(queue_depth),
-        free_(queue_depth),
-        events_(queue_depth + 1) {
+      : ctx_(queue_depth + 1), iocbs_(queue_depth), free_(queue_depth), events_(queue_depth + 1) {
     for (unsigned i = 0; i < queue_depth; ++i) free_[i] = &iocbs_[i];
   }
 

@@ -69,7 +69,7 @@ void OperationQueue::push(const OperationPtr& op, StatsShard& stats) {
       try {
         queue_.push_back(op);
         pushes_.fetch_add(1, std::memory_order_seq_cst);  // see block_in_engine()
-      } catch (...) {  // std::bad_alloc
+      } catch (...) {                                     // std::bad_alloc
         refused = std::current_exception();
         try {
           refused = std::make_exception_ptr(

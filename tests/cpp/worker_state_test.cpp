@@ -272,11 +272,11 @@ struct Gate {
     const std::uint64_t one = 1;
     EXPECT_EQ(::write(fd, &one, sizeof one), 8);
   }
-  const int fd;                     // readable once the gate is open
+  const int fd;  // readable once the gate is open
   std::atomic<bool> opened{false};
-  std::atomic<int> held{0};         // requests held so far
-  std::atomic<bool> waiting{false}; // reap() is blocked with only held requests
-  std::atomic<int> watch_wakes{0};  // waits the watched eventfd ended
+  std::atomic<int> held{0};          // requests held so far
+  std::atomic<bool> waiting{false};  // reap() is blocked with only held requests
+  std::atomic<int> watch_wakes{0};   // waits the watched eventfd ended
 };
 
 // Holds the requests at file offset 0 until the gate opens and performs the others at once; its
@@ -348,8 +348,8 @@ class GateEngine final : public Engine {
 // read queued meanwhile: returns whether the second one finished within `patience` while the first
 // was still held. Both reads' bytes are checked once the gate opens.
 bool second_read_finishes_while_the_first_is_held(bool accept_watch,
-                                                   std::chrono::milliseconds patience,
-                                                   int* watch_wakes) {
+                                                  std::chrono::milliseconds patience,
+                                                  int* watch_wakes) {
   const auto gate = std::make_shared<Gate>();
   ScopedEngineFactory factory([&](nvio::EngineKind, unsigned) -> std::unique_ptr<Engine> {
     return std::make_unique<GateEngine>(gate, accept_watch);

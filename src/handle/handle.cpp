@@ -772,12 +772,12 @@ std::size_t Handle::wait_some(std::span<Completion> out, std::size_t min_count) 
       // sleeping (core/spin.hpp), as a small one finishes within microseconds. With more, one
       // finishes soon anyway, and polling would take a CPU from the kernel's side of the I/O.
       if (s.tickets.size() <= kPollOutstanding) {
-        const std::uint64_t seen = s.finished_count.load(std::memory_order_acquire);
-        lock.unlock();
-        std::uint64_t bytes = 0;  // of the one or two jobs outstanding
+        std::uint64_t bytes = 0;  // of the one or two jobs outstanding (the table needs the lock)
         for (const auto& [ticket, job] : s.tickets) {
           for (const OperationPtr& op : job->ops) bytes += op->length;
         }
+        const std::uint64_t seen = s.finished_count.load(std::memory_order_acquire);
+        lock.unlock();
         const bool more = detail::spin_until(detail::completion_spin_limit(bytes), [&] {
           return s.finished_count.load(std::memory_order_acquire) != seen;
         });

@@ -242,7 +242,10 @@ TEST_P(RealFaults, NoSpace) {
 
       // Several writes over more than the space left, each into its own file, all submitted
       // before any is waited for when async: each is either done, and then reads back exactly,
-      // or a NoSpace; both happen.
+      // or a NoSpace; some are refused. One after the other, the first is done; async, it need
+      // not be: the pieces of several writes are in flight together, the kernel allocates for
+      // them in whatever order it runs them (io_uring hands extending direct writes to its
+      // worker threads), and the space can go to pieces of later writes (seen in CI).
       ASSERT_EQ(::unlink(big.c_str()), 0);
       h.close_files();
       m->sync();
@@ -283,15 +286,26 @@ TEST_P(RealFaults, NoSpace) {
           ADD_FAILURE() << "write " << i << " failed with " << typeid(e).name() << ": " << e.what();
         }
       }
-      EXPECT_GT(done, 0u);
+      if (mode == Mode::Blocking) {
+        EXPECT_GT(done, 0u);
+      }
       EXPECT_GT(refused, 0u);
       EXPECT_LE(done * each, room) << "more reported written than there was space for";
       EXPECT_EQ(h.pending(), 0u);
       EXPECT_EQ(h.wait(), 0u);
 
       // The handle still works: a read of a file whose write was done (with async writes, the
-      // first file is not always the one that found room).
-      ASSERT_TRUE(a_done);
+      // first file is not always the one that found room; when none did, one written now).
+      if (!a_done) {
+        for (std::size_t i = 0; i < count; ++i) {
+          const std::string path = m->file(fmt::format("f{}.bin", i));
+          ASSERT_TRUE(::unlink(path.c_str()) == 0 || errno == ENOENT) << path;
+        }
+        h.close_files();
+        m->sync();
+        a_done = 0;
+        ASSERT_NO_THROW(write_with(h, mode, bufs[0]->data(), each, m->file("f0.bin"), 17));
+      }
       GuardedBuffer rb(each, BufKind::Plus3);
       rb.fill_sentinel();
       ASSERT_NO_THROW(

@@ -354,6 +354,17 @@ std::uint64_t to_offset(py::handle value, py::handle name) {
   return args_module().attr("offset")(value, name).cast<std::uint64_t>();
 }
 
+// The file and offset of one of Handle's single calls, converted as given (`file_name` and
+// `offset_name` name them in an error), then `call(path or descriptor, offset)` run without the
+// GIL; returns what it returns.
+template <typename Call>
+auto on_target(py::handle file, py::handle offset, py::handle file_name, py::handle offset_name,
+               Call&& call) {
+  const Target target = to_target(file, file_name);
+  const std::uint64_t off = to_offset(offset, offset_name);
+  return unlocked([&] { return std::visit([&](const auto& t) { return call(t, off); }, target); });
+}
+
 py::dict options_dict(const nvio::Options& o) {
   py::dict d;
   for (const nvio::OptionSpec& spec : nvio::option_specs())
@@ -974,11 +985,9 @@ PYBIND11_MODULE(_nvio, m) {
           "read",
           [](nvio::Handle& h, std::uintptr_t addr, std::size_t nbytes, py::handle file,
              py::handle offset, bool device, py::handle file_name, py::handle offset_name) {
-            const Target target = to_target(file, file_name);
-            const std::uint64_t off = to_offset(offset, offset_name);
             const nvio::ReadOptions r = read_options(device);
-            unlocked([&] {
-              std::visit([&](const auto& t) { h.read(as_ptr(addr), nbytes, t, off, r); }, target);
+            on_target(file, offset, file_name, offset_name, [&](const auto& t, std::uint64_t off) {
+              h.read(as_ptr(addr), nbytes, t, off, r);
             });
           },
           py::arg("address"), py::arg("nbytes"), py::arg("target"), py::arg("offset") = 0,
@@ -989,11 +998,9 @@ PYBIND11_MODULE(_nvio, m) {
           [](nvio::Handle& h, std::uintptr_t addr, std::size_t nbytes, py::handle file,
              py::handle offset, bool truncate, bool sync, bool device, py::handle file_name,
              py::handle offset_name) {
-            const Target target = to_target(file, file_name);
-            const std::uint64_t off = to_offset(offset, offset_name);
             const nvio::WriteOptions w = write_options(truncate, sync, device);
-            unlocked([&] {
-              std::visit([&](const auto& t) { h.write(as_ptr(addr), nbytes, t, off, w); }, target);
+            on_target(file, offset, file_name, offset_name, [&](const auto& t, std::uint64_t off) {
+              h.write(as_ptr(addr), nbytes, t, off, w);
             });
           },
           py::arg("address"), py::arg("nbytes"), py::arg("target"), py::arg("offset") = 0,
@@ -1003,14 +1010,11 @@ PYBIND11_MODULE(_nvio, m) {
           "submit_read",
           [](nvio::Handle& h, std::uintptr_t addr, std::size_t nbytes, py::handle file,
              py::handle offset, bool device, py::handle file_name, py::handle offset_name) {
-            const Target target = to_target(file, file_name);
-            const std::uint64_t off = to_offset(offset, offset_name);
             const nvio::ReadOptions r = read_options(device);
-            return unlocked([&] {
-              return std::visit(
-                  [&](const auto& t) { return h.submit_read(as_ptr(addr), nbytes, t, off, r); },
-                  target);
-            });
+            return on_target(file, offset, file_name, offset_name,
+                             [&](const auto& t, std::uint64_t off) {
+                               return h.submit_read(as_ptr(addr), nbytes, t, off, r);
+                             });
           },
           py::arg("address"), py::arg("nbytes"), py::arg("target"), py::arg("offset") = 0,
           py::arg("device") = false, py::arg("file_name") = "file",
@@ -1020,14 +1024,11 @@ PYBIND11_MODULE(_nvio, m) {
           [](nvio::Handle& h, std::uintptr_t addr, std::size_t nbytes, py::handle file,
              py::handle offset, bool truncate, bool sync, bool device, py::handle file_name,
              py::handle offset_name) {
-            const Target target = to_target(file, file_name);
-            const std::uint64_t off = to_offset(offset, offset_name);
             const nvio::WriteOptions w = write_options(truncate, sync, device);
-            return unlocked([&] {
-              return std::visit(
-                  [&](const auto& t) { return h.submit_write(as_ptr(addr), nbytes, t, off, w); },
-                  target);
-            });
+            return on_target(file, offset, file_name, offset_name,
+                             [&](const auto& t, std::uint64_t off) {
+                               return h.submit_write(as_ptr(addr), nbytes, t, off, w);
+                             });
           },
           py::arg("address"), py::arg("nbytes"), py::arg("target"), py::arg("offset") = 0,
           py::arg("truncate") = false, py::arg("sync") = false, py::arg("device") = false,

@@ -52,12 +52,23 @@ def _from_torch(t: Any, writable: bool) -> BufferRef:
         raise InvalidType(
             f"nvio: {t.device.type} tensors are not supported; use CPU or CUDA tensors"
         )
-    if not t.is_contiguous():
+    try:
+        contiguous = t.is_contiguous()
+        address = t.data_ptr() if contiguous else 0
+    except RuntimeError:
+        # Sparse, MKL-DNN and other layouts have no one block of memory to transfer (torch
+        # refuses their data_ptr or is_contiguous); asked here rather than checking the layout
+        # first, which would cost every small read.
+        raise InvalidType(
+            f"nvio: {t.layout} tensors are not supported: they have no plain memory to read or "
+            "write; pass t.to_dense()"
+        ) from None
+    if not contiguous:
         raise _nvio.InvalidArgument(
             "nvio: the tensor is not contiguous; pass t.contiguous() "
             "(and copy the result back after a read)"
         )
-    return BufferRef(t.data_ptr(), t.numel() * t.element_size(), t, cuda)
+    return BufferRef(address, t.numel() * t.element_size(), t, cuda)
 
 
 def _typestr_itemsize(typestr: str) -> int:

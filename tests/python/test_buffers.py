@@ -312,6 +312,15 @@ def test_unusable_buffers_refused_clearly(tmp_path):
     meta = torch.empty(16, dtype=torch.uint8, device="meta")
     with pytest.raises(TypeError, match="meta"):
         nvio.Handle().write(meta, tmp_path / "c.bin")
+    # Layouts without one block of memory: a typed error naming the layout, not torch's own.
+    path = write_file(tmp_path / "s.bin", bytes(64))
+    for layout, t in (("sparse_coo", torch.zeros(4).to_sparse()),
+                      ("sparse_csr", torch.zeros(2, 2).to_sparse_csr())):
+        with pytest.raises(nvio.InvalidType, match=layout):
+            nvio.Handle().read(t, path)
+        with pytest.raises(nvio.InvalidType, match=layout):
+            nvio.Handle().write(t, tmp_path / "c.bin")
+    assert read_file(path) == bytes(64)
 
 
 def test_zero_length_buffers(tmp_path):

@@ -4,9 +4,11 @@ For each tensor size (default 1, 16 and 64 MiB), --total bytes of tensors (locke
 swapped out (every swap_out started, then wait(): write-behind under --budget) and swapped back
 in (after dropping the swap files' pages: fsync + posix_fadvise DONTNEED) into the same tensors,
 one swap_in at a time, then all in one swap_in_batch, then again after one prefetch of every
-name; a snapshot() of them is timed after the swap_out; in the same round, `nvio bench --op write` and `--op read` move the same byte count
-with the same handle settings (--block-size, --queue-depth, --parallelism). Rounds alternate the
-two so that a drive's drift affects both; medians are printed with the ratio to `nvio bench`.
+name; a snapshot() of them is timed after the swap_out; in the same round, `nvio bench --op write`
+and `--op read` move the same byte count with the same handle settings (--block-size,
+--queue-depth, --parallelism), and a bare nvio.Handle of those settings reads the same tensors
+one at a time from consecutive offsets of one file (the reference for swap_in one at a time). Rounds
+alternate them so that a drive's drift affects all; medians are printed with the ratios.
 
     PYTHONPATH=build/python /usr/bin/python3 bench/swapper_bench.py --dir /var/tmp/swap-bench
     ... --sizes 1M --total 64M --rounds 1          # a short run
@@ -42,6 +44,30 @@ def nvio_bench(op: str, size: int, directory: Path, settings: dict) -> float:
     return result["bytes"] / (result["gb_per_s"] * 1e9)
 
 
+def handle_read_each(nvio, tensors: list, directory: Path, settings: dict) -> float:
+    """Seconds to read `tensors` back one at a time, in order, from consecutive offsets of one
+    file, with a bare nvio.Handle of the same settings (the file written untimed first, its pages
+    dropped): the reference for swap_in one tensor at a time, whose reads are of the same sizes
+    in the same order. The whole-file `nvio bench --op read` is not: it keeps queue depth x
+    parallelism requests in flight whatever the tensor size."""
+    path = directory / "each.dat"
+    h = nvio.Handle(**settings)
+    offset = 0
+    for t in tensors:
+        h.write(t, path, offset)
+        offset += t.numel() * t.element_size()
+    os.sync()
+    drop_cache(path)
+    t0 = time.perf_counter()
+    offset = 0
+    for t in tensors:
+        h.read(t, path, offset)
+        offset += t.numel() * t.element_size()
+    seconds = time.perf_counter() - t0
+    path.unlink()
+    return seconds
+
+
 def drop_directory_cache(directory: Path) -> None:
     for entry in directory.iterdir():
         if entry.name.endswith(".swap"):
@@ -55,7 +81,8 @@ def one_size(nvio, size: int, args, settings: dict) -> dict:
     for i, t in enumerate(tensors):
         t.fill_(i % 251)
     times: dict = {k: [] for k in ("swap_out", "bench write", "snapshot", "swap_in",
-                                    "swap_in_batch", "prefetch+swap_in", "bench read")}
+                                    "swap_in_batch", "prefetch+swap_in", "bench read",
+                                    "read each")}
     swap_dir = args.dir / "swap"
     with nvio.TensorSwapper(swap_dir, args.budget, **settings) as sw:
         for _ in range(args.rounds):
@@ -96,6 +123,7 @@ def one_size(nvio, size: int, args, settings: dict) -> dict:
                 sw.swap_in(f"t{i}", out=t)
             times["prefetch+swap_in"].append(time.perf_counter() - t0)
             times["bench read"].append(nvio_bench("read", nbytes, args.dir, settings))
+            times["read each"].append(handle_read_each(nvio, tensors, args.dir, settings))
         for i, t in enumerate(tensors):  # the bytes came back
             if int(t[0]) != i % 251 or int(t[-1]) != i % 251:
                 raise benchlib.Failure(f"tensor t{i} of {human(size)} came back wrong")
@@ -145,7 +173,8 @@ def main() -> int:
         print(f"  {r['count']} x {human(r['size'])}: swap_out {g['swap_out']:6.2f} GB/s "
               f"({g['swap_out'] / g['bench write']:.2f}x bench write {g['bench write']:.2f}), "
               f"swap_in {g['swap_in']:6.2f} GB/s ({g['swap_in'] / g['bench read']:.2f}x bench "
-              f"read {g['bench read']:.2f}), swap_in_batch {g['swap_in_batch']:6.2f} GB/s "
+              f"read {g['bench read']:.2f}; {g['swap_in'] / g['read each']:.2f}x Handle.read "
+              f"one at a time {g['read each']:.2f}), swap_in_batch {g['swap_in_batch']:6.2f} GB/s "
               f"({g['swap_in_batch'] / g['bench read']:.2f}x), prefetch+swap_in "
               f"{g['prefetch+swap_in']:6.2f} GB/s, snapshot {g['snapshot']:6.2f} GB/s "
               f"({g['snapshot'] / g['bench write']:.2f}x bench write)")

@@ -23,6 +23,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -153,6 +154,9 @@ def main() -> int:
     settings = {"block_size": args.block_size, "queue_depth": args.queue_depth,
                 "intra_op_parallelism": args.parallelism}
     args.dir.mkdir(parents=True, exist_ok=True)
+    # A directory of its own inside --dir, the only thing removed at the end: --dir may be a
+    # directory that holds other files (/var/tmp).
+    args.dir = Path(tempfile.mkdtemp(prefix="nvio-swapper-bench-", dir=args.dir))
     results = []
     try:
         for size in args.sizes:

@@ -6,6 +6,8 @@ needed). The entry points replace the Python process with it (os.execv): its sig
 status and terminal are then the program's own, with no Python process in between.
 
     nvio ARGS               -> nvio ARGS   (also python -m nvio ARGS)
+    nvio ckpt-bench ARGS    -> nvio.ckpt_bench in this interpreter (it needs PyTorch; the
+                               program hands ckpt-bench to the same module when run directly)
     nvio-ds-io ARGS         -> nvio ds-io ARGS
     nvio-ds-nvme-tune ARGS  -> nvio ds-nvme-tune ARGS
 """
@@ -47,7 +49,12 @@ def run(args: Sequence[str]) -> NoReturn:
 
 
 def main() -> NoReturn:
-    run(sys.argv[1:])
+    args = sys.argv[1:]
+    if args[:1] == ["ckpt-bench"]:
+        from . import ckpt_bench
+
+        sys.exit(ckpt_bench.main(args[1:]))
+    run(args)
 
 
 def ds_io() -> NoReturn:

@@ -95,7 +95,7 @@ def test_version_matches_report(tmp_path):
 @pytest.mark.parametrize(
     "args, expected",
     [
-        ([], ["bench", "report"]),
+        ([], ["bench", "report", "ckpt-bench"]),
         (["bench"], ["--queue-depth", "--block-size", "--verify", "--file", "--no-overlap-events",
                      "--pattern", "--offset", "--ops", "--duration", "--outstanding", "--batch"]),
         (["report"], ["--dir", "--json"]),
@@ -920,3 +920,34 @@ def test_striped_bench_bad_arguments(tmp_path, extra, needle):
              else str(first) if x == "FIRST" else x for x in extra]
     line = assert_one_error_line(nvio("bench", "--dir", first, *extra, "--size", "1M"))
     assert needle in line
+
+
+# ---- ckpt-bench: handed to the Python module nvio.ckpt_bench ------------------------------------
+
+# The build's Python package beside the program (build/python next to build/bin), which
+# `nvio ckpt-bench` finds; the sanitizer builds have none.
+PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(BIN))), "python", "nvio",
+                       "ckpt_bench.py")
+needs_package = pytest.mark.skipif(not os.path.isfile(PACKAGE),
+                                   reason=f"this build has no Python package ({PACKAGE})")
+
+
+@needs_package
+def test_ckpt_bench_runs_the_python_module(tmp_path):
+    r = nvio("ckpt-bench", "--help")
+    assert r.returncode == 0 and r.stdout.startswith("usage: nvio ckpt-bench"), r.stderr
+    r = nvio("ckpt-bench", "--dir", tmp_path, "--size", "1M", "--layers", 1, "--rounds", 1,
+             "--no-bench", "--json", timeout=120)
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout)
+    assert result["ratios"]["load_vs_torch"] > 0 and result["tensors"] == 44
+    assert list(tmp_path.iterdir()) == []
+    # Its exit status and error line are the module's own.
+    r = nvio("ckpt-bench", "--size", "0")
+    assert r.returncode == 2 and "nvio ckpt-bench: error: argument --size" in r.stderr
+
+
+def test_ckpt_bench_without_python_is_one_error_line():
+    r = nvio("ckpt-bench", "--size", "1M", env=clean_env(NVIO_PYTHON="/nonexistent/python3"))
+    line = assert_one_error_line(r, code=1)
+    assert "cannot start '/nonexistent/python3': No such file or directory" in line

@@ -162,6 +162,8 @@ void add_evict_options(CLI::App& app, EvictArgs& args);
 void add_procs_options(CLI::App& app, BenchArgs& args);
 void add_ds_io_options(CLI::App& app, DsIoArgs& args);
 void add_ds_nvme_tune_options(CLI::App& app, DsTuneArgs& args);
+// `nvio ckpt-bench` takes no flags of its own: everything after it goes to nvio.ckpt_bench.
+void add_ckpt_bench_options(CLI::App& app);
 
 // Run a parsed subcommand. Throw UsageError / nvio::InvalidArgument for bad arguments (exit 2)
 // and other exceptions for failures (exit 1); return the exit code otherwise.
@@ -171,6 +173,9 @@ int run_tune(const TuneArgs& args);
 int run_evict(const EvictArgs& args);
 int run_ds_io(const DsIoArgs& args);
 int run_ds_nvme_tune(const DsTuneArgs& args);
+// Replaces the process with Python running nvio.ckpt_bench with `forwarded` (ckpt.cpp); returns
+// only by throwing, when Python cannot be started.
+[[noreturn]] void run_ckpt_bench(const std::vector<std::string>& forwarded);
 // A bench with --procs or --device-map: forks the processes, runs their barriers and prints the
 // per-process and aggregate results.
 int run_bench_procs(const BenchArgs& args);

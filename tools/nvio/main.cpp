@@ -70,6 +70,12 @@ int run(int argc, char** argv) {
       "evict", "Write back and drop files from the page cache, so the next read is the drive's");
   nvio_cli::add_evict_options(*evict, evict_args);
 
+  CLI::App* ckpt_bench = app.add_subcommand(
+      "ckpt-bench",
+      "Save and load a synthetic training checkpoint with nvio and with PyTorch (runs the Python "
+      "module nvio.ckpt_bench; --help there)");
+  nvio_cli::add_ckpt_bench_options(*ckpt_bench);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version
@@ -84,9 +90,10 @@ int run(int argc, char** argv) {
   if (evict->parsed()) return nvio_cli::run_evict(evict_args);
   if (ds_io->parsed()) return nvio_cli::run_ds_io(ds_io_args);
   if (ds_tune->parsed()) return nvio_cli::run_ds_nvme_tune(ds_tune_args);
+  if (ckpt_bench->parsed()) nvio_cli::run_ckpt_bench(ckpt_bench->remaining());
   throw nvio_cli::UsageError(
-      "a subcommand is required: bench, tune, report, evict, ds-io or ds-nvme-tune (see nvio "
-      "--help)");
+      "a subcommand is required: bench, tune, report, evict, ds-io, ds-nvme-tune or ckpt-bench "
+      "(see nvio --help)");
 }
 
 }  // namespace

@@ -1,0 +1,272 @@
+"""``nvio ckpt-bench``: checkpoint save and load with nvio against PyTorch, cold cache.
+
+A synthetic training checkpoint of about ``--size`` bytes (a transformer's weights in bf16 and its
+Adam states in fp32: matrices, vectors and scalars, nested the way ``{"model": model.state_dict(),
+"optimizer": optimizer.state_dict()}`` nests them) is saved and loaded in alternating rounds:
+
+- save: ``nvio.save`` against ``torch.save`` into a file then ``os.fsync`` (a checkpoint is only
+  saved once it is on the drive; ``nvio.save`` is durable and atomic by itself);
+- load: ``nvio.load`` against ``torch.load``, each file's pages dropped first (``nvio.evict``);
+- the same byte count written and read by ``nvio bench`` (the drive's speed with nvio's handle),
+  where the ``nvio`` command is found (``--nvio``, the one bundled with this package, or PATH).
+
+The first round checks that every tensor ``nvio.load`` returns equals the one saved, and that
+``torch.load`` reads nvio's file. Medians, GB/s and the ratios are printed (``--json``: one JSON
+object). The order of nvio and torch alternates between rounds, so that a drive's drift is shared.
+
+    python -m nvio ckpt-bench --dir /nvme/scratch --size 4G --rounds 5
+    nvio ckpt-bench ...        # the same: the command hands ckpt-bench to this module
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+# Bytes of one parameter in the checkpoint: its bf16 weight and two fp32 Adam moments.
+_BYTES_PER_PARAM = 2 + 4 + 4
+_SIZE = re.compile(r"\s*(\d+)\s*([KMGT]?)(i?B)?\s*", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """A byte count with an optional K, M, G or T suffix (powers of 1024)."""
+    m = _SIZE.fullmatch(text)
+    if not m or int(m.group(1)) == 0:
+        raise argparse.ArgumentTypeError(f"not a positive size: {text!r} (examples: 1G, 512M)")
+    return int(m.group(1)) << (10 * " KMGT".index(m.group(2).upper() or " "))
+
+
+def synthetic_checkpoint(torch: Any, total: int, layers: int, seed: int = 0) -> Dict[str, Any]:
+    """A transformer's training checkpoint of about `total` bytes: per layer four attention
+    matrices (h x h), two MLP matrices (4h x h, h x 4h) and four norm vectors (h), plus an
+    embedding (8h x h); the weights bf16, each with fp32 exp_avg and exp_avg_sq and a step."""
+    params = max(1, total // _BYTES_PER_PARAM)
+    hidden = max(8, int(math.sqrt(params / (12 * layers + 8))) // 8 * 8)
+    shapes = {"embed.weight": (8 * hidden, hidden)}
+    for i in range(layers):
+        p = f"layers.{i}."
+        for name in ("q", "k", "v", "o"):
+            shapes[f"{p}attn.{name}.weight"] = (hidden, hidden)
+        shapes[f"{p}mlp.up.weight"] = (4 * hidden, hidden)
+        shapes[f"{p}mlp.down.weight"] = (hidden, 4 * hidden)
+        for name in ("norm1", "norm2"):
+            shapes[f"{p}{name}.weight"] = (hidden,)
+            shapes[f"{p}{name}.bias"] = (hidden,)
+    g = torch.Generator().manual_seed(seed)
+    model = {k: torch.randn(s, generator=g).to(torch.bfloat16) for k, s in shapes.items()}
+    state = {
+        i: {"step": torch.tensor(100.0),
+            "exp_avg": torch.randn(s, generator=g) * 1e-3,
+            "exp_avg_sq": torch.rand(s, generator=g) * 1e-6}
+        for i, s in enumerate(shapes.values())
+    }
+    groups = [{"lr": 1e-4, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01,
+               "amsgrad": False, "params": list(range(len(shapes)))}]
+    return {"model": model, "optimizer": {"state": state, "param_groups": groups}, "step": 100}
+
+
+def tensors_of(obj: Any, prefix: str = "") -> Dict[str, Any]:
+    """Every tensor of a nested checkpoint, by its path ("model/embed.weight")."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return {prefix: obj}
+    if isinstance(obj, dict):
+        items = obj.items()
+    elif isinstance(obj, (list, tuple)):
+        items = enumerate(obj)
+    else:
+        return {}
+    out: Dict[str, Any] = {}
+    for k, v in items:
+        out.update(tensors_of(v, f"{prefix}/{k}" if prefix else str(k)))
+    return out
+
+
+def same_checkpoint(a: Any, b: Any) -> Optional[str]:
+    """None when `b` holds the tensors of `a` with the same dtypes, shapes and bytes; else what
+    differs first."""
+    import torch
+
+    ta, tb = tensors_of(a), tensors_of(b)
+    if ta.keys() != tb.keys():
+        return f"tensor paths differ: {sorted(ta.keys() ^ tb.keys())[:3]}"
+    for k, x in ta.items():
+        y = tb[k]
+        if x.dtype != y.dtype or x.shape != y.shape:
+            return f"{k}: {y.dtype} {tuple(y.shape)} where {x.dtype} {tuple(x.shape)} was saved"
+        # Bytes, not values: bf16 and NaN compare as what they are on disk.
+        if not torch.equal(x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8)):
+            return f"{k}: the bytes differ"
+    return None
+
+
+def find_nvio(explicit: Optional[str]) -> Optional[str]:
+    """The `nvio` command for the bench reference: --nvio, the bundled one, or PATH's."""
+    if explicit:
+        return explicit
+    from . import _cli
+
+    try:
+        return str(_cli.bundled_command())
+    except _cli.BundledCommandMissing:
+        return shutil.which("nvio")
+
+
+def nvio_bench(command: str, op: str, size: int, directory: Path) -> float:
+    """Seconds of one `nvio bench --op OP` of `size` bytes in `directory` (it drops the pages of
+    its file before a read itself)."""
+    r = subprocess.run([command, "bench", "--dir", str(directory), "--size", str(size), "--op", op,
+                        "--loops", "1", "--json"], capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        raise RuntimeError(f"nvio bench --op {op} failed ({r.returncode}): {r.stderr.strip()}")
+    result = json.loads(r.stdout)["results"][0]
+    return result["bytes"] / (result["gb_per_s"] * 1e9)
+
+
+def timed(fn: Callable[[], Any]) -> "tuple[float, Any]":
+    t0 = time.perf_counter()
+    value = fn()
+    return time.perf_counter() - t0, value
+
+
+def run(args: argparse.Namespace, out: Any = None) -> Dict[str, Any]:
+    """Runs the rounds args asks for and prints the result to `out` (default: stdout)."""
+    import torch
+
+    import nvio
+
+    ckpt = synthetic_checkpoint(torch, args.size, args.layers)
+    tensors = tensors_of(ckpt)
+    nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+    command = None if args.no_bench else find_nvio(args.nvio)
+    args.dir.mkdir(parents=True, exist_ok=True)
+    # A directory of its own inside --dir, the only thing removed at the end.
+    work = Path(tempfile.mkdtemp(prefix="nvio-ckpt-bench-", dir=args.dir))
+    mine, theirs = work / "nvio.pt", work / "torch.pt"
+
+    def torch_save() -> None:
+        with open(theirs, "wb") as f:
+            torch.save(ckpt, f)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def cold(path: Path, load: Callable[[], Any]) -> Callable[[], Any]:
+        def go():
+            nvio.evict(path)
+            return timed(load)
+        return go
+
+    times: Dict[str, List[float]] = {k: [] for k in (
+        "nvio.save", "torch.save+fsync", "nvio.load", "torch.load", "bench write", "bench read")}
+    try:
+        for r in range(args.rounds):
+            saves = [("nvio.save", lambda: nvio.save(ckpt, mine)),
+                     ("torch.save+fsync", torch_save)]
+            for name, fn in (saves if r % 2 == 0 else saves[::-1]):
+                times[name].append(timed(fn)[0])
+            loads = [("nvio.load", cold(mine, lambda: nvio.load(mine))),
+                     ("torch.load", cold(theirs, lambda: torch.load(theirs)))]
+            for name, fn in (loads if r % 2 == 0 else loads[::-1]):
+                seconds, loaded = fn()
+                times[name].append(seconds)
+                if r == 0 and name == "nvio.load":
+                    problem = same_checkpoint(ckpt, loaded)
+                    if problem:
+                        raise RuntimeError(f"nvio.load returned another checkpoint: {problem}")
+                del loaded
+            if r == 0:
+                problem = same_checkpoint(ckpt, torch.load(mine))
+                if problem:
+                    raise RuntimeError(f"torch.load of nvio's file differs: {problem}")
+            if command:
+                times["bench write"].append(nvio_bench(command, "write", nbytes, work))
+                times["bench read"].append(nvio_bench(command, "read", nbytes, work))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    out = out if out is not None else sys.stdout
+    med = {k: statistics.median(v) for k, v in times.items() if v}
+    result: Dict[str, Any] = {
+        "dir": str(args.dir), "bytes": nbytes, "tensors": len(tensors), "rounds": args.rounds,
+        "torch": torch.__version__, "nvio": nvio.__version__, "nvio_command": command,
+        "seconds": times, "median_s": med,
+        "gb_per_s": {k: nbytes / v / 1e9 for k, v in med.items()},
+        "ratios": {"save_vs_torch": med["torch.save+fsync"] / med["nvio.save"],
+                   "load_vs_torch": med["torch.load"] / med["nvio.load"]},
+    }
+    if command:
+        result["ratios"]["save_vs_bench_write"] = med["bench write"] / med["nvio.save"]
+        result["ratios"]["load_vs_bench_read"] = med["bench read"] / med["nvio.load"]
+    if args.json:
+        print(json.dumps(result, indent=1), file=out)
+        return result
+    g = result["gb_per_s"]
+    print(f"checkpoint of {nbytes / 2**20:.1f} MiB in {len(tensors)} tensors, {args.rounds} "
+          f"round(s), {args.dir}, torch {torch.__version__}, cold cache, medians", file=out)
+    for name in times:
+        if name in med:
+            print(f"  {name:17s} {med[name]:8.3f} s  {g[name]:6.2f} GB/s", file=out)
+    ratios = result["ratios"]
+    print(f"  save: nvio {ratios['save_vs_torch']:.2f}x torch.save+fsync", end="", file=out)
+    print(f", {ratios['save_vs_bench_write']:.2f}x nvio bench write" if command else "", file=out)
+    print(f"  load: nvio {ratios['load_vs_torch']:.2f}x torch.load", end="", file=out)
+    print(f", {ratios['load_vs_bench_read']:.2f}x nvio bench read" if command else "", file=out)
+    if not command and not args.no_bench:
+        print("  (no nvio command found for the bench reference: --nvio PATH)", file=out)
+    return result
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="nvio ckpt-bench",
+        description="Save and load a synthetic training checkpoint with nvio and with PyTorch "
+                    "(cold cache) and print both with the ratios.")
+    p.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()),
+                   help="directory on the drive to measure (a scratch directory is made in it "
+                        "and removed; default: the temporary directory)")
+    p.add_argument("--size", type=parse_size, default=1 << 30,
+                   help="bytes of tensors (default 1G; the figures mean most from 1G up)")
+    p.add_argument("--layers", type=int, default=12, help="transformer layers (default 12)")
+    p.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
+    p.add_argument("--nvio", help="the nvio command for the `nvio bench` reference")
+    p.add_argument("--no-bench", action="store_true", help="skip the `nvio bench` reference")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Exit status: 0, 1 on a failure (one line on stderr), 2 on bad arguments."""
+    args = parser().parse_args(argv)
+    if args.layers < 1 or args.rounds < 1:
+        parser().error("--layers and --rounds must be at least 1")
+    try:
+        import torch  # noqa: F401
+    except ImportError as e:
+        print(f"nvio ckpt-bench: error: PyTorch is needed and cannot be imported: {e}",
+              file=sys.stderr)
+        return 1
+    try:
+        run(args)
+    except KeyboardInterrupt:
+        print("nvio ckpt-bench: interrupted", file=sys.stderr)
+        return 130
+    except (OSError, RuntimeError, ValueError) as e:
+        print(f"nvio ckpt-bench: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

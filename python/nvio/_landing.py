@@ -2,11 +2,11 @@
 
 Used by ``nvio.load`` and ``nvio.safetensors.load_file``: the tensors they return are views of this
 memory, so it must be new memory that they own, not a reused buffer. Measured on the dev machine
-(1 GiB, the virtio disk, docs/performance.md "Loads into fresh memory"): per-tensor locked memory
-(mlock populates it up front, in the calling thread) took 0.9 s where the read alone takes 0.4 s;
-one anonymous mapping advised MADV_HUGEPAGE and faulted in by the read itself took 0.43 s; with a
-second thread populating it ahead of the read, 0.39 s (faulting and zeroing move to an idle core
-while the drive works).
+(1 GiB, the virtio disk, docs/performance.md "Loads into fresh memory" and "Huge pages and fresh
+processes"): per-tensor locked memory (mlock populates it up front, in the calling thread) took
+0.9 s where the read alone takes 0.4 s; one anonymous mapping faulted in by the read itself is
+what remains. A second thread populates it ahead of the read (faulting and zeroing move to
+another core while the drive works; neutral on the dev VM's two cores).
 
 The memory is not locked: O_DIRECT needs only the alignment, and these tensors are ordinary memory
 for the rest of their life (``is_pinned`` is False for them, as for torch.load's).
@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import mmap
 import threading
+import time
 from typing import Any
 
 _PAGE = 4096
 # MADV_POPULATE_WRITE (Linux 5.14) is not in Python 3.11's mmap module; its value is fixed by the
 # kernel ABI. An older kernel answers EINVAL, and the read then faults the pages in itself.
 _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
+_MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", 14)
+_MADV_NOHUGEPAGE = getattr(mmap, "MADV_NOHUGEPAGE", 15)
 # Pieces populated at a time: small enough that the populating thread is ahead of the read almost
 # from the start, large enough that the call overhead is nothing.
 _POPULATE_CHUNK = 32 << 20
@@ -31,14 +34,32 @@ _POPULATE_CHUNK = 32 << 20
 _POPULATE_MIN = 32 << 20
 
 
+# Huge pages populated slower than this (bytes a second) are not worth it: the rest of the mapping
+# takes base pages. On the dev VM, populating 2 MiB pages ran at about 11 GB/s where the host
+# still backed the memory and at 0.5 GB/s where it did not (it backs a VM's free 2 MiB blocks
+# lazily once the guest has reported them free, and huge pages come from exactly those), against
+# 3-4 GB/s for 4 KiB pages; a bare-metal kernel compacting memory for them in the fault
+# (defrag=madvise) is slow the same way.
+_HUGE_PAGES_MIN_RATE = 2e9
+
+
 def _populate(memory: mmap.mmap, size: int, stop: threading.Event) -> None:
-    """Faults in and zeroes `memory` front to back, ahead of the read that fills it. Advisory:
-    any failure (an old kernel, memory pressure) only leaves the faulting to the read."""
+    """Faults in and zeroes `memory` front to back, ahead of the read that fills it: in huge pages
+    until a chunk shows them to come slowly, then the rest in base pages. Advisory: any failure
+    (an old kernel, memory pressure) only leaves the faulting to the read."""
+    huge = True
     for start in range(0, size, _POPULATE_CHUNK):
         if stop.is_set():
             return
+        length = min(_POPULATE_CHUNK, size - start)
+        began = time.perf_counter()
         try:
-            memory.madvise(_MADV_POPULATE_WRITE, start, min(_POPULATE_CHUNK, size - start))
+            memory.madvise(_MADV_POPULATE_WRITE, start, length)
+            rest = size - start - length
+            if huge and rest > 0 and (
+                    length / max(time.perf_counter() - began, 1e-9) < _HUGE_PAGES_MIN_RATE):
+                memory.madvise(_MADV_NOHUGEPAGE, start + length, rest)
+                huge = False
         except OSError:
             return
 
@@ -53,12 +74,14 @@ def read_region(handle: Any, path: Any, offset: int, length: int) -> memoryview:
     shift = offset % _PAGE
     size = shift + length
     memory = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        memory.madvise(mmap.MADV_HUGEPAGE)
     view = memoryview(memory)[shift:]
     if size < _POPULATE_MIN:
+        # Pages as the system's policy gives them (no thread here to see whether huge ones pay).
         handle.read(view, path, offset)
         return view
+    # Huge pages (fewer faults and pinned pages for the read, fewer segments per request), unless
+    # the populating thread finds them slow to come (_HUGE_PAGES_MIN_RATE).
+    memory.madvise(_MADV_HUGEPAGE)
     stop = threading.Event()
     helper = threading.Thread(target=_populate, args=(memory, size, stop),
                               name="nvio-populate", daemon=True)

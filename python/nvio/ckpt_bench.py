@@ -6,12 +6,14 @@ Adam states in fp32: matrices, vectors and scalars, nested the way ``{"model": m
 
 - save: ``nvio.save`` against ``torch.save`` into a file then ``os.fsync`` (a checkpoint is only
   saved once it is on the drive; ``nvio.save`` is durable and atomic by itself);
-- load: ``nvio.load`` against ``torch.load``, each file's pages dropped first (``nvio.evict``);
+- load: ``nvio.load`` against ``torch.load``, each file's pages dropped first (``nvio.evict``),
+  each load in a new Python process (as a job that starts from a checkpoint loads it: into memory
+  that process never had);
 - the same byte count written and read by ``nvio bench`` (the drive's speed with nvio's handle),
   where the ``nvio`` command is found (``--nvio``, the one bundled with this package, or PATH).
 
-The first round checks that every tensor ``nvio.load`` returns equals the one saved, and that
-``torch.load`` reads nvio's file. Medians, GB/s and the ratios are printed (``--json``: one JSON
+The first round checks (untimed) that every tensor ``nvio.load`` and ``torch.load`` return from
+nvio's file equals the one saved. Medians, GB/s and the ratios are printed (``--json``: one JSON
 object). The order of nvio and torch alternates between rounds, so that a drive's drift is shared.
 
     python -m nvio ckpt-bench --dir /nvme/scratch --size 4G --rounds 5
@@ -135,6 +137,36 @@ def nvio_bench(command: str, op: str, size: int, directory: Path) -> float:
     return result["bytes"] / (result["gb_per_s"] * 1e9)
 
 
+# A load in a process of its own, as a job that starts from a checkpoint does: in the process that
+# made and freed the other loads' memory, a load would get memory the allocator kept (glibc keeps
+# freed tensors of up to 32 MiB) or memory just given back to the kernel, and the order of the
+# loads would decide which one pays for fresh memory.
+_LOAD_CHILD = """
+import sys, time
+import torch, nvio
+path, which = sys.argv[1], sys.argv[2]
+nvio.evict(path)
+t0 = time.perf_counter()
+loaded = nvio.load(path) if which == "nvio" else torch.load(path)
+print(time.perf_counter() - t0)
+"""
+
+
+def load_in_child(which: str, path: Path) -> float:
+    """Seconds of one cold load of `path` by `which` ("nvio" or "torch") in a new interpreter."""
+    import nvio
+
+    env = dict(os.environ)
+    root = str(Path(nvio.__file__).resolve().parent.parent)  # the same nvio package
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    r = subprocess.run([sys.executable, "-c", _LOAD_CHILD, str(path), which],
+                       capture_output=True, text=True, env=env, check=False)
+    if r.returncode != 0:
+        lines = r.stderr.strip().splitlines() or ["(no message)"]
+        raise RuntimeError(f"the {which} load of {path} failed ({r.returncode}): {lines[-1]}")
+    return float(r.stdout.strip().splitlines()[-1])
+
+
 def timed(fn: Callable[[], Any]) -> "tuple[float, Any]":
     t0 = time.perf_counter()
     value = fn()
@@ -162,12 +194,6 @@ def run(args: argparse.Namespace, out: Any = None) -> Dict[str, Any]:
             f.flush()
             os.fsync(f.fileno())
 
-    def cold(path: Path, load: Callable[[], Any]) -> Callable[[], Any]:
-        def go():
-            nvio.evict(path)
-            return timed(load)
-        return go
-
     times: Dict[str, List[float]] = {k: [] for k in (
         "nvio.save", "torch.save+fsync", "nvio.load", "torch.load", "bench write", "bench read")}
     try:
@@ -176,20 +202,16 @@ def run(args: argparse.Namespace, out: Any = None) -> Dict[str, Any]:
                      ("torch.save+fsync", torch_save)]
             for name, fn in (saves if r % 2 == 0 else saves[::-1]):
                 times[name].append(timed(fn)[0])
-            loads = [("nvio.load", cold(mine, lambda: nvio.load(mine))),
-                     ("torch.load", cold(theirs, lambda: torch.load(theirs)))]
-            for name, fn in (loads if r % 2 == 0 else loads[::-1]):
-                seconds, loaded = fn()
-                times[name].append(seconds)
-                if r == 0 and name == "nvio.load":
+            if r == 0:  # untimed: what the timed loads read is the checkpoint saved
+                for who, loaded in (("nvio.load", nvio.load(mine)), ("torch.load", torch.load(mine))):
                     problem = same_checkpoint(ckpt, loaded)
                     if problem:
-                        raise RuntimeError(f"nvio.load returned another checkpoint: {problem}")
-                del loaded
-            if r == 0:
-                problem = same_checkpoint(ckpt, torch.load(mine))
-                if problem:
-                    raise RuntimeError(f"torch.load of nvio's file differs: {problem}")
+                        raise RuntimeError(f"{who} of nvio's file returned another checkpoint: "
+                                           f"{problem}")
+                    del loaded
+            loads = [("nvio.load", "nvio", mine), ("torch.load", "torch", theirs)]
+            for name, which, path in (loads if r % 2 == 0 else loads[::-1]):
+                times[name].append(load_in_child(which, path))
             if command:
                 times["bench write"].append(nvio_bench(command, "write", nbytes, work))
                 times["bench read"].append(nvio_bench(command, "read", nbytes, work))

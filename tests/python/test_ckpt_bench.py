@@ -99,3 +99,10 @@ def test_python_m_nvio_ckpt_bench_runs_the_module(tmp_path):
     r = subprocess.run([sys.executable, "-m", "nvio", "ckpt-bench", "--help"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.startswith("usage: nvio ckpt-bench"), r.stderr
+
+
+def test_a_load_that_fails_in_its_process_names_the_file_and_the_error(tmp_path):
+    missing = tmp_path / "missing.pt"
+    with pytest.raises(RuntimeError, match=r"the nvio load of .*missing\.pt failed \(1\): "
+                                           r".*FileNotFound.*missing\.pt"):
+        ckpt_bench.load_in_child("nvio", missing)

@@ -1,0 +1,78 @@
+"""nvio._landing.read_region, the fresh memory nvio.load and safetensors.load_file read into: the
+bytes land placed like the file, and the populating thread keeps huge pages only while they come
+fast (the mapping's VmFlags in /proc/self/smaps show which way it went)."""
+
+import ctypes
+import os
+
+import numpy as np
+import pytest
+
+import nvio
+from nvio import _landing
+
+MiB = 1 << 20
+
+
+def pattern_file(path, nbytes):
+    words = np.arange(nbytes // 8, dtype=np.uint64) * 8  # each word holds its own file offset
+    path.write_bytes(words.tobytes() + bytes(nbytes % 8))
+    return path
+
+
+def address_of(view):
+    return ctypes.addressof(ctypes.c_char.from_buffer(view))
+
+
+def vma_flags(start, end):
+    """(first, last, VmFlags) of each mapping of this process that overlaps [start, end)."""
+    out, current = [], None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                current = (lo, hi) if lo < end and hi > start else None
+            elif current and line.startswith("VmFlags:"):
+                out.append((*current, set(line.split()[1:])))
+    return sorted(out)
+
+
+@pytest.mark.parametrize("offset", [0, 4096 + 7])
+def test_the_region_lands_placed_like_the_file(tmp_path, offset):
+    size = 72 * MiB + 123  # above _POPULATE_MIN: the populating thread runs
+    path = pattern_file(tmp_path / "f.bin", size + offset)
+    view = _landing.read_region(nvio.Handle(), path, offset, size)
+    assert len(view) == size
+    assert address_of(view) % 4096 == offset % 4096  # no bounce copy was needed
+    assert bytes(view) == path.read_bytes()[offset:offset + size]
+
+
+@pytest.mark.parametrize("rate, huge_after_first_chunk", [(0.0, True), (float("inf"), False)])
+def test_huge_pages_are_kept_only_while_they_come_fast(tmp_path, monkeypatch, rate,
+                                                       huge_after_first_chunk):
+    monkeypatch.setattr(_landing, "_HUGE_PAGES_MIN_RATE", rate)
+    size = 96 * MiB
+    path = pattern_file(tmp_path / "f.bin", size)
+    view = _landing.read_region(nvio.Handle(), path, 0, size)
+    start = address_of(view)
+    flags = vma_flags(start, start + size)
+    assert flags[0][0] <= start and flags[-1][1] >= start + size
+    first_chunk_end = start + _landing._POPULATE_CHUNK
+    for lo, hi, vm in flags:
+        if hi <= first_chunk_end or huge_after_first_chunk:
+            assert "hg" in vm and "nh" not in vm, (hex(lo), vm)
+        else:
+            assert "nh" in vm and "hg" not in vm, (hex(lo), vm)
+    assert len(flags) == (1 if huge_after_first_chunk else 2)
+    assert bytes(view[:8 * MiB]) == path.read_bytes()[:8 * MiB]
+    assert bytes(view[-8 * MiB:]) == path.read_bytes()[-8 * MiB:]
+
+
+def test_small_regions_take_the_system_policy(tmp_path):
+    path = pattern_file(tmp_path / "f.bin", 4 * MiB)
+    view = _landing.read_region(nvio.Handle(), path, 0, 4 * MiB)
+    start = address_of(view)
+    for _, _, vm in vma_flags(start, start + 4 * MiB):
+        assert "hg" not in vm and "nh" not in vm
+    assert bytes(view) == path.read_bytes()

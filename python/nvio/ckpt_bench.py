@@ -167,10 +167,10 @@ def load_in_child(which: str, path: Path) -> float:
     return float(r.stdout.strip().splitlines()[-1])
 
 
-def timed(fn: Callable[[], Any]) -> "tuple[float, Any]":
+def timed(fn: Callable[[], Any]) -> float:
     t0 = time.perf_counter()
-    value = fn()
-    return time.perf_counter() - t0, value
+    fn()
+    return time.perf_counter() - t0
 
 
 def run(args: argparse.Namespace, out: Any = None) -> Dict[str, Any]:
@@ -201,14 +201,13 @@ def run(args: argparse.Namespace, out: Any = None) -> Dict[str, Any]:
             saves = [("nvio.save", lambda: nvio.save(ckpt, mine)),
                      ("torch.save+fsync", torch_save)]
             for name, fn in (saves if r % 2 == 0 else saves[::-1]):
-                times[name].append(timed(fn)[0])
+                times[name].append(timed(fn))
             if r == 0:  # untimed: what the timed loads read is the checkpoint saved
-                for who, loaded in (("nvio.load", nvio.load(mine)), ("torch.load", torch.load(mine))):
-                    problem = same_checkpoint(ckpt, loaded)
+                for who, load in (("nvio.load", nvio.load), ("torch.load", torch.load)):
+                    problem = same_checkpoint(ckpt, load(mine))  # one loaded copy at a time
                     if problem:
                         raise RuntimeError(f"{who} of nvio's file returned another checkpoint: "
                                            f"{problem}")
-                    del loaded
             loads = [("nvio.load", "nvio", mine), ("torch.load", "torch", theirs)]
             for name, which, path in (loads if r % 2 == 0 else loads[::-1]):
                 times[name].append(load_in_child(which, path))
@@ -255,9 +254,9 @@ def parser() -> argparse.ArgumentParser:
         prog="nvio ckpt-bench",
         description="Save and load a synthetic training checkpoint with nvio and with PyTorch "
                     "(cold cache) and print both with the ratios.")
-    p.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()),
+    p.add_argument("--dir", type=Path, required=True,
                    help="directory on the drive to measure (a scratch directory is made in it "
-                        "and removed; default: the temporary directory)")
+                        "and removed)")
     p.add_argument("--size", type=parse_size, default=1 << 30,
                    help="bytes of tensors (default 1G; the figures mean most from 1G up)")
     p.add_argument("--layers", type=int, default=12, help="transformer layers (default 12)")

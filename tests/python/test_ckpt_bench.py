@@ -62,13 +62,21 @@ def nvio_command():
     return ckpt_bench.find_nvio(None)
 
 
-@pytest.mark.parametrize("argv", [["--size", "0"], ["--size", "1X"], ["--rounds", "0"],
-                                  ["--layers", "0"], ["--bogus"]])
-def test_bad_arguments_exit_2(argv, capsys):
+@pytest.mark.parametrize("argv, needle", [
+    (["--size", "0"], "argument --size: not a positive size: '0'"),
+    (["--size", "1X"], "argument --size"),
+    (["--rounds", "0"], "--layers and --rounds must be at least 1"),
+    (["--layers", "0"], "--layers and --rounds must be at least 1"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+    (None, "the following arguments are required: --dir"),
+])
+def test_bad_arguments_exit_2(tmp_path, argv, needle, capsys):
     with pytest.raises(SystemExit) as e:
-        ckpt_bench.main(argv)
+        ckpt_bench.main(["--size", "1M"] if argv is None else ["--dir", str(tmp_path), *argv])
     assert e.value.code == 2
-    assert "nvio ckpt-bench: error:" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "nvio ckpt-bench: error:" in err and needle in err, err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_failure_is_one_line_and_exit_1(tmp_path, capsys):

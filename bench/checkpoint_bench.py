@@ -3,9 +3,10 @@
 A state dict of 100 tensors of mixed sizes (fp32 and bf16, like a transformer's) of about --size
 bytes is saved and loaded in interleaved rounds: nvio.save, torch.save + fsync, `nvio bench --op
 write` of the same byte count; then, after dropping each file's pages (fsync + posix_fadvise
-DONTNEED), nvio.load, nvio.load(into=) the same state dict, torch.load and `nvio bench --op read`. Medians are printed with the ratios
-the issue asks for, and the peak memory of a child process doing nvio.load (its VmHWM growth over
-the load) against the file size.
+DONTNEED), nvio.load, nvio.load(into=) the same state dict, torch.load and `nvio bench --op read`,
+all in this one process (`nvio ckpt-bench` loads each in a new process). Medians are printed with
+the ratios the issue asks for, and the peak memory of a child process doing nvio.load (its VmHWM
+growth over the load) against the file size.
 
     PYTHONPATH=build/python /usr/bin/python3 bench/checkpoint_bench.py --dir /var/tmp/ckpt
 """

@@ -52,16 +52,19 @@ def _populate(memory: mmap.mmap, size: int, stop: threading.Event) -> None:
         if stop.is_set():
             return
         length = min(_POPULATE_CHUNK, size - start)
+        rest = size - start - length
         began = time.perf_counter()
         try:
             memory.madvise(_MADV_POPULATE_WRITE, start, length)
-            rest = size - start - length
-            if huge and rest > 0 and (
-                    length / max(time.perf_counter() - began, 1e-9) < _HUGE_PAGES_MIN_RATE):
-                memory.madvise(_MADV_NOHUGEPAGE, start + length, rest)
-                huge = False
         except OSError:
             return
+        if huge and rest > 0 and (
+                length / max(time.perf_counter() - began, 1e-9) < _HUGE_PAGES_MIN_RATE):
+            huge = False
+            try:
+                memory.madvise(_MADV_NOHUGEPAGE, start + length, rest)
+            except OSError:
+                pass  # a kernel without transparent huge pages: the pages are small already
 
 
 def read_region(handle: Any, path: Any, offset: int, length: int) -> memoryview:
@@ -80,8 +83,12 @@ def read_region(handle: Any, path: Any, offset: int, length: int) -> memoryview:
         handle.read(view, path, offset)
         return view
     # Huge pages (fewer faults and pinned pages for the read, fewer segments per request), unless
-    # the populating thread finds them slow to come (_HUGE_PAGES_MIN_RATE).
-    memory.madvise(_MADV_HUGEPAGE)
+    # the populating thread finds them slow to come (_HUGE_PAGES_MIN_RATE). Advisory: a kernel
+    # built without transparent huge pages refuses the advice (EINVAL), and the pages are small.
+    try:
+        memory.madvise(_MADV_HUGEPAGE)
+    except OSError:
+        pass
     stop = threading.Event()
     helper = threading.Thread(target=_populate, args=(memory, size, stop),
                               name="nvio-populate", daemon=True)

@@ -76,3 +76,21 @@ def test_small_regions_take_the_system_policy(tmp_path):
     for _, _, vm in vma_flags(start, start + 4 * MiB):
         assert "hg" not in vm and "nh" not in vm
     assert bytes(view) == path.read_bytes()
+
+
+def test_a_kernel_that_refuses_huge_page_advice_still_loads(tmp_path, monkeypatch):
+    # A kernel built without transparent huge pages answers MADV_HUGEPAGE / MADV_NOHUGEPAGE with
+    # EINVAL: the advice is dropped, the bytes still land.
+    real = _landing.mmap.mmap
+
+    class NoThp(real):
+        def madvise(self, option, *args):
+            if option in (_landing._MADV_HUGEPAGE, _landing._MADV_NOHUGEPAGE):
+                raise OSError(22, "Invalid argument")
+            return super().madvise(option, *args)
+
+    monkeypatch.setattr(_landing.mmap, "mmap", NoThp)
+    monkeypatch.setattr(_landing, "_HUGE_PAGES_MIN_RATE", float("inf"))
+    path = pattern_file(tmp_path / "f.bin", 40 * MiB + 5)
+    view = _landing.read_region(nvio.Handle(), path, 0, 40 * MiB + 5)
+    assert bytes(view) == path.read_bytes()

@@ -160,3 +160,18 @@ def test_compatibility_scripts_are_their_subcommand(installed, script, subcomman
         # The subcommand's own help, not the program's.
         helped = run(installed, script, "--help")
         assert helped.returncode == 0 and f"Usage: nvio {subcommand}" in helped.stdout, helped.stdout
+
+
+def test_ckpt_bench_through_the_script_and_the_bundled_program(installed):
+    # The console script runs nvio.ckpt_bench in its own interpreter; the bundled program hands
+    # ckpt-bench to the Python it was built with, finding the package it sits in (nvio/_bin/..).
+    venv, work = installed
+    program = site_packages(venv) / "_bin" / "nvio"
+    scratch = work / "ckpt"
+    scratch.mkdir()
+    for argv in (["nvio"], [program]):
+        r = run(installed, *argv, "ckpt-bench", "--dir", scratch, "--size", "1M", "--layers", "1",
+                "--rounds", "1", "--no-bench", "--json")
+        assert r.returncode == 0, (argv, r.stderr)
+        assert json.loads(r.stdout)["tensors"] == 44
+    assert list(scratch.iterdir()) == []

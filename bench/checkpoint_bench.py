@@ -75,6 +75,7 @@ def main() -> int:
     args.dir.mkdir(parents=True, exist_ok=True)
     # A directory of its own inside --dir, the only thing removed at the end: --dir may be a
     # directory that holds other files (/var/tmp).
+    where = args.dir
     args.dir = Path(tempfile.mkdtemp(prefix="nvio-ckpt-bench-", dir=args.dir))
     sd = state_dict(torch, args.size)
     nbytes = sum(t.numel() * t.element_size() for t in sd.values())
@@ -121,7 +122,7 @@ def main() -> int:
 
     med = {k: statistics.median(v) for k, v in times.items()}
     gbs = {k: nbytes / v / 1e9 for k, v in med.items()}
-    print(f"{len(sd)} tensors, {nbytes / 2**30:.2f} GiB, {args.rounds} rounds, dir {args.dir}, "
+    print(f"{len(sd)} tensors, {nbytes / 2**30:.2f} GiB, {args.rounds} rounds, dir {where}, "
           f"load average {os.getloadavg()[0]:.2f}")
     for k in times:
         print(f"  {k:18s} {med[k]:7.3f} s  {gbs[k]:6.2f} GB/s  (all: "

@@ -156,6 +156,7 @@ def main() -> int:
     args.dir.mkdir(parents=True, exist_ok=True)
     # A directory of its own inside --dir, the only thing removed at the end: --dir may be a
     # directory that holds other files (/var/tmp).
+    where = args.dir
     args.dir = Path(tempfile.mkdtemp(prefix="nvio-swapper-bench-", dir=args.dir))
     results = []
     try:
@@ -169,7 +170,7 @@ def main() -> int:
         print(json.dumps({"settings": settings, "budget": args.budget, "rounds": args.rounds,
                           "results": results}, indent=1))
         return 0
-    print(f"dir {args.dir}, {args.rounds} rounds, budget {human(args.budget)}, block "
+    print(f"dir {where}, {args.rounds} rounds, budget {human(args.budget)}, block "
           f"{human(args.block_size)}, queue depth {args.queue_depth}, parallelism "
           f"{args.parallelism}, load average {os.getloadavg()[0]:.2f}")
     for r in results:

@@ -76,4 +76,4 @@ fi
 
 tail -n 5 "$O/gtest.log"
 grep -E "passed|failed|SKIPPED|FAILED" "$O/pytest.log" | tail -n 40
-[ -f "$O/bench.log" ] && grep -v '^{' "$O/bench.log"
+if [ -f "$O/bench.log" ]; then grep -v '^{' "$O/bench.log"; fi

@@ -55,10 +55,14 @@ def _from_torch(t: Any, writable: bool) -> BufferRef:
     try:
         contiguous = t.is_contiguous()
         address = t.data_ptr() if contiguous else 0
-    except RuntimeError:
+    except RuntimeError as e:
         # Sparse, MKL-DNN and other layouts have no one block of memory to transfer (torch
         # refuses their data_ptr or is_contiguous); asked here rather than checking the layout
-        # first, which would cost every small read.
+        # first, which would cost every small read. A strided tensor without storage (a wrapper
+        # subclass) is refused the same way, in its own words.
+        if str(t.layout) == "torch.strided":
+            raise InvalidType(f"nvio: this tensor has no plain memory to read or write ({e})") \
+                from None
         raise InvalidType(
             f"nvio: {t.layout} tensors are not supported: they have no plain memory to read or "
             "write; pass t.to_dense()"

@@ -114,6 +114,21 @@ def same_checkpoint(a: Any, b: Any) -> Optional[str]:
     return None
 
 
+# A child that takes longer than this is taken for hung (a 1 GiB load or bench takes seconds).
+_CHILD_TIMEOUT_S = 1800
+
+
+def run_child(argv: Sequence[str], what: str, env: Optional[Dict[str, str]] = None
+              ) -> "subprocess.CompletedProcess[str]":
+    """Runs a child process to its end; RuntimeError naming `what` when it outlives the timeout
+    (it is killed then)."""
+    try:
+        return subprocess.run(list(argv), capture_output=True, text=True, env=env, check=False,
+                              timeout=_CHILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"{what} did not finish in {_CHILD_TIMEOUT_S} s") from None
+
+
 def find_nvio(explicit: Optional[str]) -> Optional[str]:
     """The `nvio` command for the bench reference: --nvio, the bundled one, or PATH's."""
     if explicit:
@@ -129,12 +144,14 @@ def find_nvio(explicit: Optional[str]) -> Optional[str]:
 def nvio_bench(command: str, op: str, size: int, directory: Path) -> float:
     """Seconds of one `nvio bench --op OP` of `size` bytes in `directory` (it drops the pages of
     its file before a read itself)."""
-    r = subprocess.run([command, "bench", "--dir", str(directory), "--size", str(size), "--op", op,
-                        "--loops", "1", "--json"], capture_output=True, text=True, check=False)
+    r = run_child([command, "bench", "--dir", str(directory), "--size", str(size), "--op", op,
+                   "--loops", "1", "--json"], f"nvio bench --op {op}")
     if r.returncode != 0:
         raise RuntimeError(f"nvio bench --op {op} failed ({r.returncode}): {r.stderr.strip()}")
-    result = json.loads(r.stdout)["results"][0]
-    return result["bytes"] / (result["gb_per_s"] * 1e9)
+    try:
+        return float(json.loads(r.stdout)["results"][0]["seconds"])
+    except (ValueError, KeyError, IndexError, TypeError) as e:
+        raise RuntimeError(f"nvio bench --op {op} printed no result: {e!r}") from None
 
 
 # A load in a process of its own, as a job that starts from a checkpoint does: in the process that
@@ -159,12 +176,15 @@ def load_in_child(which: str, path: Path) -> float:
     env = dict(os.environ)
     root = str(Path(nvio.__file__).resolve().parent.parent)  # the same nvio package
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-    r = subprocess.run([sys.executable, "-c", _LOAD_CHILD, str(path), which],
-                       capture_output=True, text=True, env=env, check=False)
+    what = f"the {which} load of {path}"
+    r = run_child([sys.executable, "-c", _LOAD_CHILD, str(path), which], what, env)
     if r.returncode != 0:
         lines = r.stderr.strip().splitlines() or ["(no message)"]
-        raise RuntimeError(f"the {which} load of {path} failed ({r.returncode}): {lines[-1]}")
-    return float(r.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"{what} failed ({r.returncode}): {lines[-1]}")
+    try:
+        return float(r.stdout.split()[-1])
+    except (ValueError, IndexError):
+        raise RuntimeError(f"{what} printed no time: {r.stdout!r}") from None
 
 
 def timed(fn: Callable[[], Any]) -> float:
@@ -285,6 +305,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 130
     except (OSError, RuntimeError, ValueError) as e:
         print(f"nvio ckpt-bench: error: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # noqa: BLE001 (a command: one line, never a traceback)
+        print(f"nvio ckpt-bench: error: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     return 0
 

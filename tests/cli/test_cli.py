@@ -938,6 +938,8 @@ def test_ckpt_bench_runs_the_python_module(tmp_path):
     assert r.returncode == 0 and r.stdout.startswith("usage: nvio ckpt-bench"), r.stderr
     r = nvio("ckpt-bench", "--dir", tmp_path, "--size", "1M", "--layers", 1, "--rounds", 1,
              "--no-bench", "--json", timeout=120)
+    if r.returncode == 1 and "PyTorch is needed" in r.stderr:
+        pytest.skip(f"the Python this build runs has no PyTorch: {r.stderr.strip()}")
     assert r.returncode == 0, r.stderr
     result = json.loads(r.stdout)
     assert result["ratios"]["load_vs_torch"] > 0 and result["tensors"] == 44

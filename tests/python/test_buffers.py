@@ -322,6 +322,14 @@ def test_unusable_buffers_refused_clearly(tmp_path):
             nvio.Handle().write(t, tmp_path / "c.bin")
     assert read_file(path) == bytes(64)
 
+    class NoMemory(torch.Tensor):  # a strided tensor whose data_ptr torch refuses (a wrapper)
+        def data_ptr(self):
+            raise RuntimeError("Cannot access data pointer of Tensor that doesn't have storage")
+
+    wrapper = torch.Tensor._make_subclass(NoMemory, torch.zeros(4))
+    with pytest.raises(nvio.InvalidType, match="this tensor has no plain memory .*storage"):
+        nvio.Handle().read(wrapper, path)
+
 
 def test_zero_length_buffers(tmp_path):
     path = write_file(tmp_path / "z.bin", b"abc")

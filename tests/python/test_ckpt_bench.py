@@ -6,10 +6,10 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
-import nvio
-from nvio import ckpt_bench
+torch = pytest.importorskip("torch")
+
+from nvio import ckpt_bench  # noqa: E402
 
 
 def test_the_checkpoint_is_a_training_state_of_about_the_size_asked():

@@ -162,8 +162,6 @@ void add_evict_options(CLI::App& app, EvictArgs& args);
 void add_procs_options(CLI::App& app, BenchArgs& args);
 void add_ds_io_options(CLI::App& app, DsIoArgs& args);
 void add_ds_nvme_tune_options(CLI::App& app, DsTuneArgs& args);
-// `nvio ckpt-bench` takes no flags of its own: everything after it goes to nvio.ckpt_bench.
-void add_ckpt_bench_options(CLI::App& app);
 
 // Run a parsed subcommand. Throw UsageError / nvio::InvalidArgument for bad arguments (exit 2)
 // and other exceptions for failures (exit 1); return the exit code otherwise.

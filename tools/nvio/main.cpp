@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <exception>
 #include <string>
+#include <vector>
 
 #include "cli.hpp"
 #include "nvio/errors.hpp"
@@ -35,6 +36,10 @@ void install_warning_sink() {
 }
 
 int run(int argc, char** argv) {
+  // Everything after `ckpt-bench` is the Python module's, as typed (`--`, --help and all).
+  if (argc >= 2 && std::string(argv[1]) == "ckpt-bench") {
+    nvio_cli::run_ckpt_bench(std::vector<std::string>(argv + 2, argv + argc));
+  }
   CLI::App app{"nvio: move buffers between memory and files on NVMe at device speed", "nvio"};
   app.set_version_flag("--version", std::string("nvio ") + nvio::version());
   // At most one; "none" is checked after parsing so that `nvio --bogus` names --bogus.
@@ -70,11 +75,11 @@ int run(int argc, char** argv) {
       "evict", "Write back and drop files from the page cache, so the next read is the drive's");
   nvio_cli::add_evict_options(*evict, evict_args);
 
-  CLI::App* ckpt_bench = app.add_subcommand(
+  // Listed in --help only: run() hands `nvio ckpt-bench ARGS` to Python before parsing.
+  app.add_subcommand(
       "ckpt-bench",
       "Save and load a synthetic training checkpoint with nvio and with PyTorch (runs the Python "
       "module nvio.ckpt_bench; --help there)");
-  nvio_cli::add_ckpt_bench_options(*ckpt_bench);
 
   try {
     app.parse(argc, argv);
@@ -90,7 +95,6 @@ int run(int argc, char** argv) {
   if (evict->parsed()) return nvio_cli::run_evict(evict_args);
   if (ds_io->parsed()) return nvio_cli::run_ds_io(ds_io_args);
   if (ds_tune->parsed()) return nvio_cli::run_ds_nvme_tune(ds_tune_args);
-  if (ckpt_bench->parsed()) nvio_cli::run_ckpt_bench(ckpt_bench->remaining());
   throw nvio_cli::UsageError(
       "a subcommand is required: bench, tune, report, evict, ds-io, ds-nvme-tune or ckpt-bench "
       "(see nvio --help)");

@@ -1,8 +1,8 @@
 // `nvio ckpt-bench`: checkpoint save and load against PyTorch. It needs PyTorch, so it is the
 // Python module nvio.ckpt_bench; this subcommand replaces the process with that module run by
-// Python (NVIO_PYTHON, else the Python nvio was built with, else python3), so that exit status,
-// signals and the terminal are the module's own. Every argument after `ckpt-bench` is the
-// module's, passed on as typed (main() hands them over before its own parser sees them).
+// Python (choose_python), so that exit status, signals and the terminal are the module's own. Every
+// argument after `ckpt-bench` is the module's, passed on as typed (main() hands them over before
+// its own parser sees them).
 #include <fmt/core.h>
 #include <unistd.h>
 
@@ -25,30 +25,56 @@ constexpr const char* kDefaultPython = NVIO_DEFAULT_PYTHON;
 constexpr const char* kDefaultPython = "python3";
 #endif
 
-// The directory to put on PYTHONPATH for the nvio package of this build, or empty: a program in a
-// build tree (build/bin/nvio) has the package in build/python, which no Python finds by itself. The
-// program an installed package bundles (site-packages/nvio/_bin/nvio) needs nothing: the Python it
-// was built with has that site-packages on its path already (and putting all of site-packages
-// first on PYTHONPATH would let it shadow the standard library).
-std::string build_tree_package_root() {
+// Which Python runs the module, and what it needs on PYTHONPATH, by where this program lies:
+// - in a build tree (build/bin/nvio): the Python of the build, with build/python, where the
+//   package is and no Python looks by itself;
+// - bundled in an installed package (…/lib/pythonX.Y/site-packages/nvio/_bin/nvio): the
+//   interpreter of that installation (…/bin/pythonX.Y: a venv's own), which has the package on
+//   its path already (putting site-packages on PYTHONPATH would put it ahead of the standard
+//   library); that interpreter missing, the Python of the build with site-packages on PYTHONPATH;
+// - anywhere else (installed by cmake): the Python of the build, finding the package itself.
+// NVIO_PYTHON names the interpreter in every case.
+struct PythonChoice {
+  std::string interpreter = kDefaultPython;
+  std::string path;  // prepended to PYTHONPATH when not empty
+};
+
+PythonChoice choose_python() {
+  PythonChoice choice;
   std::error_code ec;
   const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (ec) return {};
-  const std::filesystem::path bin = exe.parent_path();
-  if (bin.filename() != "bin") return {};
-  const std::filesystem::path root = bin.parent_path() / "python";
-  if (!std::filesystem::is_regular_file(root / "nvio" / "ckpt_bench.py", ec)) return {};
-  return root.string();
+  if (!ec) {
+    const std::filesystem::path dir = exe.parent_path();
+    const std::filesystem::path package = dir.parent_path();
+    if (dir.filename() == "bin" &&
+        std::filesystem::is_regular_file(package / "python" / "nvio" / "ckpt_bench.py", ec)) {
+      choice.path = (package / "python").string();
+    } else if (dir.filename() == "_bin" && package.filename() == "nvio" &&
+               std::filesystem::is_regular_file(package / "ckpt_bench.py", ec)) {
+      const std::filesystem::path site = package.parent_path();
+      const std::filesystem::path lib = site.parent_path();  // …/lib/pythonX.Y
+      const std::filesystem::path own = lib.parent_path().parent_path() / "bin" / lib.filename();
+      if (::access(own.c_str(), X_OK) == 0) {
+        choice.interpreter = own.string();
+      } else {
+        choice.path = site.string();
+      }
+    }
+  }
+  if (const char* named = std::getenv("NVIO_PYTHON"); named != nullptr && *named != '\0') {
+    choice.interpreter = named;
+  }
+  return choice;
 }
 
 }  // namespace
 
 void run_ckpt_bench(const std::vector<std::string>& forwarded) {
-  const char* from_env = std::getenv("NVIO_PYTHON");
-  const std::string python = from_env != nullptr && *from_env != '\0' ? from_env : kDefaultPython;
-  if (const std::string root = build_tree_package_root(); !root.empty()) {
+  const PythonChoice choice = choose_python();
+  const std::string& python = choice.interpreter;
+  if (!choice.path.empty()) {
     const char* old = std::getenv("PYTHONPATH");
-    const std::string path = old != nullptr && *old != '\0' ? root + ":" + old : root;
+    const std::string path = old != nullptr && *old != '\0' ? choice.path + ":" + old : choice.path;
     if (::setenv("PYTHONPATH", path.c_str(), 1) != 0) {
       throw std::system_error(errno, std::generic_category(), "setenv PYTHONPATH");
     }

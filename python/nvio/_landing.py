@@ -17,7 +17,7 @@ from __future__ import annotations
 import mmap
 import threading
 import time
-from typing import Any
+from typing import Any, Optional
 
 _PAGE = 4096
 # MADV_POPULATE_WRITE (Linux 5.14) is not in Python 3.11's mmap module; its value is fixed by the
@@ -43,6 +43,33 @@ _POPULATE_MIN = 32 << 20
 _HUGE_PAGES_MIN_RATE = 2e9
 
 
+def _advise_huge_pages(memory: mmap.mmap) -> None:
+    """Advises huge pages for all of `memory`; advisory (a kernel without them says EINVAL)."""
+    try:
+        memory.madvise(_MADV_HUGEPAGE)
+    except OSError:
+        pass
+
+
+def _populate_timed(memory: mmap.mmap, start: int, length: int) -> Optional[float]:
+    """Populates [start, start + length) of `memory`; its bytes a second, or None where the kernel
+    refused (before Linux 5.14: no MADV_POPULATE_WRITE)."""
+    began = time.perf_counter()
+    try:
+        memory.madvise(_MADV_POPULATE_WRITE, start, length)
+    except OSError:
+        return None
+    return length / max(time.perf_counter() - began, 1e-9)
+
+
+def _base_pages_from(memory: mmap.mmap, start: int, size: int) -> None:
+    """Gives [start, size) of `memory` base pages; advisory (nothing to do without THP)."""
+    try:
+        memory.madvise(_MADV_NOHUGEPAGE, start, size - start)
+    except OSError:
+        pass
+
+
 def _populate(memory: mmap.mmap, size: int, stop: threading.Event) -> None:
     """Faults in and zeroes `memory` front to back, ahead of the read that fills it: in huge pages
     until a chunk shows them to come slowly, then the rest in base pages. Advisory: any failure
@@ -52,19 +79,12 @@ def _populate(memory: mmap.mmap, size: int, stop: threading.Event) -> None:
         if stop.is_set():
             return
         length = min(_POPULATE_CHUNK, size - start)
-        rest = size - start - length
-        began = time.perf_counter()
-        try:
-            memory.madvise(_MADV_POPULATE_WRITE, start, length)
-        except OSError:
+        rate = _populate_timed(memory, start, length)
+        if rate is None:
             return
-        if huge and rest > 0 and (
-                length / max(time.perf_counter() - began, 1e-9) < _HUGE_PAGES_MIN_RATE):
+        if huge and start + length < size and rate < _HUGE_PAGES_MIN_RATE:
             huge = False
-            try:
-                memory.madvise(_MADV_NOHUGEPAGE, start + length, rest)
-            except OSError:
-                pass  # a kernel without transparent huge pages: the pages are small already
+            _base_pages_from(memory, start + length, size)
 
 
 def read_region(handle: Any, path: Any, offset: int, length: int) -> memoryview:
@@ -78,17 +98,16 @@ def read_region(handle: Any, path: Any, offset: int, length: int) -> memoryview:
     size = shift + length
     memory = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     view = memoryview(memory)[shift:]
+    # Huge pages (fewer faults and pinned pages for the read, fewer segments per request), unless
+    # the populating thread finds them slow to come (_HUGE_PAGES_MIN_RATE). A region below
+    # _POPULATE_MIN keeps them: judging them there would cost each of many small regions (a
+    # safe_open caller's tensors) a timed huge page of its own, which measured slower than either
+    # choice (docs/performance.md). A kernel without transparent huge pages refuses the advice,
+    # and the pages are small.
+    _advise_huge_pages(memory)
     if size < _POPULATE_MIN:
-        # Pages as the system's policy gives them (no thread here to see whether huge ones pay).
         handle.read(view, path, offset)
         return view
-    # Huge pages (fewer faults and pinned pages for the read, fewer segments per request), unless
-    # the populating thread finds them slow to come (_HUGE_PAGES_MIN_RATE). Advisory: a kernel
-    # built without transparent huge pages refuses the advice (EINVAL), and the pages are small.
-    try:
-        memory.madvise(_MADV_HUGEPAGE)
-    except OSError:
-        pass
     stop = threading.Event()
     helper = threading.Thread(target=_populate, args=(memory, size, stop),
                               name="nvio-populate", daemon=True)

@@ -180,6 +180,9 @@ void add_bench_options(CLI::App& app, BenchArgs& args) {
                "written block filled) inside the timed loop, so timings with --verify are not "
                "comparable with those without; without it, random writes store the buffer as "
                "it is");
+  app.add_flag("--sync", args.sync,
+               "Sequential: each timed write ends with fdatasync of the file (durable, as a "
+               "checkpoint must be; fio's --end_fsync=1)");
   app.add_flag("--keep", args.keep, "Keep the file the run wrote (default: remove it)");
   app.add_flag("--json", args.json,
                "Print one JSON object instead of a table; each result has a \"stats\" object, "
@@ -232,6 +235,7 @@ struct Plan {
   unsigned loops = 0;
   std::uint64_t seed = 0;
   bool verify = false;
+  bool sync = false;  // sequential writes: durability Data (fdatasync inside the timed call)
   bool keep = false;
   bool json = false;
   enum class Memory { Host, Device, H2dOnly } memory = Memory::Host;
@@ -428,7 +432,11 @@ void check_pattern_flags(const BenchArgs& args, Plan& plan) {
       if (*value) throw UsageError(fmt::format("{} applies to --pattern random only", flag));
     }
     if (args.offset) plan.offset = nvio::parse_size(args.offset.value(), "--offset");
+    plan.sync = args.sync;
     return;
+  }
+  if (args.sync) {
+    throw UsageError("--sync applies to --pattern sequential only (a random write is one block)");
   }
   if (args.offset) {
     throw UsageError(
@@ -842,11 +850,12 @@ OpResult run_writes(Target& target, Buffers& buf, const Plan& plan, Progress& pr
   nvio::pattern::fill(buf.host.data(), plan.size, plan.offset, plan.seed);
   buf.push();
   const nvio::HandleStats before = target.stats();
+  nvio::WriteOptions options = buf.write_options();
+  if (plan.sync) options.durability = nvio::Durability::Data;
   for (unsigned i = 0; i < plan.loops; ++i) {
     progress.set(fmt::format("write loop {}/{}", i + 1, plan.loops));
     if (plan.gate) plan.gate->wait();
-    result.samples.push_back(
-        time_target([&] { return target.write(buf.io(), buf.write_options()); }));
+    result.samples.push_back(time_target([&] { return target.write(buf.io(), options); }));
   }
   result.stats = target.stats() - before;
   return result;
@@ -1314,6 +1323,7 @@ nlohmann::json result_json(const OpResult& r, const nvio::Handle& handle, const 
       {"gib_per_s", seconds > 0 ? bytes / seconds / (1024.0 * 1024 * 1024) : 0.0},
       {"cpu_s_per_gb", median_cpu_s_per_gb(r)},
       {"verified", r.verified ? nlohmann::json(*r.verified) : nlohmann::json(nullptr)},
+      {"synced", plan.sync && std::string_view(r.op) == "write"},
       {"loops", r.samples.size()},
       {"seconds_all", all},
       {"stats", r.stats ? stats_json(*r.stats) : nlohmann::json(nullptr)}};

@@ -62,6 +62,7 @@ struct BenchArgs {
   };
   std::map<std::string, OptionFlag> options;
   bool verify = false;
+  bool sync = false;  // sequential writes end with fdatasync, timed
   bool keep = false;
   bool json = false;
   // Device memory: --gpu moves data between a cuMemAlloc buffer and the file (bounce path),

@@ -26,7 +26,6 @@ import argparse
 import json
 import math
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -38,15 +37,20 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 # Bytes of one parameter in the checkpoint: its bf16 weight and two fp32 Adam moments.
 _BYTES_PER_PARAM = 2 + 4 + 4
-_SIZE = re.compile(r"\s*(\d+)\s*([KMGT]?)(i?B)?\s*", re.IGNORECASE)
 
 
 def parse_size(text: str) -> int:
-    """A byte count with an optional K, M, G or T suffix (powers of 1024)."""
-    m = _SIZE.fullmatch(text)
-    if not m or int(m.group(1)) == 0:
-        raise argparse.ArgumentTypeError(f"not a positive size: {text!r} (examples: 1G, 512M)")
-    return int(m.group(1)) << (10 * " KMGT".index(m.group(2).upper() or " "))
+    """A byte count as the nvio command reads one (core's parse_size: K, M, G, T suffixes, powers
+    of 1024), at least 1."""
+    from . import _nvio
+
+    try:
+        size = _nvio.parse_size(text, "--size")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if size == 0:
+        raise argparse.ArgumentTypeError("must be at least 1 byte")
+    return size
 
 
 def synthetic_checkpoint(torch: Any, total: int, layers: int, seed: int = 0) -> Dict[str, Any]:

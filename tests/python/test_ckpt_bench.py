@@ -63,8 +63,8 @@ def nvio_command():
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["--size", "0"], "argument --size: not a positive size: '0'"),
-    (["--size", "1X"], "argument --size"),
+    (["--size", "0"], "argument --size: must be at least 1 byte"),
+    (["--size", "1X"], "argument --size: invalid value '1X' for --size"),
     (["--rounds", "0"], "--layers and --rounds must be at least 1"),
     (["--layers", "0"], "--layers and --rounds must be at least 1"),
     (["--bogus"], "unrecognized arguments: --bogus"),

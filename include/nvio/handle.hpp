@@ -129,6 +129,10 @@ struct HandleStats {
   // chunks and device copies.
   std::uint64_t gds_bytes = 0;
   std::uint64_t device_bounce_bytes = 0;
+  // Host memory: bytes of direct pieces of a read whose memory was not aligned for O_DIRECT that
+  // were read into the caller's buffer a few bytes past their place and then moved there, instead
+  // of through bounce buffers (a read of several pieces; see docs/design.md).
+  std::uint64_t shifted_bytes = 0;
   // Failed operations by the errno of their error (IoError::error_code, MemoryError's; 0 for a
   // failure without one, e.g. a file that shrank during a read, or a CUDA error). Only errnos seen
   // are present. An errno above 255 (Linux has none) counts under 255.

@@ -345,6 +345,16 @@ void plan(Operation& op, std::size_t block_size, DirectIo direct) {
   if (!use_direct) op.direct_fd = -1;
   op.plan = use_direct ? detail::plan_split(op.offset, op.length, block_size, align)
                        : detail::plan_whole(op.offset, op.length, block_size, false);
+  if (use_direct && op.is_read() && op.memory == MemoryKind::Host) {
+    const auto middle = reinterpret_cast<std::uintptr_t>(op.user(op.plan.head_end));
+    const auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+    if (const std::size_t shift =
+            detail::plan_shifted(op.plan, middle, op.mem_align, page, align)) {
+      op.shifted = std::make_unique<detail::ShiftedRead>(
+          shift, op.plan.middle_pieces() + 1,
+          static_cast<std::size_t>(op.plan.end - op.plan.tail_begin));
+    }
+  }
   op.piece_count = op.plan.piece_count();
 }
 

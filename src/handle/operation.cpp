@@ -4,6 +4,8 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <cstring>
+
 #include "core/spin.hpp"
 
 namespace nvio::detail {
@@ -33,6 +35,77 @@ std::exception_ptr ended_during_read(const Operation& op, std::uint64_t at) {
   } catch (...) {
     return std::current_exception();
   }
+}
+
+namespace {
+constexpr std::align_val_t kTailAlign{4096};
+}  // namespace
+
+void ShiftedRead::AlignedDelete::operator()(std::byte* p) const noexcept {
+  ::operator delete[](p, kTailAlign);
+}
+
+ShiftedRead::ShiftedRead(std::size_t shift, std::size_t members, std::size_t tail_length)
+    : shift_(shift),
+      tail_(static_cast<std::byte*>(::operator new[](tail_length, kTailAlign))),
+      states_(members, State::Pending) {}
+
+std::size_t ShiftedRead::member(const Plan& plan, std::uint64_t file_offset) noexcept {
+  if (file_offset >= plan.tail_begin) return plan.middle_pieces();
+  return static_cast<std::size_t>((file_offset - plan.head_end) / plan.piece_size);
+}
+
+void ShiftedRead::move(const Operation& op, std::size_t k) const noexcept {
+  const Plan& plan = op.plan;
+  if (k == plan.middle_pieces()) {  // the tail, from the operation's own buffer
+    std::memcpy(op.user(plan.tail_begin), tail_.get(),
+                static_cast<std::size_t>(plan.end - plan.tail_begin));
+    return;
+  }
+  const Piece piece = plan.piece(k + (plan.has_head() ? 1 : 0));
+  std::byte* place = op.user(piece.file_offset);
+  std::memmove(place, place + shift_, piece.length);
+}
+
+std::size_t ShiftedRead::collect_landed() {
+  std::size_t count = 0;
+  for (State& s : states_) {
+    if (s == State::Landed) {
+      s = State::Done;
+      ++count;
+    }
+  }
+  return count;
+}
+
+std::size_t ShiftedRead::landed(const Operation& op, std::size_t k) {
+  std::unique_lock lock(mutex_);
+  const auto stopped = [&] { return abandoned_ || op.failed.load(std::memory_order_acquire); };
+  if (stopped()) {
+    states_[k] = State::Done;
+    return 1;
+  }
+  states_[k] = State::Landed;
+  std::size_t finished = 0;
+  // Only the thread that finds the next member landed moves: next_ changes only here.
+  while (next_ < states_.size() && states_[next_] == State::Landed && !stopped()) {
+    const std::size_t m = next_;
+    states_[m] = State::Moving;  // abandon() leaves it to this thread
+    lock.unlock();
+    move(op, m);
+    lock.lock();
+    states_[m] = State::Done;
+    ++next_;
+    ++finished;
+  }
+  if (stopped()) finished += collect_landed();
+  return finished;
+}
+
+std::size_t ShiftedRead::abandon() {
+  std::lock_guard lock(mutex_);
+  abandoned_ = true;
+  return collect_landed();
 }
 
 std::shared_ptr<const cuda::CuFileHandle> OpenFile::gds_registration(
@@ -268,6 +341,8 @@ void OperationQueue::fail(Operation& op, std::exception_ptr error, std::size_t h
     skipped = op.piece_count - op.next_piece;
     op.next_piece = op.piece_count;
   }
+  // A shifted read's landed pieces waiting for a move will not be moved either.
+  if (op.shifted) skipped += op.shifted->abandon();
   if (skipped + held > 0) finish_piece(op, skipped + held, stats);
 }
 

@@ -98,6 +98,52 @@ struct BatchFinish {
 
 struct Operation;
 
+// The landing of a read of host memory whose direct middle is not aligned in the caller's buffer
+// (file offset and address disagree modulo the kernel's memory alignment) and has several pieces
+// (plan_shifted, handle/plan.hpp): each middle piece is read straight into the caller's buffer,
+// `shift` bytes past its place where the address is aligned, the tail into a small buffer of the
+// operation's own, and then each is moved to its place. A piece's move overwrites the last
+// `shift` bytes where the piece before it landed, so the moves go in file order: a piece that
+// lands before its predecessor has moved waits (its slot is free meanwhile: the kernel is done
+// with it), and whichever worker moves a piece also moves the landed ones after it. Each byte is
+// moved once at memmove speed, against a checked copy (memory/user_copy.hpp) and a chunk of the
+// worker's pool for a bounced piece; the kernel checks that the buffer is writable (EFAULT).
+//
+// The members are the middle's pieces in file order, then the tail edge. Each member is counted
+// as finished exactly once: by the thread that moves it, or, once the operation has failed (no
+// more moves: the buffer's contents no longer matter), by its landing or by abandon().
+// Thread-safe (its mutex); owned by its Operation.
+class ShiftedRead {
+ public:
+  ShiftedRead(std::size_t shift, std::size_t members, std::size_t tail_length);
+  std::size_t shift() const noexcept { return shift_; }
+  std::byte* tail() const noexcept { return tail_.get(); }
+  // The member whose piece starts at `file_offset` (at or after the plan's head_end).
+  static std::size_t member(const Plan& plan, std::uint64_t file_offset) noexcept;
+  // Member `k` of `op` has landed; moves it and the landed members after it when it is the next
+  // to move. Returns how many members the caller must now count as finished (finish_piece).
+  std::size_t landed(const Operation& op, std::size_t k);
+  // `op` failed: the members landed and not yet moved will never be. Returns how many, for the
+  // caller to count as finished; members landing later count themselves (landed() returns 1).
+  std::size_t abandon();
+
+ private:
+  enum class State : std::uint8_t { Pending, Landed, Moving, Done };
+  void move(const Operation& op, std::size_t k) const noexcept;
+  std::size_t collect_landed();  // mutex_ held
+
+  struct AlignedDelete {
+    void operator()(std::byte* p) const noexcept;
+  };
+  const std::size_t shift_;
+  // Page-aligned: a direct tail (Plan::tail_direct) is read into it with O_DIRECT.
+  const std::unique_ptr<std::byte[], AlignedDelete> tail_;
+  std::mutex mutex_;
+  std::vector<State> states_;  // guarded by mutex_, as are the two below
+  std::size_t next_ = 0;       // the first member not moved yet
+  bool abandoned_ = false;
+};
+
 // Told when an operation finishes, for the handle's wait_some, on the thread that finished it (a
 // worker, or a submitter whose operation never started); neither call may throw or block for long.
 // operation_finished comes after the finishing steps and before `finished` is set (a wait that
@@ -141,6 +187,7 @@ struct Operation {
   std::uint32_t mem_align = 1;
   Plan plan;
   std::size_t piece_count = 0;
+  std::unique_ptr<ShiftedRead> shifted;  // set when the read's middle lands shifted
   // Asynchronous operations: told when this one finishes, with `job` (the listener's own record
   // of the ticket it belongs to, which outlives the call).
   FinishListener* listener = nullptr;
@@ -164,11 +211,18 @@ struct Operation {
   bool is_read() const { return direction == engine::Direction::Read; }
   // The caller's memory of the piece that starts at file offset `at`.
   std::byte* user(std::uint64_t at) const { return buf + (at - offset); }
+  // Where piece `p`'s transfer reads or writes memory: its place in the caller's buffer, or for a
+  // shifted read's members, where they land (see ShiftedRead).
+  std::byte* landing(const Piece& p) const {
+    if (!shifted || p.file_offset < plan.head_end) return user(p.file_offset);
+    if (p.file_offset >= plan.tail_begin) return shifted->tail();
+    return user(p.file_offset) + shifted->shift();
+  }
   // Whether piece `p` moves through a bounce chunk: device memory on the bounce transport, and
   // direct pieces whose memory is not aligned for O_DIRECT.
   bool needs_bounce(const Piece& p) const {
     if (memory == MemoryKind::Device) return transport == cuda::Transport::Bounce;
-    return p.direct && reinterpret_cast<std::uintptr_t>(user(p.file_offset)) % mem_align != 0;
+    return p.direct && reinterpret_cast<std::uintptr_t>(landing(p)) % mem_align != 0;
   }
   // The descriptor to use for a read's size check after it found end of file.
   int any_fd() const { return buffered_fd >= 0 ? buffered_fd : direct_fd; }

@@ -27,7 +27,7 @@ Piece Plan::piece(std::size_t index) const noexcept {
         static_cast<std::size_t>(std::min<std::uint64_t>(piece_size, tail_begin - start));
     return Piece{start, len, direct};
   }
-  return Piece{tail_begin, static_cast<std::size_t>(end - tail_begin), false};
+  return Piece{tail_begin, static_cast<std::size_t>(end - tail_begin), tail_direct};
 }
 
 Plan plan_whole(std::uint64_t offset, std::size_t length, std::size_t piece_size, bool direct) {
@@ -49,6 +49,20 @@ Plan plan_split(std::uint64_t offset, std::size_t length, std::size_t block_size
   p.piece_size =
       static_cast<std::size_t>(std::max<std::uint64_t>(align, round_down(block_size, align)));
   return p;
+}
+
+std::size_t plan_shifted(Plan& split, std::uintptr_t middle_address, std::uint64_t mem_align,
+                         std::uint64_t landing_align, std::uint64_t align) noexcept {
+  if (!split.direct || mem_align <= 1 || split.tail_begin <= split.head_end) return 0;
+  if (middle_address % mem_align == 0) return 0;  // the kernel takes the memory as it is
+  const std::uint64_t to = std::max(mem_align, landing_align);
+  const auto shift = static_cast<std::size_t>((to - middle_address % to) % to);
+  if (split.end - split.head_end < shift) return 0;
+  const std::uint64_t tail_begin = std::max(round_down(split.end - shift, align), split.head_end);
+  if (tail_begin - split.head_end <= split.piece_size) return 0;  // fewer than two pieces
+  split.tail_direct = split.tail_begin == split.end;  // no tail before: the end is aligned
+  split.tail_begin = tail_begin;
+  return shift;
 }
 
 std::uint64_t split_alignment(std::uint64_t dio_offset_align, std::uint64_t page,

@@ -25,6 +25,9 @@ struct Plan {
   std::uint64_t tail_begin = 0;
   std::size_t piece_size = 1;
   bool direct = false;
+  // The tail goes through the O_DIRECT descriptor too: a shifted read's tail (plan_shifted) whose
+  // end is aligned.
+  bool tail_direct = false;
 
   bool has_head() const noexcept { return head_end > offset; }
   bool has_tail() const noexcept { return tail_begin < end; }
@@ -33,6 +36,20 @@ struct Plan {
   // Piece `index` (0 <= index < piece_count()), head first, then the middle, then the tail.
   Piece piece(std::size_t index) const noexcept;
 };
+
+// A read whose direct middle starts at `middle_address` in the caller's memory, an address the
+// kernel refuses for O_DIRECT (not a multiple of `mem_align`), may instead land each middle piece
+// `shift` bytes past its place, where the address is a multiple of `landing_align` (the page:
+// pieces then cross as few pages as the aligned case, which matters to a device with a cap on
+// segments per request), and be moved down to it afterwards (ShiftedRead,
+// handle/operation.hpp). The last `shift` bytes of such a landing would run past the end of the
+// request, so the middle ends earlier: `split`'s tail begins at the last multiple of `align` at or
+// before end - shift, and the tail edge grows by up to that much (where the request ends aligned,
+// the tail it gains is aligned too, and direct: `tail_direct`). Returns the shift, and updates
+// `split`, when the middle keeps at least two pieces (one piece has nothing to overlap its move
+// with, and the bounce path moves it as fast); 0 otherwise, leaving `split` as it was.
+std::size_t plan_shifted(Plan& split, std::uintptr_t middle_address, std::uint64_t mem_align,
+                         std::uint64_t landing_align, std::uint64_t align) noexcept;
 
 // No edges: the whole request in pieces of `piece_size` (buffered I/O, or cuFile, which takes any
 // offset itself). `direct` marks the pieces as going through the O_DIRECT descriptor.

@@ -26,6 +26,8 @@ constexpr HandleStatsField kFields[] = {
     {"gds_bytes", &HandleStats::gds_bytes, "device memory: bytes moved through cuFile (GDS)"},
     {"device_bounce_bytes", &HandleStats::device_bounce_bytes,
      "device memory: bytes moved through host bounce chunks"},
+    {"shifted_bytes", &HandleStats::shifted_bytes,
+     "host memory: direct bytes of unaligned reads landed beside their place, then moved there"},
 };
 static_assert(std::size(kFields) == detail::kCounterCount);
 

@@ -34,8 +34,9 @@ enum class Counter : unsigned {
   EdgeBytes,
   GdsBytes,
   DeviceBounceBytes,
+  ShiftedBytes,
 };
-inline constexpr std::size_t kCounterCount = 11;
+inline constexpr std::size_t kCounterCount = 12;
 
 // The errno of a failed operation's error, as HandleStats::errors counts it.
 int error_errno(const std::exception_ptr& error) noexcept;

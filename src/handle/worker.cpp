@@ -83,7 +83,8 @@ struct Slot {
   int fd = -1;
   bool direct = false;
   unsigned lane = kKernel;                 // the engine its requests go to
-  std::byte* user = nullptr;               // the piece's bytes in the caller's buffer
+  std::byte* user = nullptr;  // the piece's bytes in the caller's buffer (a shifted read's: where
+                              // they land, Operation::landing)
   std::byte* bounce = nullptr;             // the aligned copy used for I/O, or null for zero-copy
   int region = -1;                         // the kernel engine's region holding `bounce`, or -1
   RetryCounter retries{kTransferRetries};  // EINTR / EAGAIN / no progress, in a row
@@ -396,7 +397,7 @@ void Worker::start(const OperationPtr& op, const Piece& piece) {
   s.direct = piece.direct;
   s.fd = piece.direct ? op->direct_fd : op->buffered_fd;
   s.lane = gds ? kCuFile : kKernel;
-  s.user = op->user(piece.file_offset);
+  s.user = op->landing(piece);
   if (op->needs_bounce(piece)) {
     try {
       s.bounce = memory_->pool.acquire();
@@ -696,6 +697,8 @@ void Worker::count_piece(const Slot& s) {
     stats_.add(s.lane == kCuFile ? Counter::GdsBytes : Counter::DeviceBounceBytes, s.length);
   } else if (s.bounce != nullptr) {
     stats_.add(Counter::BouncedBytes, s.length);
+  } else if (op.shifted && s.direct) {
+    stats_.add(Counter::ShiftedBytes, s.length);
   }
   // A buffered piece of a request planned with direct I/O is one of its unaligned edges.
   if (!s.direct && op.plan.direct) stats_.add(Counter::EdgeBytes, s.length);
@@ -704,6 +707,14 @@ void Worker::count_piece(const Slot& s) {
 void Worker::transfer_finished(unsigned i) {
   Slot& s = slots_[i];
   count_piece(s);
+  if (s.op->shifted && s.file_offset >= s.op->plan.head_end) {
+    // A shifted read's member landed: the slot is free now, the move comes in file order.
+    const std::size_t member = ShiftedRead::member(s.op->plan, s.file_offset);
+    const OperationPtr op = release(i);
+    const std::size_t finished = op->shifted->landed(*op, member);
+    if (finished > 0) queue_.finish_piece(*op, finished, stats_);
+    return;
+  }
   if (s.bounce != nullptr && s.op->is_read()) {
     if (s.op->memory == MemoryKind::Device) {
       start_copy(i, /*to_device=*/true);  // done once the copy to the device is

@@ -219,13 +219,15 @@ def test_bench_json_shape(tmp_path):
 
 STATS_KEYS = {
     "reads", "writes", "bytes_read", "bytes_written", "pieces", "retries", "short_transfers",
-    "bounced_bytes", "edge_bytes", "gds_bytes", "device_bounce_bytes", "errors",
+    "bounced_bytes", "edge_bytes", "gds_bytes", "device_bounce_bytes", "shifted_bytes", "errors",
 }
 
 
 def test_bench_json_stats_cover_the_timed_loops(tmp_path):
     # An unaligned offset: with direct I/O each transfer is a buffered head and tail around direct
-    # 64 KiB pieces, whose memory (the page-aligned buffer + the head) is not aligned: bounced.
+    # 64 KiB pieces, whose memory (the page-aligned buffer + the head) is not aligned: a write
+    # bounces them; a read lands them shifted in the buffer, its middle ending `shift` bytes
+    # earlier (the tail grows to the page before).
     size, loops, block, offset = 1 << 20, 3, 64 << 10, 4096 + 17
     out = bench_json("--dir", tmp_path, "--size", size, "--loops", loops, "--op", "both",
                      "--offset", offset, "--block-size", block, "--verify")
@@ -245,10 +247,19 @@ def test_bench_json_stats_cover_the_timed_loops(tmp_path):
         assert stats[other[0]] == 0 and stats[other[1]] == 0
         assert stats["errors"] == {} and stats["retries"] == 0
         assert stats["gds_bytes"] == 0 and stats["device_bounce_bytes"] == 0
-        if direct:
+        mem_align = probe["mem_align"]
+        if direct and r["op"] == "read" and mem_align > 1:
+            shift = -(head_end - offset) % mem_align
+            shifted = (end - shift) // align * align - head_end
+            assert shift > 0 and shifted > block
+            assert stats["edge_bytes"] == (size - shifted) * loops
+            assert stats["pieces"] == (-(-shifted // block) + 2) * loops
+            assert stats["shifted_bytes"] == shifted * loops and stats["bounced_bytes"] == 0
+        elif direct:
             assert stats["edge_bytes"] == (size - middle) * loops
             assert stats["pieces"] == (-(-middle // block) + 2) * loops
-            assert stats["bounced_bytes"] == (middle * loops if probe["mem_align"] > 1 else 0)
+            assert stats["bounced_bytes"] == (middle * loops if mem_align > 1 else 0)
+            assert stats["shifted_bytes"] == 0
         else:
             assert stats["edge_bytes"] == 0 and stats["bounced_bytes"] == 0
             assert stats["pieces"] == size // block * loops

@@ -134,25 +134,45 @@ TEST_P(Stats, UnalignedRequestCountsEdgesAndPieces) {
                                  {&HandleStats::edge_bytes, c.head + c.tail}}));
 }
 
-// An aligned request from memory not aligned for O_DIRECT: every byte goes through bounce buffers,
-// in block pieces, with no edges.
-TEST_P(Stats, UnalignedBufferCountsBouncedBytes) {
+// An aligned request from memory not aligned for O_DIRECT. A write bounces every byte, in block
+// pieces, with no edges; so does a read of one piece. A read of several pieces lands shifted in
+// the caller's buffer instead (ShiftedRead): its middle and its tail (aligned, so direct too) are
+// shifted bytes, one piece more than the block pieces, nothing bounced, no edges.
+TEST_P(Stats, UnalignedBufferCountsBouncedAndShiftedBytes) {
   if (!direct_supported()) GTEST_SKIP() << "no O_DIRECT in " << dir() << ": nothing bounces";
   if (direct_info().mem_align <= 1) GTEST_SKIP() << "any address suits O_DIRECT here";
   const std::string path = file("bounce.bin");
   const std::size_t len = MiB;
-  write_pattern_file(path, len, 4);
   GuardedBuffer buf(len, BufKind::Plus1);
-  buf.fill_sentinel();
+  buf.fill_pattern(0, 4);
   Handle h(options());
+  h.write(buf.data(), len, path, 0);
+  EXPECT_TRUE(file_range_has_pattern(read_file(path), 0, len, 4));
+  const std::uint64_t block = std::max<std::uint64_t>(split_align(path), kBlock);
+  ASSERT_GE(len / block, 3u) << "the read must have several pieces";
+  EXPECT_EQ(h.stats(), only({{&HandleStats::writes, 1},
+                             {&HandleStats::bytes_written, len},
+                             {&HandleStats::pieces, len / block},
+                             {&HandleStats::bounced_bytes, len}}));
+
+  HandleStats before = h.stats();
+  buf.fill_sentinel();
+  h.read(buf.data(), block, path, 0);
+  EXPECT_TRUE(buffer_has_pattern(buf.data(), block, 0, 4));
+  EXPECT_EQ(h.stats() - before, only({{&HandleStats::reads, 1},
+                                      {&HandleStats::bytes_read, block},
+                                      {&HandleStats::pieces, 1},
+                                      {&HandleStats::bounced_bytes, block}}));
+
+  before = h.stats();
+  buf.fill_sentinel();
   h.read(buf.data(), len, path, 0);
   EXPECT_TRUE(buffer_has_pattern(buf.data(), len, 0, 4));
   EXPECT_TRUE(buf.guards_intact());
-  const std::uint64_t pieces = len / std::max<std::uint64_t>(split_align(path), kBlock);
-  EXPECT_EQ(h.stats(), only({{&HandleStats::reads, 1},
-                             {&HandleStats::bytes_read, len},
-                             {&HandleStats::pieces, pieces},
-                             {&HandleStats::bounced_bytes, len}}));
+  EXPECT_EQ(h.stats() - before, only({{&HandleStats::reads, 1},
+                                      {&HandleStats::bytes_read, len},
+                                      {&HandleStats::pieces, len / block + 1},
+                                      {&HandleStats::shifted_bytes, len}}));
 }
 
 // Without direct I/O a request is plain block pieces: no edges, nothing bounced, whatever the
@@ -181,7 +201,8 @@ TEST_P(Stats, BufferedRequestIsBlockPieces) {
 TEST_P(Stats, AsyncBatchAndEmptyOperationsCount) {
   const std::string path = file("batch.bin");
   write_pattern_file(path, 4 * MiB, 6);
-  std::vector<unsigned char> a(MiB), b(2 * MiB), c(4096);
+  // Aligned memory: whole pieces, nothing landing shifted (which adds a tail piece).
+  GuardedBuffer a(MiB, BufKind::Aligned), b(2 * MiB, BufKind::Aligned), c(4096, BufKind::Aligned);
   const nvio::ReadExtent extents[] = {{a.data(), a.size(), 0, path, -1},
                                       {b.data(), b.size(), MiB, path, -1},
                                       {c.data(), c.size(), 3 * MiB, path, -1}};
@@ -360,6 +381,7 @@ TEST(HandleStatsDifference, FieldTableCoversTheStruct) {
       {"edge_bytes", &HandleStats::edge_bytes},
       {"gds_bytes", &HandleStats::gds_bytes},
       {"device_bounce_bytes", &HandleStats::device_bounce_bytes},
+      {"shifted_bytes", &HandleStats::shifted_bytes},
   };
   const auto fields = nvio::handle_stats_fields();
   ASSERT_EQ(fields.size(), std::size(expected));

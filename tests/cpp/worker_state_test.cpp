@@ -3,6 +3,7 @@
 // must never land on a slot's next piece, and a short direct transfer must not resume through the
 // page cache. Also the pure planning functions (handle/plan.hpp).
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -476,6 +477,46 @@ TEST(Plan, DirectResumePointKeepsAlignment) {
   EXPECT_EQ(direct_resume_point(100, 8192, 0x10000, 512, 512), 0u);
   EXPECT_EQ(direct_resume_point(5000, 8192, 0x10000, 4096, 512), 4096u);
   EXPECT_EQ(direct_resume_point(1024, 8192, 0x10000, 512, 4096), 0u);
+}
+
+// A shifted read's middle lands `shift` bytes past its place, so it must end at least `shift`
+// bytes before the request does; the tail takes the rest, direct when the request ends aligned.
+TEST(Plan, ShiftedMiddleLandsInsideTheRequest) {
+  using nvio::detail::plan_shifted;
+  for (std::uint64_t off : {0ull, 7ull, 4103ull}) {
+    for (std::size_t len : {3 * 64 * KiB, MiB + 123, 8 * MiB - 4096}) {
+      for (std::uintptr_t misaligned : {std::uintptr_t{1}, std::uintptr_t{511}}) {
+        SCOPED_TRACE(fmt::format("offset {} length {} middle at {}", off, len, misaligned));
+        Plan p = nvio::detail::plan_split(off, len, 64 * KiB, 4096);
+        const Plan before = p;
+        const std::uintptr_t middle = 0x10000 + misaligned;
+        const std::size_t shift = plan_shifted(p, middle, 512, 4096, 4096);
+        ASSERT_EQ(shift, 4096 - misaligned);
+        expect_tiles(p, 4096);
+        EXPECT_EQ(p.head_end, before.head_end);
+        // The last middle piece's landing ends inside the request.
+        EXPECT_LE(p.tail_begin + shift, p.end);
+        EXPECT_GE(p.end - p.tail_begin, before.end - before.tail_begin);
+        EXPECT_LT(p.end - p.tail_begin, 4096 + shift + 4096);
+        EXPECT_EQ(p.piece(p.piece_count() - 1).direct, (off + len) % 4096 == 0);
+        EXPECT_EQ((middle + shift) % 4096, 0u) << "lands page-aligned";
+      }
+    }
+  }
+}
+
+TEST(Plan, ShiftedOnlyWithSeveralPiecesAndMisalignedMemory) {
+  using nvio::detail::plan_shifted;
+  Plan p = nvio::detail::plan_split(4103, 3 * 64 * KiB, 64 * KiB, 4096);
+  EXPECT_EQ(plan_shifted(p, 0x10000, 512, 4096, 4096), 0u) << "aligned memory";
+  EXPECT_EQ(plan_shifted(p, 0x10200, 512, 4096, 4096), 0u) << "aligned for the kernel";
+  EXPECT_EQ(plan_shifted(p, 0x10001, 1, 4096, 4096), 0u) << "any address suits O_DIRECT";
+  Plan one = nvio::detail::plan_split(4103, 64 * KiB + 4096, 64 * KiB, 4096);
+  const Plan before = one;
+  EXPECT_EQ(plan_shifted(one, 0x10001, 512, 4096, 4096), 0u) << "one piece: bounced instead";
+  EXPECT_EQ(one.tail_begin, before.tail_begin) << "left as it was";
+  Plan whole = nvio::detail::plan_whole(0, MiB, 64 * KiB, false);
+  EXPECT_EQ(plan_shifted(whole, 0x10001, 512, 4096, 4096), 0u) << "no direct middle";
 }
 
 TEST(Plan, BounceChunksAreWholePages) {

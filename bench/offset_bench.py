@@ -3,8 +3,9 @@
 (default 4103 = 4096 + 7) with the same page-aligned buffer, and the ratio of their speeds.
 
 At an unaligned offset the buffer's address is no longer aligned with the file for O_DIRECT, so
-the direct middle of the transfer goes through the workers' bounce chunks (a copy per piece);
-at offset 0 it is zero-copy. Both move --size bytes (default 1 GiB + 123) with `nvio.Handle.read`
+the direct middle of a write goes through the workers' bounce chunks (a checked copy per piece),
+and that of a read lands a few bytes past its place in the buffer and is moved there (a memmove
+per piece); at offset 0 both are zero-copy. Both move --size bytes (default 1 GiB + 123) with `nvio.Handle.read`
 / `.write` from Python on one `nvio.empty_locked` buffer, for each handle configuration given
 (default: the default options, then intra_op_parallelism 1, 2 and 4). Rounds alternate which
 offset goes first; the figure is the median over the rounds; ratio = offset GB/s / aligned GB/s.

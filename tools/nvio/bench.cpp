@@ -141,8 +141,9 @@ void add_bench_options(CLI::App& app, BenchArgs& args) {
     std::string help;
   } optional_flags[] = {
       {"--offset", &BenchArgs::offset, "BYTES",
-       "Sequential: the file offset the transfer starts at (default 0); an unaligned one (e.g. "
-       "4103) goes through the bounce path with the same page-aligned buffer"},
+       "Sequential: the file offset the transfer starts at (default 0); at an unaligned one (e.g. "
+       "4103) the same page-aligned buffer is no longer aligned with the file: writes go through "
+       "bounce buffers, reads land shifted in the buffer and move into place"},
       {"--file-size", &BenchArgs::file_size, "BYTES",
        "Random: the bytes of the file the blocks are drawn from (default 1G); a file shorter "
        "than this is first filled with the pattern (untimed)"},

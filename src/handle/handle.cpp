@@ -352,7 +352,8 @@ void plan(Operation& op, std::size_t block_size, DirectIo direct) {
             detail::plan_shifted(op.plan, middle, op.mem_align, page, align)) {
       op.shifted = std::make_unique<detail::ShiftedRead>(
           shift, op.plan.middle_pieces() + 1,
-          static_cast<std::size_t>(op.plan.end - op.plan.tail_begin));
+          static_cast<std::size_t>(op.plan.end - op.plan.tail_begin),
+          std::max<std::size_t>(op.mem_align, page));
     }
   }
   op.piece_count = op.plan.piece_count();

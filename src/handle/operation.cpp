@@ -37,17 +37,15 @@ std::exception_ptr ended_during_read(const Operation& op, std::uint64_t at) {
   }
 }
 
-namespace {
-constexpr std::align_val_t kTailAlign{4096};
-}  // namespace
-
 void ShiftedRead::AlignedDelete::operator()(std::byte* p) const noexcept {
-  ::operator delete[](p, kTailAlign);
+  ::operator delete[](p, align);
 }
 
-ShiftedRead::ShiftedRead(std::size_t shift, std::size_t members, std::size_t tail_length)
+ShiftedRead::ShiftedRead(std::size_t shift, std::size_t members, std::size_t tail_length,
+                         std::size_t tail_align)
     : shift_(shift),
-      tail_(static_cast<std::byte*>(::operator new[](tail_length, kTailAlign))),
+      tail_(static_cast<std::byte*>(::operator new[](tail_length, std::align_val_t{tail_align})),
+            AlignedDelete{std::align_val_t{tail_align}}),
       states_(members, State::Pending) {}
 
 std::size_t ShiftedRead::member(const Plan& plan, std::uint64_t file_offset) noexcept {

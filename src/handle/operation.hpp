@@ -115,7 +115,10 @@ struct Operation;
 // Thread-safe (its mutex); owned by its Operation.
 class ShiftedRead {
  public:
-  ShiftedRead(std::size_t shift, std::size_t members, std::size_t tail_length);
+  // `tail_align`: the alignment of the tail's buffer (a direct tail is read into it), a power
+  // of two.
+  ShiftedRead(std::size_t shift, std::size_t members, std::size_t tail_length,
+              std::size_t tail_align);
   std::size_t shift() const noexcept { return shift_; }
   std::byte* tail() const noexcept { return tail_.get(); }
   // The member whose piece starts at `file_offset` (at or after the plan's head_end).
@@ -133,10 +136,11 @@ class ShiftedRead {
   std::size_t collect_landed();  // mutex_ held
 
   struct AlignedDelete {
+    std::align_val_t align;
     void operator()(std::byte* p) const noexcept;
   };
   const std::size_t shift_;
-  // Page-aligned: a direct tail (Plan::tail_direct) is read into it with O_DIRECT.
+  // Aligned for O_DIRECT: a direct tail (Plan::tail_direct) is read into it.
   const std::unique_ptr<std::byte[], AlignedDelete> tail_;
   std::mutex mutex_;
   std::vector<State> states_;  // guarded by mutex_, as are the two below

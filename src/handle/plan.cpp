@@ -56,6 +56,8 @@ std::size_t plan_shifted(Plan& split, std::uintptr_t middle_address, std::uint64
   if (!split.direct || mem_align <= 1 || split.tail_begin <= split.head_end) return 0;
   if (middle_address % mem_align == 0) return 0;  // the kernel takes the memory as it is
   const std::uint64_t to = std::max(mem_align, landing_align);
+  // Every piece's landing must be aligned, not only the first one's.
+  if (split.piece_size % to != 0) return 0;
   const auto shift = static_cast<std::size_t>((to - middle_address % to) % to);
   if (split.end - split.head_end < shift) return 0;
   const std::uint64_t tail_begin = std::max(round_down(split.end - shift, align), split.head_end);

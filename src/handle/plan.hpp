@@ -39,15 +39,17 @@ struct Plan {
 
 // A read whose direct middle starts at `middle_address` in the caller's memory, an address the
 // kernel refuses for O_DIRECT (not a multiple of `mem_align`), may instead land each middle piece
-// `shift` bytes past its place, where the address is a multiple of `landing_align` (the page:
-// pieces then cross as few pages as the aligned case, which matters to a device with a cap on
-// segments per request), and be moved down to it afterwards (ShiftedRead,
-// handle/operation.hpp). The last `shift` bytes of such a landing would run past the end of the
-// request, so the middle ends earlier: `split`'s tail begins at the last multiple of `align` at or
-// before end - shift, and the tail edge grows by up to that much (where the request ends aligned,
-// the tail it gains is aligned too, and direct: `tail_direct`). Returns the shift, and updates
-// `split`, when the middle keeps at least two pieces (one piece has nothing to overlap its move
-// with, and the bounce path moves it as fast); 0 otherwise, leaving `split` as it was.
+// `shift` bytes past its place, at an address that is a multiple of `mem_align` and of
+// `landing_align` (the page: pieces then cross as few pages as in the aligned case, which matters
+// to a device with a cap on segments per request), and be moved down to it afterwards
+// (ShiftedRead, handle/operation.hpp). The last `shift` bytes of such a landing would run past the
+// end of the request, so the middle ends earlier: `split`'s tail begins at the last multiple of
+// `align` at or before end - shift, and the tail edge grows by up to that much (where the request
+// ends aligned, the tail it gains is aligned too, and direct: `tail_direct`). Returns the shift,
+// and updates `split`, when the middle keeps at least two pieces (one piece has nothing to
+// overlap its move with, and the bounce path moves it as fast) and every piece's landing is
+// aligned (the pieces' size a multiple of that alignment); 0 otherwise, leaving `split` as it
+// was.
 std::size_t plan_shifted(Plan& split, std::uintptr_t middle_address, std::uint64_t mem_align,
                          std::uint64_t landing_align, std::uint64_t align) noexcept;
 

@@ -82,11 +82,11 @@ struct Slot {
   std::size_t done = 0;  // bytes transferred so far
   int fd = -1;
   bool direct = false;
-  unsigned lane = kKernel;                 // the engine its requests go to
-  std::byte* user = nullptr;  // the piece's bytes in the caller's buffer (a shifted read's: where
-                              // they land, Operation::landing)
-  std::byte* bounce = nullptr;             // the aligned copy used for I/O, or null for zero-copy
-  int region = -1;                         // the kernel engine's region holding `bounce`, or -1
+  unsigned lane = kKernel;      // the engine its requests go to
+  std::byte* user = nullptr;    // the piece's bytes in the caller's buffer (a shifted read's: where
+                                // they land, Operation::landing)
+  std::byte* bounce = nullptr;  // the aligned copy used for I/O, or null for zero-copy
+  int region = -1;              // the kernel engine's region holding `bounce`, or -1
   RetryCounter retries{kTransferRetries};  // EINTR / EAGAIN / no progress, in a row
 };
 
@@ -95,13 +95,18 @@ struct Slot {
 // and the CUDA state of those copies. Owned by its worker thread; kept on the heap so that a
 // worker that stops with requests it cannot account for can abandon it (see abandon()).
 struct WorkerMemory {
-  WorkerMemory(std::unique_ptr<engine::Engine> e, std::size_t chunk, std::size_t count)
+  WorkerMemory(std::unique_ptr<engine::Engine> e, std::size_t chunk, std::size_t count,
+               unsigned slots)
       : pool(chunk, count) {
     engines[kKernel] = std::move(e);
+    held.reserve(slots);  // die() adds to it without allocating
   }
   std::array<std::unique_ptr<engine::Engine>, kLanes> engines;  // kCuFile: null until needed
   BouncePool pool;
   std::unique_ptr<cuda::DeviceLane> lane;  // after `pool`: destroyed before it
+  // The operations of requests left in an engine that could not be waited for (die()): a request
+  // may point into memory its operation owns (a shifted read's tail buffer), kept with the rest.
+  std::vector<OperationPtr> held;
 };
 
 // Keeps `memory` for the rest of the process, never freeing it: the kernel or a device may still
@@ -244,8 +249,8 @@ Worker::Worker(const WorkerSettings& settings, OperationQueue& queue)
   const std::size_t chunk = bounce_chunk_size(settings.block_size);
   const std::size_t bounce_count =
       std::min<std::size_t>(qd, std::max<std::size_t>(2, (std::size_t{64} << 20) / chunk));
-  memory_ =
-      std::make_unique<WorkerMemory>(engine::make_engine(settings.engine, qd), chunk, bounce_count);
+  memory_ = std::make_unique<WorkerMemory>(engine::make_engine(settings.engine, qd), chunk,
+                                           bounce_count, qd);
   // Pieces queued while the worker waits for a completion end that wait (OperationQueue::
   // block_in_engine); without overlap_events no piece starts before all have completed anyway.
   const int wakeup = queue_.wakeup_fd(settings.index);
@@ -816,6 +821,10 @@ void Worker::die(std::exception_ptr cause) noexcept {
     if (!s.op) continue;
     const OperationPtr op = std::move(s.op);
     queue_.fail(*op, error, 1, stats_);
+    if (!idle && (s.state == SlotState::OnDisk || s.state == SlotState::CopyingIn ||
+                  s.state == SlotState::CopyingOut)) {
+      memory_->held.push_back(op);  // within the reserved capacity: does not allocate
+    }
   }
   if (!idle) {
     // An engine that only kept reporting failures (it did not throw) is closed, which releases its

@@ -249,7 +249,7 @@ def test_bench_json_stats_cover_the_timed_loops(tmp_path):
         assert stats["gds_bytes"] == 0 and stats["device_bounce_bytes"] == 0
         mem_align = probe["mem_align"]
         if direct and r["op"] == "read" and mem_align > 1:
-            shift = -(head_end - offset) % mem_align
+            shift = -(head_end - offset) % max(mem_align, os.sysconf("SC_PAGE_SIZE"))
             shifted = (end - shift) // align * align - head_end
             assert shift > 0 and shifted > block
             assert stats["edge_bytes"] == (size - shifted) * loops

@@ -494,6 +494,7 @@ TEST(Plan, ShiftedMiddleLandsInsideTheRequest) {
         ASSERT_EQ(shift, 4096 - misaligned);
         expect_tiles(p, 4096);
         EXPECT_EQ(p.head_end, before.head_end);
+        EXPECT_EQ(p.tail_begin, std::max<std::uint64_t>((p.end - shift) / 4096 * 4096, p.head_end));
         // The last middle piece's landing ends inside the request.
         EXPECT_LE(p.tail_begin + shift, p.end);
         EXPECT_GE(p.end - p.tail_begin, before.end - before.tail_begin);
@@ -517,6 +518,21 @@ TEST(Plan, ShiftedOnlyWithSeveralPiecesAndMisalignedMemory) {
   EXPECT_EQ(one.tail_begin, before.tail_begin) << "left as it was";
   Plan whole = nvio::detail::plan_whole(0, MiB, 64 * KiB, false);
   EXPECT_EQ(plan_shifted(whole, 0x10001, 512, 4096, 4096), 0u) << "no direct middle";
+
+  // Exactly at the two-piece boundary: a middle of one piece and one page after the shift's
+  // rounding is still shifted; one of exactly one piece is not.
+  Plan two = nvio::detail::plan_split(0, 64 * KiB + 8192, 64 * KiB, 4096);
+  EXPECT_EQ(plan_shifted(two, 0x10001, 512, 4096, 4096), 4095u);
+  EXPECT_EQ(two.tail_begin, 64 * KiB + 4096);
+  Plan just_one = nvio::detail::plan_split(0, 64 * KiB + 4096, 64 * KiB, 4096);
+  EXPECT_EQ(plan_shifted(just_one, 0x10001, 512, 4096, 4096), 0u);
+
+  // The kernel's memory alignment above the page: landings are aligned to it, and only where
+  // every piece's landing can be (pieces a multiple of it).
+  Plan big = nvio::detail::plan_split(0, MiB, 64 * KiB, 4096);
+  EXPECT_EQ(plan_shifted(big, 0x10001, 16384, 4096, 4096), 16383u);
+  Plan odd = nvio::detail::plan_split(0, MiB, 12 * KiB, 4096);
+  EXPECT_EQ(plan_shifted(odd, 0x10001, 8192, 4096, 4096), 0u) << "12 KiB pieces, 8 KiB landings";
 }
 
 TEST(Plan, BounceChunksAreWholePages) {

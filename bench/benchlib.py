@@ -123,6 +123,19 @@ positive_seconds = positive(float, "a number of seconds", "a positive number of 
 # ---- formatting and logging -------------------------------------------------------------------
 
 
+def ab_parser(description: str, file_help: str, rounds: int) -> argparse.ArgumentParser:
+    """The arguments every A/B script of two nvio builds takes: the two CLIs, the existing file
+    they take turns on, and how many alternations."""
+    ap = argparse.ArgumentParser(description=description,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--a", required=True, help="the first nvio CLI (the baseline)")
+    ap.add_argument("--b", required=True, help="the second nvio CLI (the change)")
+    ap.add_argument("--file", required=True, help=file_help)
+    ap.add_argument("--rounds", type=int, default=rounds,
+                    help=f"alternations (default {rounds})")
+    return ap
+
+
 def human(n: int, short: bool = False) -> str:
     """A byte count in the largest binary unit that divides it: "1 GiB", "512 KiB", "100 B";
     with short, "1G", "512K", "100" (the form the nvio CLI options take)."""

@@ -16,13 +16,12 @@ Example (the old build in a git worktree of the previous commit):
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 import sys
 
-from benchlib import Failure, error_exit, run_cmd, size_type
+from benchlib import Failure, ab_parser, error_exit, run_cmd, size_type
 
 
 def run(binary: str, path: str, size: int, offset: int, op: str, loops: int
@@ -35,18 +34,13 @@ def run(binary: str, path: str, size: int, offset: int, op: str, loops: int
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--a", required=True, help="the first nvio CLI (the baseline)")
-    ap.add_argument("--b", required=True, help="the second nvio CLI (the change)")
-    ap.add_argument("--file", required=True, help="an existing file of at least --offset + --size")
+    ap = ab_parser(__doc__, "an existing file of at least --offset + --size", 5)
     ap.add_argument("--size", type=size_type(), default=size_type()("1G"),
                     help="bytes per transfer (default 1G)")
     ap.add_argument("--offset", type=size_type(allow_zero=True), default=4103,
                     help="the odd file offset (default 4103 = 4096 + 7)")
     ap.add_argument("--op", choices=("read", "write"), default="read")
     ap.add_argument("--loops", type=int, default=3, help="timed loops per run (default 3)")
-    ap.add_argument("--rounds", type=int, default=5, help="alternations (default 5)")
     args = ap.parse_args()
     if args.rounds < 1 or args.loops < 1:
         ap.error("--rounds and --loops must be at least 1")

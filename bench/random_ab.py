@@ -25,7 +25,7 @@ import os
 import statistics
 import sys
 
-from benchlib import Failure, error_exit, run_cmd, size_type
+from benchlib import Failure, ab_parser, error_exit, run_cmd, size_type
 
 
 def nvio_iops(binary: str, path: str, file_size: int, eng: str, op: str, block: int, qd: int,
@@ -64,16 +64,11 @@ def parse_config(text: str) -> tuple[str, str, int, int]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--a", required=True, help="the first nvio CLI (the baseline)")
-    ap.add_argument("--b", required=True, help="the second nvio CLI (the change)")
-    ap.add_argument("--file", required=True, help="an existing file of at least --file-size")
+    ap = ab_parser(__doc__, "an existing file of at least --file-size", 3)
     ap.add_argument("--file-size", type=size_type(), default=size_type()("512M"),
                     help="bytes of the file the blocks are drawn from (default 512M)")
     ap.add_argument("--configs", required=True,
                     help="comma-separated ENGINE:OP:BLOCK:QD, e.g. io_uring:read:4K:32")
-    ap.add_argument("--rounds", type=int, default=3, help="alternations (default 3)")
     ap.add_argument("--seconds", type=float, default=2.0, help="seconds per run (default 2)")
     args = ap.parse_args()
     try:

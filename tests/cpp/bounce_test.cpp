@@ -231,6 +231,14 @@ class ShiftedReads : public BouncedPieces {
     const std::uint64_t head = (align - off % align) % align;
     return (misalign + head) % direct_info().mem_align != 0;
   }
+  // Many 16 KiB pieces per read (long chains), 8 in flight per worker.
+  Options small_pieces(unsigned workers) const {
+    Options o = base_options();
+    o.block_size = 16 * KiB;
+    o.queue_depth = 8;
+    o.intra_op_parallelism = workers;
+    return o;
+  }
   bool worker_may_die_ = false;
 };
 
@@ -282,11 +290,7 @@ TEST_P(ShiftedReads, ReorderedShortAndFailedPiecesNeverHangOrSpill) {
   constexpr std::size_t kMax = MiB;
   write_pattern_file(path, kMax + kOddOffset, 93);
   GuardedBuffer outer(kMax + 3 * 4096, BufKind::Aligned);
-  Options o = base_options();
-  o.block_size = 16 * KiB;
-  o.queue_depth = 8;
-  o.intra_op_parallelism = 3;
-  Handle h(o);
+  Handle h(small_pieces(3));
   std::mt19937_64 rng(17);
   std::size_t ok = 0, failed = 0;
   for (int i = 0; i < (kSanitizerBuild ? 20 : 40); ++i) {
@@ -318,10 +322,7 @@ TEST_P(ShiftedReads, AnEngineThatBreaksForGoodFailsThemCleanly) {
   constexpr std::size_t kLen = 512 * KiB + 5;
   write_pattern_file(path, kLen + kOddOffset, 95);
   GuardedBuffer outer(kLen + 3 * 4096, BufKind::Aligned);
-  Options o = base_options();
-  o.block_size = 16 * KiB;
-  o.queue_depth = 8;
-  o.intra_op_parallelism = 2;
+  const Options o = small_pieces(2);
   std::size_t failed = 0;
   for (int i = 0; i < 6; ++i) {
     Handle h(o);  // a fresh handle each time: one whose worker stopped runs nothing more

@@ -1,6 +1,7 @@
 // Batched operations: many extents, of one file or of several, as one ticket; on every engine.
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -150,6 +151,56 @@ TEST_P(Batch, AnArgumentErrorStartsNothing) {
   EXPECT_THROW(h.write_batch(writes, w), nvio::InvalidArgument);
   // An empty batch is done at once.
   EXPECT_NO_THROW(h.wait(h.submit_read_batch({})));
+
+  // A write batch refused for its second extent does not touch the file of its first, not even
+  // to allocate the range past its end that a direct write gets first (docs/design.md).
+  std::vector<unsigned char> z(2 * MiB, 9);
+  const std::string fresh = file("fresh.bin");
+  const std::vector<nvio::WriteExtent> refused = {{z.data(), z.size(), 0, fresh, -1},
+                                                  {nullptr, 10, 0, fresh, -1}};
+  EXPECT_THROW(h.write_batch(refused), nvio::InvalidArgument);
+  struct stat st {};
+  if (::stat(fresh.c_str(), &st) == 0) {
+    EXPECT_EQ(st.st_size, 0) << "the refused batch grew the file";
+    EXPECT_EQ(st.st_blocks, 0) << "the refused batch allocated blocks";
+  }
+}
+
+// A direct write past the end of its file has that range allocated first (so that its pieces are
+// not extending writes, which file systems serialise): only that range, never the hole before
+// it, and without ever making the file shorter, whatever another writer does at the same time.
+TEST_P(Batch, WritesPastTheEndAllocateOnlyTheirRangeAndNeverShrinkTheFile) {
+  nvio::Handle h(options());
+  const std::string sparse = file("sparse.bin");
+  const std::uint64_t off = 64 * MiB + 7;
+  GuardedBuffer buf(3 * MiB + 5, BufKind::Plus3);
+  buf.fill_pattern(off, 31);
+  h.write(buf.data(), buf.size(), sparse, off);
+  EXPECT_EQ(file_size(sparse), static_cast<std::int64_t>(off + buf.size()));
+  EXPECT_TRUE(file_range_has_pattern(read_file(sparse), off, buf.size(), 31));
+  struct stat st {};
+  ASSERT_EQ(::stat(sparse.c_str(), &st), 0);
+  EXPECT_LT(static_cast<std::uint64_t>(st.st_blocks) * 512, 8 * MiB)
+      << "the hole before the write was allocated";
+
+  // Two threads extend one new file at once, the nearer range and the farther one in both orders:
+  // the file ends where the farther write ends and holds both.
+  for (int round = 0; round < 6; ++round) {
+    SCOPED_TRACE(round);
+    const std::string both = file("both" + std::to_string(round) + ".bin");
+    GuardedBuffer near(2 * MiB + 1, BufKind::Aligned), far(2 * MiB + 3, BufKind::Plus1);
+    near.fill_pattern(0, 41);
+    far.fill_pattern(4 * MiB + 1, 42);
+    std::thread a([&] { h.write(near.data(), near.size(), both, 0); });
+    if (round % 2 == 0) std::this_thread::yield();
+    std::thread b([&] { h.write(far.data(), far.size(), both, 4 * MiB + 1); });
+    a.join();
+    b.join();
+    EXPECT_EQ(file_size(both), static_cast<std::int64_t>(4 * MiB + 1 + far.size()));
+    const auto bytes = read_file(both);
+    EXPECT_TRUE(file_range_has_pattern(bytes, 0, near.size(), 41));
+    EXPECT_TRUE(file_range_has_pattern(bytes, 4 * MiB + 1, far.size(), 42));
+  }
 }
 
 // An engine that fails every request touching file offsets [kBadBegin, kBadEnd) with EIO.

@@ -5,9 +5,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include "core/posix.hpp"
+#include "core/retry.hpp"
 #include "nvio/errors.hpp"
 #include "nvio/warnings.hpp"
 
@@ -56,6 +58,20 @@ void use(Operation& op, std::shared_ptr<OpenFile> file) {
 }
 
 }  // namespace
+
+Allocated allocate_past_end(int fd, FileType type, std::int64_t size, std::uint64_t offset,
+                            std::uint64_t end) noexcept {
+  const auto now = static_cast<std::uint64_t>(std::max<std::int64_t>(size, 0));
+  if (type != FileType::Regular || end <= now || end <= offset) return Allocated::Nothing;
+  const std::uint64_t from = std::max(now, offset);
+  const int rc = retry_interrupted([&] {
+    return ::fallocate(fd, 0, static_cast<off_t>(from), static_cast<off_t>(end - from)) == 0
+               ? 0
+               : -errno;
+  });
+  if (rc == 0) return Allocated::Range;
+  return rc == -EOPNOTSUPP || rc == -ENOSYS ? Allocated::Unsupported : Allocated::Refused;
+}
 
 std::string fd_name(int fd) {
   char target[512];

@@ -362,30 +362,6 @@ void plan(Operation& op, std::size_t block_size, DirectIo direct) {
   op.piece_count = op.plan.piece_count();
 }
 
-// A direct write that ends past the end of its file is first given the blocks past the end with
-// fallocate. File systems serialise extending O_DIRECT writes (ext4 takes the inode lock
-// exclusively and completes them synchronously: libaio's io_submit blocks in each, io_uring hands
-// each to a worker thread), so a new file written in pieces had one piece in flight at a time:
-// 1 GiB written into a new file took 1.09 s, into one allocated first 0.65 s (docs/performance.md,
-// "Writes into new files"). fallocate extends the size but never shrinks it, so another writer's
-// bytes past this write's end are safe (ftruncate could cut them off), and only this write's range
-// is allocated: a hole before its offset stays a hole. An optimisation only: where the file system
-// refuses (EOPNOTSUPP, or ENOSPC on a nearly full one), the writes extend the file as before and
-// report their own errors.
-void allocate_past_end(const Operation& op) {
-  if (op.is_read() || op.direct_fd < 0 || op.length == 0) return;
-  if (op.file == nullptr || op.file->facts.type != detail::FileType::Regular) return;
-  const auto size = static_cast<std::uint64_t>(std::max<std::int64_t>(op.checked_size, 0));
-  if (op.end() <= size) return;
-  const std::uint64_t from = std::max(size, op.offset);
-  (void)detail::retry_interrupted([&] {
-    return ::fallocate(op.direct_fd, 0, static_cast<off_t>(from),
-                       static_cast<off_t>(op.end() - from)) == 0
-               ? 0
-               : -errno;
-  });
-}
-
 }  // namespace
 
 OperationPtr Handle::Impl::prepare(Direction dir, std::byte* buf, std::size_t length,
@@ -554,8 +530,27 @@ JobPtr Handle::Impl::prepare_batch(Direction dir, std::span<const Extent> extent
 }
 
 void Handle::Impl::queue_job(const Job& job) {
-  for (const OperationPtr& op : job.ops) allocate_past_end(*op);
-  for (const OperationPtr& op : job.ops) queue.push(op, counters.others());
+  // Every allocation before any piece of the job is queued: none then waits for the job's own
+  // direct I/O (the extents of a batch share their file, and its count is still the one before).
+  for (const OperationPtr& op : job.ops) {
+    if (op->is_read() || op->direct_fd < 0 || op->file == nullptr) continue;
+    detail::OpenFile& file = *op->file;
+    if (file.queued_ops.load(std::memory_order_relaxed) > 0 ||
+        file.no_fallocate.load(std::memory_order_relaxed)) {
+      continue;
+    }
+    if (detail::allocate_past_end(op->direct_fd, file.facts.type, op->checked_size, op->offset,
+                                  op->end()) == detail::Allocated::Unsupported) {
+      file.no_fallocate.store(true, std::memory_order_relaxed);
+    }
+  }
+  for (const OperationPtr& op : job.ops) {
+    if (op->file != nullptr) {
+      op->file->queued_ops.fetch_add(1, std::memory_order_relaxed);
+      op->counted_in_file = true;
+    }
+    queue.push(op, counters.others());
+  }
 }
 
 void Handle::Impl::run_blocking(const JobPtr& job) {

@@ -296,6 +296,7 @@ void OperationQueue::finish_piece(Operation& op, std::size_t count, StatsShard& 
   {
     std::lock_guard lock(op.mutex);
     op.cufile.reset();  // an operation's own registration goes before its descriptor closes
+    if (op.counted_in_file) op.file->queued_ops.fetch_sub(1, std::memory_order_relaxed);
     op.file.reset();
     op.batch.reset();
     op.finished_at = std::chrono::steady_clock::now();

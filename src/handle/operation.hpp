@@ -71,6 +71,13 @@ struct OpenFile {
 
   int any_fd() const { return buffered_fd >= 0 ? buffered_fd : direct_fd; }
 
+  // Operations of the handle queued on this file and not finished yet (Handle::Impl::queue_job):
+  // a direct write past the end allocates its range only when none is, since fallocate waits for
+  // the file's direct I/O in flight and would block the submitting thread meanwhile.
+  std::atomic<std::uint32_t> queued_ops{0};
+  // The file system refused fallocate once (EOPNOTSUPP, ENOSYS): not asked again.
+  std::atomic<bool> no_fallocate{false};
+
   // cuFile's registration of `direct` (GPUDirect Storage), made by `make` for the first device
   // operation that asks and kept as long as the file is: cuFileHandleRegister is a call into the
   // driver per file, not per operation. A refusal is kept too and thrown again to every later
@@ -172,7 +179,7 @@ struct Operation {
   NameRef path;                             // for messages: the file name, or "fd N (name)"
   std::shared_ptr<OpenFile> file;           // its file's descriptors (a caller's fd is not owned)
   std::shared_ptr<const std::string> name;  // its file's name, which `path` points into
-  std::int64_t checked_size = 0;            // a read: the file's size when it was prepared
+  std::int64_t checked_size = 0;            // the file's size when the operation was prepared
   std::shared_ptr<BatchFinish> batch;       // set for the operations of a batch of writes
   int direct_fd = -1;                       // -1: no direct I/O for this operation
   int buffered_fd = -1;
@@ -197,6 +204,7 @@ struct Operation {
   FinishListener* listener = nullptr;
   void* job = nullptr;
 
+  bool counted_in_file = false;  // counted in file->queued_ops (queue_job), until it finishes
   std::size_t next_piece = 0;
 
   std::atomic<std::size_t> remaining{0};  // pieces not yet finished (or skipped)

@@ -14,6 +14,7 @@
 
 #include "engine/engine.hpp"
 #include "engine_override.hpp"
+#include "handle/files.hpp"
 #include "test_util.hpp"
 
 namespace nvio_test {
@@ -203,6 +204,36 @@ TEST_P(Batch, WritesPastTheEndAllocateOnlyTheirRangeAndNeverShrinkTheFile) {
   }
 }
 
+// allocate_past_end itself: with a size found stale (smaller than the file is now) it never makes
+// the file shorter nor changes its bytes, as ftruncate would; past the end it allocates only the
+// write's range; inside the file, on a directory or a block device, it does nothing.
+TEST_P(Batch, AllocatingPastTheEndNeverShrinksAndSkipsTheHole) {
+  using nvio::detail::allocate_past_end;
+  using nvio::detail::Allocated;
+  using nvio::detail::FileType;
+  const std::string path = file("alloc.bin");
+  write_pattern_file(path, 6 * MiB, 51);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  const Allocated stale = allocate_past_end(fd, FileType::Regular, 0, 0, 2 * MiB);
+  EXPECT_EQ(file_size(path), static_cast<std::int64_t>(6 * MiB));
+  EXPECT_TRUE(file_range_has_pattern(read_file(path), 0, 6 * MiB, 51));
+  EXPECT_EQ(allocate_past_end(fd, FileType::Regular, 6 * MiB, 0, 6 * MiB), Allocated::Nothing);
+  EXPECT_EQ(allocate_past_end(fd, FileType::Block, 6 * MiB, 6 * MiB, 7 * MiB), Allocated::Nothing);
+  struct stat before {};
+  ASSERT_EQ(::fstat(fd, &before), 0);
+  const Allocated past = allocate_past_end(fd, FileType::Regular, 6 * MiB, 70 * MiB, 71 * MiB);
+  struct stat after {};
+  ASSERT_EQ(::fstat(fd, &after), 0);
+  ::close(fd);
+  if (past == Allocated::Unsupported) GTEST_SKIP() << "no fallocate in " << dir();
+  EXPECT_NE(stale, Allocated::Unsupported);
+  ASSERT_EQ(past, Allocated::Range);
+  EXPECT_EQ(after.st_size, static_cast<off_t>(71 * MiB));
+  EXPECT_LE((after.st_blocks - before.st_blocks) * 512, 2 * MiB) << "the hole was allocated";
+  EXPECT_TRUE(file_range_has_pattern(read_file(path), 0, 6 * MiB, 51));
+}
+
 // An engine that fails every request touching file offsets [kBadBegin, kBadEnd) with EIO.
 constexpr std::uint64_t kBadBegin = 2 * MiB;
 constexpr std::uint64_t kBadEnd = 2 * MiB + 1;
@@ -244,6 +275,40 @@ class FailingRangeEngine final : public nvio::engine::Engine {
   std::vector<nvio::engine::Completion> failed_;
   std::size_t inner_count_ = 0;
 };
+
+// A direct write into a new file whose last piece fails: the range was allocated before the
+// pieces went out, so the file is as long as the write, and holds its bytes or zeros
+// (docs/design.md).
+TEST_P(Batch, AFailedWritePastTheEndLeavesItsRangeAllocated) {
+  if (!direct_supported()) GTEST_SKIP() << "no O_DIRECT in " << dir() << ": nothing is allocated";
+  ScopedEngineFactory factory([](nvio::EngineKind k, unsigned qd) {
+    return std::unique_ptr<nvio::engine::Engine>(
+        new FailingRangeEngine(nvio::engine::make_backend_engine(k, qd)));
+  });
+  nvio::Handle h(options());
+  const std::string path = file("failed.bin");
+  // Its last byte is in the failing range: only the allocation can make the file this long.
+  GuardedBuffer buf(kBadEnd, BufKind::Aligned);
+  buf.fill_pattern(0, 24);
+  EXPECT_THROW(
+      run_within(60s, "a failing write", [&] { h.write(buf.data(), buf.size(), path, 0); }),
+      nvio::IoError);
+  h.close_files();
+  const std::string probe = file("probe.bin");
+  const int fd = ::open(probe.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0);
+  const bool can = nvio::detail::allocate_past_end(fd, nvio::detail::FileType::Regular, 0, 0,
+                                                   4096) != nvio::detail::Allocated::Unsupported;
+  ::close(fd);
+  if (!can) GTEST_SKIP() << "no fallocate in " << dir();
+  const auto bytes = read_file(path);
+  ASSERT_EQ(bytes.size(), kBadEnd);
+  for (std::uint64_t at = 0; at < kBadBegin; at += 64 * KiB) {
+    const bool zeros = file_range_is(bytes, at, at + 64 * KiB, 0);
+    EXPECT_TRUE(zeros || file_range_has_pattern(bytes, at, 64 * KiB, 24)) << "at " << at;
+  }
+  EXPECT_TRUE(file_range_is(bytes, kBadBegin, kBadEnd, 0));
+}
 
 TEST_P(Batch, AFailingExtentFailsTheBatchNamingIt) {
   ScopedEngineFactory factory([](nvio::EngineKind k, unsigned qd) {

@@ -151,7 +151,8 @@ struct Handle::Impl final : detail::FinishListener {
   void run_blocking(const JobPtr& job);
   Ticket register_async(const JobPtr& job);
   // Queues the job's operations, once all of them are prepared (a batch refused for one extent
-  // changes no file): a direct write past its file's end first allocates that range.
+  // allocates and extends nothing): a direct write past its file's end first allocates that
+  // range, while no operation of the handle is queued on the file (allocate_past_end).
   void queue_job(const Job& job);
   // The operation behind `ticket`; with `collect` a wait takes it: it moves from the table to
   // `collecting` until the wait calls end_collect.

@@ -12,7 +12,8 @@ Three measurements, each in a fresh file under --dir, alternated over --rounds r
 
 To compare two builds, run it once with each build's package on PYTHONPATH, alternating:
   for b in /tmp/old/build/python build/python; do
-      NVIO_CONFIG=none PYTHONPATH=$b /usr/bin/python3 bench/append_bench.py --dir /var/tmp/nvio-append
+      NVIO_CONFIG=none PYTHONPATH=$b /usr/bin/python3 bench/append_bench.py \
+          --dir /var/tmp/nvio-append
   done
 """
 from __future__ import annotations

@@ -5,13 +5,13 @@
 At an unaligned offset the buffer's address is no longer aligned with the file for O_DIRECT, so
 the direct middle of a write goes through the workers' bounce chunks (a checked copy per piece),
 and that of a read lands a few bytes past its place in the buffer and is moved there (a memmove
-per piece); at offset 0 both are zero-copy. Both move --size bytes (default 1 GiB + 123) with `nvio.Handle.read`
-/ `.write` from Python on one `nvio.empty_locked` buffer, for each handle configuration given
-(default: the default options, then intra_op_parallelism 1, 2 and 4). Rounds alternate which
-offset goes first; the figure is the median over the rounds; ratio = offset GB/s / aligned GB/s.
-The file's pages are dropped from the page cache (posix_fadvise DONTNEED) before every timed run,
-so that the buffered edges read the device, and every read is byte-compared once (the pattern
-holds each 8-byte word's file offset).
+per piece); at offset 0 both are zero-copy. Both move --size bytes (default 1 GiB + 123) with
+`nvio.Handle.read` / `.write` from Python on one `nvio.empty_locked` buffer, for each handle
+configuration given (default: the default options, then intra_op_parallelism 1, 2 and 4). Rounds
+alternate which offset goes first; the figure is the median over the rounds; ratio = offset GB/s
+/ aligned GB/s. The file's pages are dropped from the page cache (posix_fadvise DONTNEED) before
+every timed run, so that the buffered edges read the device, and every read is byte-compared once
+(the pattern holds each 8-byte word's file offset).
 
 Usage (as root for --ramdisk, which runs on a RAM-backed ext4 set up as bench/fio_compare.py
 --ramdisk does):

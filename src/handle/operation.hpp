@@ -223,10 +223,14 @@ struct Operation {
   bool is_read() const { return direction == engine::Direction::Read; }
   // The caller's memory of the piece that starts at file offset `at`.
   std::byte* user(std::uint64_t at) const { return buf + (at - offset); }
+  // Whether the piece at `file_offset` is a member of a shifted read (its middle or its tail).
+  bool lands_shifted(std::uint64_t file_offset) const {
+    return shifted != nullptr && file_offset >= plan.head_end;
+  }
   // Where piece `p`'s transfer reads or writes memory: its place in the caller's buffer, or for a
   // shifted read's members, where they land (see ShiftedRead).
   std::byte* landing(const Piece& p) const {
-    if (!shifted || p.file_offset < plan.head_end) return user(p.file_offset);
+    if (!lands_shifted(p.file_offset)) return user(p.file_offset);
     if (p.file_offset >= plan.tail_begin) return shifted->tail();
     return user(p.file_offset) + shifted->shift();
   }

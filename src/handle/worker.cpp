@@ -702,7 +702,7 @@ void Worker::count_piece(const Slot& s) {
     stats_.add(s.lane == kCuFile ? Counter::GdsBytes : Counter::DeviceBounceBytes, s.length);
   } else if (s.bounce != nullptr) {
     stats_.add(Counter::BouncedBytes, s.length);
-  } else if (op.shifted && s.direct) {
+  } else if (s.direct && op.lands_shifted(s.file_offset)) {
     stats_.add(Counter::ShiftedBytes, s.length);
   }
   // A buffered piece of a request planned with direct I/O is one of its unaligned edges.
@@ -712,7 +712,7 @@ void Worker::count_piece(const Slot& s) {
 void Worker::transfer_finished(unsigned i) {
   Slot& s = slots_[i];
   count_piece(s);
-  if (s.op->shifted && s.file_offset >= s.op->plan.head_end) {
+  if (s.op->lands_shifted(s.file_offset)) {
     // A shifted read's member landed: the slot is free now, the move comes in file order.
     const std::size_t member = ShiftedRead::member(s.op->plan, s.file_offset);
     const OperationPtr op = release(i);

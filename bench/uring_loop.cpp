@@ -1,0 +1,100 @@
+// The ceiling of one thread on io_uring for 4 KiB random reads: a bare liburing loop, no nvio, to
+// set beside fio and `nvio bench --pattern random` on the same file (docs/performance.md, "Where
+// queue depth 32 still loses to fio"). It keeps QD reads in flight for 2 s and prints reads/s.
+//
+//   g++ -O2 -std=c++20 -o /tmp/uring_loop bench/uring_loop.cpp -luring
+//   /tmp/uring_loop FILE QD MODE
+//
+// MODE says how the ring is set up and driven:
+//   split   nvio's ring flags (SINGLE_ISSUER | COOP_TASKRUN | TASKRUN_FLAG); wait for a completion,
+//           then submit the replacements in a second system call (what nvio's engine does)
+//   joined  the same flags; submit the replacements and wait in one io_uring_enter
+//   plain   no setup flags; submit and wait in one call
+//   defer   SINGLE_ISSUER | DEFER_TASKRUN (Linux 6.1); submit and wait in one call
+// Not part of the build: a measuring tool, with no error handling beyond stopping.
+#include <fcntl.h>
+#include <liburing.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+
+int main(int argc, char** argv) {
+  if (argc != 4) {
+    std::fprintf(stderr, "usage: %s FILE QD split|joined|plain|defer\n", argv[0]);
+    return 2;
+  }
+  const unsigned qd = static_cast<unsigned>(std::atoi(argv[2]));
+  const std::string mode = argv[3];
+  const int fd = ::open(argv[1], O_RDONLY | O_DIRECT);
+  struct stat st {};
+  if (fd < 0 || ::fstat(fd, &st) != 0 || st.st_size < 4096 || qd == 0) {
+    std::perror(argv[1]);
+    return 1;
+  }
+  const std::uint64_t blocks = static_cast<std::uint64_t>(st.st_size) / 4096;
+  io_uring ring{};
+  io_uring_params params{};
+  if (mode == "split" || mode == "joined") {
+    params.flags =
+        IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_COOP_TASKRUN | IORING_SETUP_TASKRUN_FLAG;
+  } else if (mode == "defer") {
+    params.flags = IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN;
+  } else if (mode != "plain") {
+    std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
+    return 2;
+  }
+  if (const int rc = io_uring_queue_init_params(qd, &ring, &params); rc < 0) {
+    std::fprintf(stderr, "io_uring_queue_init: %s\n", std::strerror(-rc));
+    return 1;
+  }
+  void* memory = nullptr;
+  if (::posix_memalign(&memory, 4096, std::size_t{4096} * qd) != 0) return 1;
+  auto* slots = static_cast<char*>(memory);
+  std::mt19937_64 rng(1);
+  auto prepare = [&](unsigned slot) {
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring);
+    io_uring_prep_read(sqe, fd, slots + std::size_t{4096} * slot, 4096, (rng() % blocks) * 4096);
+    io_uring_sqe_set_data64(sqe, slot);
+  };
+  for (unsigned i = 0; i < qd; ++i) prepare(i);
+  io_uring_submit(&ring);
+  const bool split = mode == "split";
+  std::uint64_t reads = 0;
+  const auto start = std::chrono::steady_clock::now();
+  double seconds = 0;
+  for (;;) {
+    io_uring_cqe* cqe = nullptr;
+    if (split && io_uring_wait_cqe(&ring, &cqe) < 0) return 1;
+    unsigned seen = 0;
+    unsigned head = 0;
+    io_uring_for_each_cqe(&ring, head, cqe) {
+      if (cqe->res != 4096) {
+        std::fprintf(stderr, "a read returned %d\n", cqe->res);
+        return 1;
+      }
+      prepare(static_cast<unsigned>(io_uring_cqe_get_data64(cqe)));
+      ++seen;
+    }
+    io_uring_cq_advance(&ring, seen);
+    reads += seen;
+    if ((reads & 1023) < seen) {
+      seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (seconds > 2) break;
+    }
+    if (split) {
+      io_uring_submit(&ring);
+    } else {
+      io_uring_submit_and_wait(&ring, 1);
+    }
+  }
+  std::printf("%s qd %u: %.0f reads/s\n", mode.c_str(), qd, static_cast<double>(reads) / seconds);
+  io_uring_queue_exit(&ring);
+  std::free(memory);
+  return 0;
+}

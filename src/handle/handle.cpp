@@ -303,62 +303,69 @@ Handle::Impl::~Impl() {
 namespace {
 
 void plan(Operation& op, std::size_t block_size, DirectIo direct) {
-  bool use_direct = op.direct_fd >= 0;
-  std::uint64_t align = 1;
-  if (use_direct) {
-    // The facts check_target had for the same file (through the buffered or the caller's
-    // descriptor): the direct-I/O alignment belongs to the inode, not to the descriptor.
-    const detail::FileFacts& facts = op.file->facts;
-    const DirectIoInfo& dio = facts.direct_io;
-    use_direct = dio.supported;
-    if (use_direct) {
-      align = detail::split_alignment(
-          dio.offset_align, static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE)), facts.block_size);
-      op.dio_offset_align = std::max<std::uint32_t>(dio.offset_align, 1);
-      op.mem_align = std::max<std::uint32_t>(dio.mem_align, 1);
-      // A bounce chunk holds block_size bytes. Where the split granularity is larger (a file
-      // system with an st_blksize above block_size, e.g. NFS or a striped XFS), a direct piece or
-      // a device-memory edge could be longer than its chunk; such an operation, if any of it is
-      // bounced, goes through the page cache instead, where pieces are block_size long.
-      const detail::Plan split = detail::plan_split(op.offset, op.length, block_size, align);
-      const auto middle = reinterpret_cast<std::uintptr_t>(op.user(split.head_end));
-      const bool bounced = op.memory == MemoryKind::Device || middle % op.mem_align != 0;
-      if (bounced && align > detail::bounce_chunk_size(block_size)) {
-        if (direct == DirectIo::On) {
-          throw InvalidArgument(fmt::format(
-              "{}: its file system splits direct I/O at {} bytes, more than the block size {} "
-              "that bounce buffers hold, and direct=on forbids buffered I/O for this unaligned "
-              "or device-memory transfer: raise block_size to at least {}",
-              op.path, align, block_size, align));
-        }
-        warn(fmt::format("{}: its file system splits direct I/O at {} bytes, more than the block "
-                         "size {} that bounce buffers hold; this unaligned or device-memory "
-                         "transfer uses buffered I/O (raise block_size to at least {} for direct "
-                         "I/O)",
-                         op.path, align, block_size, align),
-             "bounce-split");
-        use_direct = false;
-      } else if ((split.has_head() || split.has_tail()) && op.buffered_fd < 0) {
-        throw InvalidArgument(fmt::format(
-            "{}: offset {} and length {} are not aligned to {} bytes, and no buffered descriptor "
-            "could be opened for the unaligned edges (is /proc mounted?)",
-            op.path, op.offset, op.length, align));
-      }
-    }
+  if (op.direct_fd < 0) {
+    op.plan = detail::plan_whole(op.offset, op.length, block_size, false);
+    op.piece_count = op.plan.piece_count();
+    return;
   }
-  if (!use_direct) op.direct_fd = -1;
-  op.plan = use_direct ? detail::plan_split(op.offset, op.length, block_size, align)
-                       : detail::plan_whole(op.offset, op.length, block_size, false);
-  if (use_direct && op.is_read() && op.memory == MemoryKind::Host) {
-    const auto middle = reinterpret_cast<std::uintptr_t>(op.user(op.plan.head_end));
+  // The facts check_target had for the same file (through the buffered or the caller's
+  // descriptor): the direct-I/O alignment belongs to the inode, not to the descriptor.
+  const detail::FileFacts& facts = op.file->facts;
+  const DirectIoInfo& dio = facts.direct_io;
+  bool use_direct = dio.supported;
+  std::size_t shift = 0;
+  if (use_direct) {
     const auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
-    if (const std::size_t shift =
-            detail::plan_shifted(op.plan, middle, op.mem_align, page, align)) {
+    const std::uint64_t align = detail::split_alignment(dio.offset_align, page, facts.block_size);
+    op.dio_offset_align = std::max<std::uint32_t>(dio.offset_align, 1);
+    op.mem_align = std::max<std::uint32_t>(dio.mem_align, 1);
+    op.plan = detail::plan_split(op.offset, op.length, block_size, align);
+    const auto middle = reinterpret_cast<std::uintptr_t>(op.user(op.plan.head_end));
+    // A host read whose middle is not aligned for the kernel lands shifted in the caller's
+    // memory when it has pieces enough (plan_shifted); other such middles, and device memory,
+    // go through bounce chunks.
+    if (op.is_read() && op.memory == MemoryKind::Host) {
+      shift = detail::plan_shifted(op.plan, middle, op.mem_align, page, align);
+    }
+    const bool bounced =
+        op.memory == MemoryKind::Device || (middle % op.mem_align != 0 && shift == 0);
+    // A bounce chunk holds block_size bytes. Where the split granularity is larger (a file
+    // system with an st_blksize above block_size, e.g. NFS, or XFS mounted with largeio), a
+    // direct piece or a device-memory edge could be longer than its chunk; such an operation, if
+    // any of it is bounced, goes through the page cache instead, where pieces are block_size
+    // long. A shifted read needs no chunk: its pieces land in the caller's memory, its tail in a
+    // buffer of its own.
+    if (bounced && align > detail::bounce_chunk_size(block_size)) {
+      if (direct == DirectIo::On) {
+        throw InvalidArgument(fmt::format(
+            "{}: its file system splits direct I/O at {} bytes, more than the block size {} "
+            "that bounce buffers hold, and direct=on forbids buffered I/O for this unaligned "
+            "or device-memory transfer: raise block_size to at least {}",
+            op.path, align, block_size, align));
+      }
+      warn(fmt::format("{}: its file system splits direct I/O at {} bytes, more than the block "
+                       "size {} that bounce buffers hold; this unaligned or device-memory "
+                       "transfer uses buffered I/O (raise block_size to at least {} for direct "
+                       "I/O)",
+                       op.path, align, block_size, align),
+           "bounce-split");
+      use_direct = false;
+    } else if ((op.plan.has_head() || (op.plan.has_tail() && !op.plan.tail_direct)) &&
+               op.buffered_fd < 0) {
+      throw InvalidArgument(fmt::format(
+          "{}: offset {} and length {} are not aligned to {} bytes, and no buffered descriptor "
+          "could be opened for the unaligned edges (is /proc mounted?)",
+          op.path, op.offset, op.length, align));
+    } else if (shift > 0) {
       op.shifted = std::make_unique<detail::ShiftedRead>(
           shift, op.plan.middle_pieces() + 1,
           static_cast<std::size_t>(op.plan.end - op.plan.tail_begin),
           std::max<std::size_t>(op.mem_align, page));
     }
+  }
+  if (!use_direct) {
+    op.direct_fd = -1;
+    op.plan = detail::plan_whole(op.offset, op.length, block_size, false);
   }
   op.piece_count = op.plan.piece_count();
 }

@@ -335,6 +335,53 @@ TEST_P(ShiftedReads, AnEngineThatBreaksForGoodFailsThemCleanly) {
   EXPECT_GT(failed, 0u);
 }
 
+// A file system that splits direct I/O at more than the block size (XFS with largeio reports an
+// st_blksize of 4 MiB): a bounced piece would be longer than a bounce chunk, so a transfer that
+// bounces goes through the page cache instead (refused with direct=on). A read that lands shifted
+// needs no chunk and stays direct; one whose middle is a single piece still bounces, and falls
+// back.
+TEST_P(ShiftedReads, StayDirectWhereTheFileSystemSplitsAboveABounceChunk) {
+  std::string why;
+  auto fs = LoopMount::make("/dev/shm", 320 * MiB, &why, LoopFs::XfsLargeIo);
+  if (!fs) GTEST_SKIP() << "no XFS loop mount with largeio (xfsprogs, root): " << why;
+  const std::string path = fs->file("split.bin");
+  constexpr std::size_t kLen = 16 * MiB;
+  write_pattern_file(path, kLen + 2 * kOddOffset, 57);
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  ASSERT_GT(static_cast<std::uint64_t>(st.st_blksize), MiB) << "largeio did not raise st_blksize";
+  GuardedBuffer outer(kLen + 3 * 4096, BufKind::Aligned);
+  for (const nvio::DirectIo direct : {nvio::DirectIo::Auto, nvio::DirectIo::On}) {
+    Options o = base_options();
+    o.block_size = MiB;
+    o.direct = direct;
+    Handle h(o);
+    // A page-aligned buffer at an odd offset, and a buffer one byte past a page at offset 0.
+    for (const auto& [misalign, off] : {std::pair<std::size_t, std::uint64_t>{0, kOddOffset},
+                                        std::pair<std::size_t, std::uint64_t>{1, 0}}) {
+      SCOPED_TRACE(fmt::format("direct {}, buffer at page + {}, {} bytes at {}",
+                               nvio::to_string(direct), misalign, kLen, off));
+      const nvio::HandleStats before = h.stats();
+      EXPECT_TRUE(read_inside(h, outer, misalign, path, off, kLen, 57));
+      const nvio::HandleStats d = h.stats() - before;
+      EXPECT_GT(d.shifted_bytes, 0u) << "the read did not land shifted";
+      EXPECT_EQ(d.bounced_bytes, 0u);
+    }
+    // 5 MiB at the odd offset: one 4 MiB middle piece, which would bounce.
+    constexpr std::size_t kShort = 5 * MiB;
+    SCOPED_TRACE(
+        fmt::format("direct {}, {} bytes at {}", nvio::to_string(direct), kShort, kOddOffset));
+    if (direct == nvio::DirectIo::On) {
+      EXPECT_THROW(h.read(outer.data() + 4096, kShort, path, kOddOffset), nvio::InvalidArgument);
+    } else {
+      const nvio::HandleStats before = h.stats();
+      EXPECT_TRUE(read_inside(h, outer, 0, path, kOddOffset, kShort, 57));
+      const nvio::HandleStats d = h.stats() - before;
+      EXPECT_EQ(d.shifted_bytes + d.bounced_bytes + d.edge_bytes, 0u) << "not the page cache";
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Engines, BouncedPieces, NVIO_ALL_ENGINES, EngineParamName());
 INSTANTIATE_TEST_SUITE_P(Engines, ShiftedReads, NVIO_ALL_ENGINES, EngineParamName());
 INSTANTIATE_TEST_SUITE_P(Psync, BounceOrder, ::testing::Values(EngineKind::Psync),

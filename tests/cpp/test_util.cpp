@@ -370,7 +370,7 @@ std::optional<LoopMount> LoopMount::make(const std::string& parent, std::size_t 
     return std::nullopt;
   }
   ::close(fd);
-  const bool xfs = fs == LoopFs::XfsReflink;
+  const bool xfs = fs != LoopFs::Ext4;
   const std::vector<std::string> mkfs_argv =
       xfs ? std::vector<std::string>{"mkfs.xfs", "-q", "-f", "-m", "reflink=1", image}
           : std::vector<std::string>{"mkfs.ext4", "-q", "-F", "-b",           "4096",
@@ -388,11 +388,12 @@ std::optional<LoopMount> LoopMount::make(const std::string& parent, std::size_t 
     return std::nullopt;
   }
   LoopMount m(image, name);
+  const std::string options = fs == LoopFs::XfsLargeIo ? "loop,largeio,allocsize=4m" : "loop";
   const CommandResult mount =
-      run_command({"mount", "-t", xfs ? "xfs" : "ext4", "-o", "loop", image, name});
+      run_command({"mount", "-t", xfs ? "xfs" : "ext4", "-o", options, image, name});
   if (mount.status != 0) {
-    *why_not =
-        "mount -o loop failed (status " + std::to_string(mount.status) + "): " + mount.output;
+    *why_not = "mount -o " + options + " failed (status " + std::to_string(mount.status) +
+               "): " + mount.output;
     return std::nullopt;  // m's destructor removes the image and the mount point
   }
   m.mounted_ = true;

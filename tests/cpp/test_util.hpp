@@ -136,9 +136,11 @@ struct CommandResult {
 // Runs argv[0] (searched in PATH and in /usr/sbin, /sbin) with `argv`, without a shell.
 CommandResult run_command(const std::vector<std::string>& argv);
 
-// Which file system a LoopMount makes: ext4 (mkfs.ext4, from e2fsprogs), or XFS with reflink
-// (mkfs.xfs, from xfsprogs; at least 300 MiB), whose files can share blocks (FICLONERANGE).
-enum class LoopFs { Ext4, XfsReflink };
+// Which file system a LoopMount makes: ext4 (mkfs.ext4, from e2fsprogs); XFS with reflink
+// (mkfs.xfs, from xfsprogs; at least 300 MiB), whose files can share blocks (FICLONERANGE); or XFS
+// mounted with largeio,allocsize=4m, whose files report an st_blksize of 4 MiB (the preferred
+// I/O size of NFS and striped XFS is as large), above nvio's default block size.
+enum class LoopFs { Ext4, XfsReflink, XfsLargeIo };
 
 // A small file system in an image file, mounted through a loop device, for tests of real
 // file-system faults (ENOSPC, EROFS) and of block sharing. Needs root, mkfs, mount and a free loop

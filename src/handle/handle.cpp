@@ -322,41 +322,50 @@ void plan(Operation& op, std::size_t block_size, DirectIo direct) {
     op.plan = detail::plan_split(op.offset, op.length, block_size, align);
     const auto middle = reinterpret_cast<std::uintptr_t>(op.user(op.plan.head_end));
     // A host read whose middle is not aligned for the kernel lands shifted in the caller's
-    // memory when it has pieces enough (plan_shifted); other such middles, and device memory,
-    // go through bounce chunks.
+    // memory when it has pieces enough (plan_shifted); other such middles, and device memory
+    // (edges included), go through bounce chunks. Host edges never do.
     if (op.is_read() && op.memory == MemoryKind::Host) {
       shift = detail::plan_shifted(op.plan, middle, op.mem_align, page, align);
     }
-    const bool bounced =
-        op.memory == MemoryKind::Device || (middle % op.mem_align != 0 && shift == 0);
-    // A bounce chunk holds block_size bytes. Where the split granularity is larger (a file
-    // system with an st_blksize above block_size, e.g. NFS, or XFS mounted with largeio), a
-    // direct piece or a device-memory edge could be longer than its chunk; such an operation, if
-    // any of it is bounced, goes through the page cache instead, where pieces are block_size
-    // long. A shifted read needs no chunk: its pieces land in the caller's memory, its tail in a
-    // buffer of its own.
-    if (bounced && align > detail::bounce_chunk_size(block_size)) {
-      if (direct == DirectIo::On) {
+    const bool bounced = op.memory == MemoryKind::Device ||
+                         (op.plan.middle_pieces() > 0 && middle % op.mem_align != 0 && shift == 0);
+    // A bounce chunk holds block_size bytes (whole pages). Where the split granularity is larger
+    // (a file system with an st_blksize above block_size: NFS, XFS mounted with largeio), the
+    // middle's pieces are as long as a chunk when they bounce: inside the middle a piece needs
+    // only the kernel's alignment, and its ends stay at the split alignment, away from the
+    // edges. A device-memory edge (up to the split alignment long) cannot be cut so: such an
+    // operation goes through the page cache instead, where pieces are block_size long. A
+    // shifted read needs no chunk: its pieces land in the caller's memory, its tail in a buffer
+    // of its own.
+    const std::size_t chunk = detail::bounce_chunk_size(block_size);
+    if (bounced && align > chunk) {
+      if (op.memory == MemoryKind::Host &&
+          chunk % std::max<std::uint64_t>(op.dio_offset_align, op.mem_align) == 0) {
+        op.plan.piece_size = chunk;
+      } else if (direct == DirectIo::On) {
         throw InvalidArgument(fmt::format(
             "{}: its file system splits direct I/O at {} bytes, more than the block size {} "
             "that bounce buffers hold, and direct=on forbids buffered I/O for this unaligned "
             "or device-memory transfer: raise block_size to at least {}",
             op.path, align, block_size, align));
+      } else {
+        warn(fmt::format("{}: its file system splits direct I/O at {} bytes, more than the "
+                         "block size {} that bounce buffers hold; this unaligned or "
+                         "device-memory transfer uses buffered I/O (raise block_size to at least "
+                         "{} for direct I/O)",
+                         op.path, align, block_size, align),
+             "bounce-split");
+        use_direct = false;
       }
-      warn(fmt::format("{}: its file system splits direct I/O at {} bytes, more than the block "
-                       "size {} that bounce buffers hold; this unaligned or device-memory "
-                       "transfer uses buffered I/O (raise block_size to at least {} for direct "
-                       "I/O)",
-                       op.path, align, block_size, align),
-           "bounce-split");
-      use_direct = false;
-    } else if ((op.plan.has_head() || (op.plan.has_tail() && !op.plan.tail_direct)) &&
-               op.buffered_fd < 0) {
+    }
+    if (use_direct && (op.plan.has_head() || (op.plan.has_tail() && !op.plan.tail_direct)) &&
+        op.buffered_fd < 0) {
       throw InvalidArgument(fmt::format(
           "{}: offset {} and length {} are not aligned to {} bytes, and no buffered descriptor "
           "could be opened for the unaligned edges (is /proc mounted?)",
           op.path, op.offset, op.length, align));
-    } else if (shift > 0) {
+    }
+    if (use_direct && shift > 0) {
       op.shifted = std::make_unique<detail::ShiftedRead>(
           shift, op.plan.middle_pieces() + 1,
           static_cast<std::size_t>(op.plan.end - op.plan.tail_begin),

@@ -20,6 +20,7 @@
 
 #include "engine/engine.hpp"
 #include "engine_override.hpp"
+#include "fake_device.hpp"
 #include "fault_engine.hpp"
 #include "handle/plan.hpp"
 #include "test_util.hpp"
@@ -336,10 +337,10 @@ TEST_P(ShiftedReads, AnEngineThatBreaksForGoodFailsThemCleanly) {
 }
 
 // A file system that splits direct I/O at more than the block size (XFS with largeio reports an
-// st_blksize of 4 MiB): a bounced piece would be longer than a bounce chunk, so a transfer that
-// bounces goes through the page cache instead (refused with direct=on). A read that lands shifted
-// needs no chunk and stays direct; one whose middle is a single piece still bounces, and falls
-// back.
+// st_blksize of 4 MiB, four times the block size here): a read of several 4 MiB pieces lands
+// shifted, needing no bounce chunk; a read of one middle piece, and a write, bounce in pieces of
+// one chunk (1 MiB) instead of 4 MiB; device memory, whose edges (up to 4 MiB) bounce too, goes
+// through the page cache (refused with direct=on). Every mode stays direct for host memory.
 TEST_P(ShiftedReads, StayDirectWhereTheFileSystemSplitsAboveABounceChunk) {
   std::string why;
   auto fs = LoopMount::make("/dev/shm", 320 * MiB, &why, LoopFs::XfsLargeIo);
@@ -349,35 +350,67 @@ TEST_P(ShiftedReads, StayDirectWhereTheFileSystemSplitsAboveABounceChunk) {
   write_pattern_file(path, kLen + 2 * kOddOffset, 57);
   struct stat st {};
   ASSERT_EQ(::stat(path.c_str(), &st), 0);
-  ASSERT_GT(static_cast<std::uint64_t>(st.st_blksize), MiB) << "largeio did not raise st_blksize";
+  ASSERT_EQ(static_cast<std::uint64_t>(st.st_blksize), 4 * MiB) << "largeio's st_blksize";
   GuardedBuffer outer(kLen + 3 * 4096, BufKind::Aligned);
   for (const nvio::DirectIo direct : {nvio::DirectIo::Auto, nvio::DirectIo::On}) {
     Options o = base_options();
     o.block_size = MiB;
     o.direct = direct;
     Handle h(o);
+    const std::string mode = nvio::to_string(direct);
     // A page-aligned buffer at an odd offset, and a buffer one byte past a page at offset 0.
     for (const auto& [misalign, off] : {std::pair<std::size_t, std::uint64_t>{0, kOddOffset},
                                         std::pair<std::size_t, std::uint64_t>{1, 0}}) {
-      SCOPED_TRACE(fmt::format("direct {}, buffer at page + {}, {} bytes at {}",
-                               nvio::to_string(direct), misalign, kLen, off));
+      SCOPED_TRACE(fmt::format("direct {}, buffer at page + {}, read of {} bytes at {}", mode,
+                               misalign, kLen, off));
       const nvio::HandleStats before = h.stats();
       EXPECT_TRUE(read_inside(h, outer, misalign, path, off, kLen, 57));
       const nvio::HandleStats d = h.stats() - before;
       EXPECT_GT(d.shifted_bytes, 0u) << "the read did not land shifted";
       EXPECT_EQ(d.bounced_bytes, 0u);
     }
-    // 5 MiB at the odd offset: one 4 MiB middle piece, which would bounce.
-    constexpr std::size_t kShort = 5 * MiB;
-    SCOPED_TRACE(
-        fmt::format("direct {}, {} bytes at {}", nvio::to_string(direct), kShort, kOddOffset));
-    if (direct == nvio::DirectIo::On) {
-      EXPECT_THROW(h.read(outer.data() + 4096, kShort, path, kOddOffset), nvio::InvalidArgument);
-    } else {
+    {
+      // 9 MiB at the odd offset: head [4103, 4 MiB), one middle piece [4 MiB, 8 MiB), tail.
+      constexpr std::size_t kOne = 9 * MiB;
+      SCOPED_TRACE(fmt::format("direct {}, read of {} bytes at {}", mode, kOne, kOddOffset));
       const nvio::HandleStats before = h.stats();
-      EXPECT_TRUE(read_inside(h, outer, 0, path, kOddOffset, kShort, 57));
+      EXPECT_TRUE(read_inside(h, outer, 0, path, kOddOffset, kOne, 57));
       const nvio::HandleStats d = h.stats() - before;
-      EXPECT_EQ(d.shifted_bytes + d.bounced_bytes + d.edge_bytes, 0u) << "not the page cache";
+      EXPECT_EQ(d.bounced_bytes, 4 * MiB);
+      EXPECT_EQ(d.edge_bytes, kOne - 4 * MiB);
+      EXPECT_EQ(d.pieces, 2u + 4u) << "head, tail and four 1 MiB pieces";
+    }
+    {
+      const std::string out = fs->file("written-" + mode + ".bin");
+      SCOPED_TRACE(fmt::format("direct {}, write of {} bytes at {}", mode, kLen, kOddOffset));
+      GuardedBuffer src(kLen, BufKind::Aligned);
+      src.fill_pattern(kOddOffset, 58);
+      const nvio::HandleStats before = h.stats();
+      ASSERT_NO_THROW(h.write(src.data(), kLen, out, kOddOffset));
+      const nvio::HandleStats d = h.stats() - before;
+      const std::uint64_t middle = 16 * MiB - 4 * MiB;  // [4 MiB, 16 MiB): up to the tail's start
+      EXPECT_EQ(d.bounced_bytes, middle);
+      EXPECT_EQ(d.edge_bytes, kLen - middle);
+      const auto file = read_file(out);
+      ASSERT_EQ(file.size(), kOddOffset + kLen);
+      EXPECT_TRUE(file_range_has_pattern(file, kOddOffset, kLen, 58));
+    }
+    {
+      ScopedFakeDevice fake(1, 5);
+      constexpr std::size_t kDev = 2 * MiB;
+      unsigned char* dev = fake->alloc(kDev);
+      nvio::ReadOptions ro;
+      ro.memory = nvio::MemoryKind::Device;
+      SCOPED_TRACE(fmt::format("direct {}, device read of {} bytes at {}", mode, kDev, kOddOffset));
+      if (direct == nvio::DirectIo::On) {
+        EXPECT_THROW(h.read(dev, kDev, path, kOddOffset, ro), nvio::InvalidArgument);
+      } else {
+        const nvio::HandleStats before = h.stats();
+        ASSERT_NO_THROW(h.read(dev, kDev, path, kOddOffset, ro));
+        EXPECT_TRUE(buffer_has_pattern(dev, kDev, kOddOffset, 57));
+        const nvio::HandleStats d = h.stats() - before;
+        EXPECT_EQ(d.edge_bytes, 0u) << "no direct edges: the page cache";
+      }
     }
   }
 }

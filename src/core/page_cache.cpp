@@ -1,8 +1,10 @@
 // evict_page_cache and page_cache_state (nvio/system.hpp): what of a file is in the page cache.
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -53,6 +55,14 @@ int mincore_pages(int fd, std::uint64_t size, std::uint64_t& resident) {
   return 0;
 }
 
+// Whether the page cache of the file open as `fd` is its own inode's, which cachestat reports. An
+// overlayfs file's is not: its pages belong to the upper or lower file beneath, and cachestat of
+// the overlay file counts none, while a mapping of it maps that file, so mincore sees them.
+bool cachestat_sees_pages(int fd) {
+  struct statfs fs {};
+  return ::fstatfs(fd, &fs) != 0 || fs.f_type != OVERLAYFS_SUPER_MAGIC;
+}
+
 }  // namespace
 
 void evict_page_cache(const std::string& path) {
@@ -85,7 +95,8 @@ PageCacheState page_cache_state(const std::string& path, CacheProbe probe) {
   };
   CachestatRange range{0, 0};
   Cachestat cs{};
-  if (probe == CacheProbe::Any && ::syscall(__NR_cachestat, fd.get(), &range, &cs, 0) == 0) {
+  if (probe == CacheProbe::Any && cachestat_sees_pages(fd.get()) &&
+      ::syscall(__NR_cachestat, fd.get(), &range, &cs, 0) == 0) {
     out.cached_bytes = bytes(cs.nr_cache);
     out.dirty_bytes = bytes(cs.nr_dirty);
     out.method = "cachestat";

@@ -2,6 +2,7 @@
 // system_info against the kernel's own files, version.
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/utsname.h>
 #include <sys/vfs.h>
@@ -152,15 +153,14 @@ TEST(System, Version) {
   EXPECT_EQ(v.rfind("0.1", 0), 0u) << "project version 0.1.x, got " << v;
 }
 
-// The page cache of a file: all of it cached after a buffered write, none after evict (on a file
-// system with a page cache of its own), a part after a partial read; by cachestat where the kernel
-// has it and by mincore, which older kernels use.
-TEST(PageCache, EvictAndStateOfAFile) {
-  const TempDir dir;
+// The page cache of a file in `dir`: all of it cached after a buffered write, none after evict (on
+// a file system with a page cache of its own), a part after a partial read; by cachestat where the
+// kernel has it and by mincore, which older kernels use.
+void check_page_cache_states(const std::string& dir) {
   struct statfs fs {};
-  ASSERT_EQ(::statfs(dir.path().c_str(), &fs), 0);
+  ASSERT_EQ(::statfs(dir.c_str(), &fs), 0);
   if (fs.f_type == 0x01021994) GTEST_SKIP() << "tmpfs: its pages are the file and stay cached";
-  const std::string path = dir.file("cached.bin");
+  const std::string path = dir + "/cached.bin";
   const std::size_t len = MiB + 123;
   write_pattern_file(path, len, 5);
   for (auto probe : {nvio::detail::CacheProbe::Any, nvio::detail::CacheProbe::Mincore}) {
@@ -186,6 +186,32 @@ TEST(PageCache, EvictAndStateOfAFile) {
   }
   EXPECT_EQ(nvio::detail::page_cache_state(path, nvio::detail::CacheProbe::Mincore).method,
             "mincore");
+}
+
+TEST(PageCache, EvictAndStateOfAFile) {
+  const TempDir dir;
+  check_page_cache_states(dir.path());
+}
+
+// A container's files are on overlayfs, whose pages belong to the file beneath (cachestat of the
+// overlay file counts none of them): the same answers there.
+TEST(PageCache, EvictAndStateOfAFileOnOverlayfs) {
+  if (::geteuid() != 0) GTEST_SKIP() << "mounting overlayfs needs root";
+  const TempDir dir;
+  for (const char* sub : {"lower", "upper", "work", "merged"}) {
+    ASSERT_EQ(::mkdir(dir.file(sub).c_str(), 0755), 0) << sub;
+  }
+  const CommandResult mount =
+      run_command({"mount", "-t", "overlay", "overlay", "-o",
+                   "lowerdir=" + dir.file("lower") + ",upperdir=" + dir.file("upper") +
+                       ",workdir=" + dir.file("work"),
+                   dir.file("merged")});
+  if (mount.status != 0) GTEST_SKIP() << "mount -t overlay failed: " << mount.output;
+  struct Unmount {
+    std::string at;
+    ~Unmount() { ::umount2(at.c_str(), MNT_DETACH); }
+  } unmount{dir.file("merged")};
+  check_page_cache_states(dir.file("merged"));
 }
 
 TEST(PageCache, EmptyMissingAndNonRegularFiles) {

@@ -219,7 +219,11 @@ def _gpu_section(g: "dict[str, Any]") -> "dict[str, Any]":
 def report(dir: Optional[str] = None) -> "dict[str, Any]":
     """The same data as ``nvio report --json``: engines, the auto choice, O_DIRECT support and
     alignment of ``dir`` (default: the current directory), limits (and whether CAP_IPC_LOCK lifts
-    RLIMIT_MEMLOCK), the GPU section, and the effective options with where each came from."""
+    RLIMIT_MEMLOCK), the GPU section, and the effective options with where each came from.
+
+    The probe creates a file in the directory. When it cannot in the current directory (not
+    writable, say), "dir" says why in its "error" (its other values None) and the rest is
+    reported; a ``dir`` named by the caller raises the error instead."""
     import os
 
     from . import _args
@@ -230,13 +234,20 @@ def report(dir: Optional[str] = None) -> "dict[str, Any]":
     target = os.path.abspath(_args.path(dir, "dir") if dir is not None else b".")
     values, sources, config = _nvio.resolve_options(config_dir=target)
     info = _nvio.system_info()
+    try:
+        probe = dict(_nvio.probe_directory(target), error=None)
+    except IOFailure as e:
+        if dir is not None:
+            raise
+        probe = {"path": os.fsdecode(target), "direct_io": None, "mem_align": None,
+                 "offset_align": None, "source": None, "error": str(e)}
     return {
         "version": __version__,
         "kernel": info["kernel"],
         "engines": engines,
         "auto_engine": auto,
         "auto_reason": auto_reason,
-        "dir": _nvio.probe_directory(target),
+        "dir": probe,
         "memlock_limit": info["memlock_limit"],
         "memlock_capability": info["memlock_capability"],
         "aio_max_nr": info["aio_max_nr"],

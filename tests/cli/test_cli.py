@@ -681,6 +681,7 @@ def test_report_json(tmp_path):
     d = rep["dir"]
     assert d["path"] == str(tmp_path)
     assert isinstance(d["direct_io"], bool) and isinstance(d["source"], str)
+    assert d["error"] is None
     for key in ("mem_align", "offset_align"):
         assert isinstance(d[key], int) and d[key] >= 0
         if d["direct_io"]:
@@ -696,6 +697,25 @@ def test_report_json(tmp_path):
     assert all(o["source"] == "default" for o in rep["options"].values())
     assert rep["options"]["block_size"]["value"] == 1 << 20
     assert list(tmp_path.iterdir()) == []  # the probe file is gone
+
+
+def test_report_in_a_directory_it_cannot_probe():
+    # The probe creates a file; sysfs refuses that even to root. The report still comes, its
+    # directory section saying why; a --dir named by the user is an error instead.
+    r = subprocess.run([BIN, "report", "--json"], capture_output=True, text=True, env=clean_env(),
+                       cwd="/sys", timeout=60)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)["dir"]
+    assert d["path"] == "/sys"
+    assert "probing the directory" in d["error"]
+    assert d["direct_io"] is None and d["mem_align"] is None and d["offset_align"] is None
+    text = subprocess.run([BIN, "report"], capture_output=True, text=True, env=clean_env(),
+                          cwd="/sys", timeout=60)
+    assert text.returncode == 0, text.stderr
+    assert "not probed" in text.stdout and "--dir DIR probes another" in text.stdout
+    named = nvio("report", "--dir", "/sys")
+    assert named.returncode != 0
+    assert "probing the directory" in named.stderr and named.stdout == ""
 
 
 def test_report_shows_environment_sources(tmp_path):

@@ -425,6 +425,16 @@ def test_auto_engine_is_concrete():
     assert h.engine == nvio.report()["auto_engine"]
 
 
+def test_report_where_the_directory_cannot_be_probed(monkeypatch):
+    # The probe creates a file; sysfs refuses that even to root.
+    monkeypatch.chdir("/sys")
+    d = nvio.report()["dir"]
+    assert d["path"] == "/sys" and "probing the directory" in d["error"]
+    assert d["direct_io"] is None and d["mem_align"] is None and d["offset_align"] is None
+    with pytest.raises(nvio.IOFailure, match="probing the directory"):
+        nvio.report("/sys")
+
+
 def test_report_keys(tmp_path):
     rep = nvio.report(str(tmp_path))
     for key in ("engines", "auto_engine", "dir", "memlock_limit", "options", "version"):
@@ -433,7 +443,7 @@ def test_report_keys(tmp_path):
     assert rep["auto_engine"] in ENGINES
     for key in ("direct_io", "mem_align", "offset_align"):
         assert key in rep["dir"], key
-    assert isinstance(rep["dir"]["direct_io"], bool)
+    assert isinstance(rep["dir"]["direct_io"], bool) and rep["dir"]["error"] is None
     if rep["dir"]["direct_io"]:
         assert rep["dir"]["mem_align"] > 0 and rep["dir"]["offset_align"] > 0
     assert rep["memlock_limit"] is None or isinstance(rep["memlock_limit"], int)

@@ -108,6 +108,7 @@ struct TuneArgs {
 
 struct ReportArgs {
   std::string dir = ".";
+  bool dir_given = false;  // --dir named: a directory that cannot be probed is an error then
   bool json = false;
   std::vector<std::string> cached;  // files whose page-cache residency to show
 };

@@ -12,6 +12,7 @@
 #include <variant>
 
 #include "cli.hpp"
+#include "nvio/errors.hpp"
 #include "nvio/gpu.hpp"
 #include "nvio/options.hpp"
 #include "nvio/system.hpp"
@@ -61,9 +62,15 @@ std::string configured_names(const nvio::EffectiveOptions& eff) {
 }
 
 void add_report_options(CLI::App& app, ReportArgs& args) {
-  app.add_option("--dir", args.dir, "Directory to probe for O_DIRECT support and alignment")
-      ->type_name("DIR")
-      ->capture_default_str();
+  app.add_option_function<std::string>(
+         "--dir",
+         [&args](const std::string& dir) {
+           args.dir = dir;
+           args.dir_given = true;
+         },
+         "Directory to probe for O_DIRECT support and alignment (default: the current one; one "
+         "that cannot be probed there, say not writable, is reported as such)")
+      ->type_name("DIR");
   app.add_flag("--json", args.json, "Print one JSON object instead of text");
   app.add_option("--cached", args.cached,
                  "Also show how much of FILE is in the page cache (repeatable)")
@@ -100,13 +107,20 @@ std::string absolute_dir(const std::string& dir) {
   return p.string();
 }
 
-json dir_json(const std::string& dir) {
-  nvio::DirectIoInfo info = nvio::probe_directory(dir);
-  return {{"path", absolute_dir(dir)},
-          {"direct_io", info.supported},
-          {"mem_align", info.mem_align},
-          {"offset_align", info.offset_align},
-          {"source", info.source}};
+// The probe creates a file in `dir`. Where it cannot (the current directory not writable, say) the
+// rest of the report is still worth having: the section says why, unless the user named the
+// directory, whose probe was then the point.
+json dir_json(const std::string& dir, bool dir_given) {
+  try {
+    nvio::DirectIoInfo info = nvio::probe_directory(dir);
+    return {{"path", absolute_dir(dir)},   {"direct_io", info.supported},
+            {"mem_align", info.mem_align}, {"offset_align", info.offset_align},
+            {"source", info.source},       {"error", nullptr}};
+  } catch (const nvio::IoError& e) {
+    if (dir_given) throw;
+    return {{"path", absolute_dir(dir)}, {"direct_io", nullptr}, {"mem_align", nullptr},
+            {"offset_align", nullptr},   {"source", nullptr},    {"error", e.what()}};
+  }
 }
 
 // A version number as CUDA encodes it (1000 * major + 10 * minor): 13000 -> "13.0".
@@ -179,7 +193,7 @@ json gather(const ReportArgs& args) {
               {"engines", engines_json()},
               {"auto_engine", nvio::to_string(choice.engine)},
               {"auto_reason", choice.reason},
-              {"dir", dir_json(args.dir)},
+              {"dir", dir_json(args.dir, args.dir_given)},
               {"memlock_limit", optional_json(sys.memlock_limit)},
               {"memlock_capability",
                sys.memlock_capability ? json(*sys.memlock_capability) : json(nullptr)},
@@ -210,10 +224,14 @@ void print_text(const json& r) {
              r["auto_reason"].get<std::string>());
   const json& d = r["dir"];
   fmt::print("directory         {}\n", d["path"].get<std::string>());
-  fmt::print("  O_DIRECT        {} ({})\n", d["direct_io"].get<bool>() ? "yes" : "no",
-             d["source"].get<std::string>());
-  fmt::print("  mem_align       {}\n", d["mem_align"].get<std::uint64_t>());
-  fmt::print("  offset_align    {}\n", d["offset_align"].get<std::uint64_t>());
+  if (!d["error"].is_null()) {
+    fmt::print("  not probed      {} (--dir DIR probes another)\n", d["error"].get<std::string>());
+  } else {
+    fmt::print("  O_DIRECT        {} ({})\n", d["direct_io"].get<bool>() ? "yes" : "no",
+               d["source"].get<std::string>());
+    fmt::print("  mem_align       {}\n", d["mem_align"].get<std::uint64_t>());
+    fmt::print("  offset_align    {}\n", d["offset_align"].get<std::uint64_t>());
+  }
   const json& memlock = r["memlock_limit"];
   const json& capable = r["memlock_capability"];
   fmt::print("RLIMIT_MEMLOCK    {}{}\n",

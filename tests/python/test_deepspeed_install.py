@@ -341,6 +341,8 @@ def test_pth_file_reads_the_switch_at_start(value, expected, tmp_path):
 def test_setup_py_ships_the_pth_file(tmp_path):
     """setup.py's build_py puts the .pth file at the top of the built tree, next to nvio/, so a
     wheel installs it into site-packages itself."""
+    if not os.access(os.path.join(ROOT, "python"), os.W_OK):
+        pytest.skip("setup.py writes its egg-info into the source tree, not writable here")
     out = tmp_path / "lib"
     r = subprocess.run([sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(out)],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)

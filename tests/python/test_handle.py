@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -326,6 +327,15 @@ def test_empty_locked_torch_and_numpy():
         nvio.empty_locked((2, -1))
 
 
+def _may_lock(nbytes):
+    """Whether this process may lock `nbytes` (CAP_IPC_LOCK, root's, lifts RLIMIT_MEMLOCK)."""
+    import resource
+    with open("/proc/self/status") as status:
+        capeff = next(int(line.split()[1], 16) for line in status if line.startswith("CapEff:"))
+    limit = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
+    return bool(capeff >> 14 & 1) or limit == resource.RLIM_INFINITY or limit >= nbytes
+
+
 @pytest.mark.parametrize("size", [256 << 10, (1 << 20) + 1, (7 << 20) // 4, (2 << 20) - 4096])
 def test_empty_locked_medium_buffers_share_huge_page_slabs(size):
     """256 KiB to 2 MiB come from slabs of whole 2 MiB huge pages, so that they are physically
@@ -333,9 +343,15 @@ def test_empty_locked_medium_buffers_share_huge_page_slabs(size):
     and a 1 MiB O_DIRECT transfer into it split in two on a virtio disk). Each buffer keeps its
     own bytes, pages are aligned, and it is pinned; 1.75 MiB is one slot to a slab, so its
     buffers start on a huge page."""
-    bufs = [nvio.empty_locked(size) for _ in range(6)]
+    # Six slabs at most; under a smaller RLIMIT_MEMLOCK (the default 8 MiB of a user) the later
+    # ones fall back to unlocked memory, which test_memlock.py covers.
+    pinned = _may_lock(6 * (2 << 20) + (4 << 20))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore" if not pinned else "default")
+        bufs = [nvio.empty_locked(size) for _ in range(6)]
     for i, t in enumerate(bufs):
-        assert t.numel() == size and t.data_ptr() % 4096 == 0 and nvio.is_pinned(t)
+        assert t.numel() == size and t.data_ptr() % 4096 == 0
+        assert nvio.is_pinned(t) or not pinned
         t.fill_(i + 1)
     for i, t in enumerate(bufs):
         assert int(t[0]) == i + 1 and int(t[-1]) == i + 1, "two buffers overlap"
@@ -344,7 +360,7 @@ def test_empty_locked_medium_buffers_share_huge_page_slabs(size):
     if size == (7 << 20) // 4:
         assert all(t.data_ptr() % (2 << 20) == 0 for t in bufs)
     views = bufs[0][size // 2:]
-    assert nvio.is_pinned(views)
+    assert nvio.is_pinned(views) or not pinned
 
 
 def test_is_pinned_views_and_ordinary():

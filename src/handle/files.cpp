@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -135,14 +136,21 @@ std::shared_ptr<OpenFile> FileCache::find(Table& table, const std::string& key) 
   return it->second.file;
 }
 
+std::size_t FileCache::capacity() noexcept {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return kCapacity;
+  return std::clamp<std::size_t>(static_cast<std::size_t>(lim.rlim_cur / 48), 1, kCapacity);
+}
+
 void FileCache::keep(Table& table, const std::string& key, std::shared_ptr<OpenFile> file) {
+  const std::size_t most = capacity();
   const Clock::time_point now = Clock::now();
   std::lock_guard lock(mutex_);
   if (auto it = table.find(key); it != table.end()) {
     it->second = {std::move(file), now};
     return;
   }
-  if (table.size() >= kCapacity) {
+  while (!table.empty() && table.size() >= most) {
     auto oldest = table.begin();
     for (auto it = table.begin(); it != table.end(); ++it) {
       if (it->second.last_used < oldest->second.last_used) oldest = it;
@@ -172,13 +180,20 @@ std::size_t FileCache::size() const {
   return read_paths_.size() + write_paths_.size() + adopted_.size();
 }
 
+int FileCache::open_shedding(const std::string& path, int flags) {
+  const int fd = open_file(path, flags);
+  if (fd != -EMFILE && fd != -ENFILE) return fd;
+  clear();
+  return open_file(path, flags);
+}
+
 std::shared_ptr<OpenFile> FileCache::open_new(Operation& op) {
   auto file = std::make_shared<OpenFile>();
   file->name = std::make_shared<const std::string>(op.path.str());
   const int flags = open_flags(op.direction);
   bool direct_refused = false;
   if (direct_ != DirectIo::Off) {
-    const int fd = open_file(op.path, flags | O_DIRECT);
+    const int fd = open_shedding(op.path, flags | O_DIRECT);
     if (fd >= 0) {
       file->direct = FileDescriptor(fd);
     } else if (fd == -EINVAL) {
@@ -187,7 +202,7 @@ std::shared_ptr<OpenFile> FileCache::open_new(Operation& op) {
       throw_io_error(IoOp::Open, op.path, op.offset, op.length, -fd);
     }
   }
-  const int fd = open_file(op.path, flags);
+  const int fd = open_shedding(op.path, flags);
   if (fd < 0) throw_io_error(IoOp::Open, op.path, op.offset, op.length, -fd);
   file->buffered = FileDescriptor(fd);
   stat_fd(op, fd, file->facts);
@@ -270,14 +285,14 @@ void FileCache::adopt_fd(Operation& op, int fd) {
   if (has_direct) {
     file->direct_fd = fd;
     // For the unaligned edges; without it an operation that has edges is refused (plan()).
-    const int other = open_file(proc, access);
+    const int other = open_shedding(proc, access);
     if (other >= 0) {
       file->buffered = FileDescriptor(other);
       file->buffered_fd = other;
     }
   } else {
     file->buffered_fd = fd;
-    const int other = open_file(proc, access | O_DIRECT);
+    const int other = open_shedding(proc, access | O_DIRECT);
     if (other >= 0) {
       file->direct = FileDescriptor(other);
       file->direct_fd = other;

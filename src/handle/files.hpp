@@ -12,7 +12,7 @@
 // until the handle lets it go, and ext4 keeps a written file's block preallocation. So the handle
 // lets go of a file soon: a file unused for kIdle (one second) is closed by an idle worker, a
 // removed one (no links left) is closed within kIdle while the handle is busy, and
-// Handle::close_files() closes all at once. At most kCapacity files are kept per table.
+// Handle::close_files() closes all at once. At most capacity() files are kept per table.
 #pragma once
 
 #include <chrono>
@@ -65,6 +65,11 @@ void share_file(Operation& op, const Operation& first);
 class FileCache {
  public:
   static constexpr std::size_t kCapacity = 64;  // per table
+  // The most files one table keeps now: kCapacity, fewer where the process may open few
+  // descriptors, so that the files kept (two descriptors each, three tables) hold at most an
+  // eighth of RLIMIT_NOFILE: the application's own opens must not find its descriptors taken by
+  // this cache. Read at each new file kept, so that a limit lowered later counts.
+  static std::size_t capacity() noexcept;
   static constexpr std::chrono::milliseconds kIdle{1000};
 
   explicit FileCache(DirectIo direct) : direct_(direct) {}
@@ -98,6 +103,10 @@ class FileCache {
   void drop_if(Drop drop);
 
   std::shared_ptr<OpenFile> find(Table& table, const std::string& key);
+  // open_file(); when the process is out of descriptors (EMFILE, ENFILE), lets go of every file
+  // kept (those operations in flight use close when they finish) and tries once more, so that a
+  // small RLIMIT_NOFILE costs the cache, not the operation.
+  int open_shedding(const std::string& path, int flags);
   void keep(Table& table, const std::string& key, std::shared_ptr<OpenFile> file);
   std::shared_ptr<OpenFile> open_new(Operation& op);
 

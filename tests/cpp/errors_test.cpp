@@ -6,6 +6,7 @@
 #include <linux/fs.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -285,8 +286,10 @@ TEST_P(Errors, ClosedFd) {
   write_pattern_file(path, 64 * KiB, 1);
   int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
   ASSERT_GE(fd, 0);
-  // A high number that nothing else will be given while the test runs.
-  const int closed = 1000;
+  // A high number that nothing else will be given while the test runs (below RLIMIT_NOFILE).
+  rlimit lim{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &lim), 0);
+  const int closed = static_cast<int>(std::min<rlim_t>(1000, lim.rlim_cur - 1));
   ASSERT_EQ(::dup2(fd, closed), closed);
   ::close(fd);
   ASSERT_EQ(::close(closed), 0);

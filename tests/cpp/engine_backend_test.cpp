@@ -26,10 +26,13 @@ using nvio::engine::Direction;
 using nvio::engine::Request;
 using nvio_test::run_within;
 
-void skip_unless_available(EngineKind kind) {
-  const nvio::EngineProbe& probe = nvio::probe_engine(kind);
-  if (!probe.available) GTEST_SKIP() << "engine unavailable: " << probe.reason;
-}
+// Skips the calling test where the engine cannot be made (GTEST_SKIP in a helper returns from the
+// helper only: the macro wraps the check so that the test body returns too).
+#define NVIO_SKIP_UNLESS_AVAILABLE(kind)                                            \
+  do {                                                                              \
+    const nvio::EngineProbe& probe_ = nvio::probe_engine(kind);                     \
+    if (!probe_.available) GTEST_SKIP() << "engine unavailable: " << probe_.reason; \
+  } while (false)
 
 // Owns both ends of a pipe.
 struct Pipe {
@@ -48,7 +51,7 @@ struct Pipe {
 // Reads from an empty pipe wait for ever unless cancelled: io_uring's cancel must end every one
 // of them, each still reported once through reap(), and the engine's own cancel request never.
 TEST(IoUringEngine, CancelEndsReadsThatWouldWaitForEver) {
-  skip_unless_available(EngineKind::IoUring);
+  NVIO_SKIP_UNLESS_AVAILABLE(EngineKind::IoUring);
   Pipe pipe;
   constexpr unsigned kDepth = 8;
   run_within(std::chrono::seconds(20), "cancel and reap", [&] {
@@ -98,7 +101,7 @@ class IoUringRefusedSubmit : public ::testing::TestWithParam<int> {};
 // ever when the kernel refused again; it must return (-EAGAIN: nothing to report yet), and the
 // requests must all complete, with their data, once the kernel takes them.
 TEST_P(IoUringRefusedSubmit, ReapNeverWaitsForRequestsTheKernelDoesNotHold) {
-  skip_unless_available(EngineKind::IoUring);
+  NVIO_SKIP_UNLESS_AVAILABLE(EngineKind::IoUring);
   constexpr unsigned kCount = 8;
   constexpr std::size_t kLen = 4095;
   constexpr std::uint64_t kSeed = 41;

@@ -687,20 +687,16 @@ TEST_P(FaultEngineRandom, FactoryMakesFaultEnginesFromAnyThread) {
   auto stats = std::make_shared<FaultStats>();
   const nvio_test::ScopedEngineFactory installed(
       nvio_test::fault_engine_factory(FaultPlan::everything(), 42, stats));
-  std::vector<std::thread> threads;
   std::atomic<int> made{0};
-  for (int t = 0; t < 4; ++t) {
-    threads.emplace_back([&] {
-      for (int i = 0; i < 8; ++i) {
-        const auto engine = nvio::engine::make_engine(GetParam(), 4);
-        if (dynamic_cast<nvio_test::FaultEngine*>(engine.get()) != nullptr &&
-            engine->kind() == GetParam()) {
-          made.fetch_add(1);
-        }
+  nvio_test::run_threads(4, [&](unsigned) {
+    for (int i = 0; i < 8; ++i) {
+      const auto engine = nvio::engine::make_engine(GetParam(), 4);
+      if (dynamic_cast<nvio_test::FaultEngine*>(engine.get()) != nullptr &&
+          engine->kind() == GetParam()) {
+        made.fetch_add(1);
       }
-    });
-  }
-  for (std::thread& t : threads) t.join();
+    }
+  });
   EXPECT_EQ(made.load(), 32);
 }
 

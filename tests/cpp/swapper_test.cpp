@@ -174,11 +174,7 @@ TEST(Swapper, ThreadsShareOneSwapper) {
   // has room. A smaller budget may rightly throw BudgetExceeded when all three threads hold a
   // large buffer at once (the swapper does not wait for buffers callers keep).
   nvio::Swapper swapper(dir.path(), swapper_options(16 * MiB), handle_options());
-  std::vector<std::thread> threads;
-  for (std::uint64_t t = 0; t < 3; ++t) {
-    threads.emplace_back([&, t] { random_sequence(swapper, t + 1, 300, 60); });
-  }
-  for (auto& t : threads) t.join();
+  run_threads(3, [&](unsigned t) { random_sequence(swapper, t + 1, 300, 60); });
   EXPECT_LE(swapper.stats().held_bytes, 16 * MiB);
 }
 

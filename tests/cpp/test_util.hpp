@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -265,6 +266,34 @@ inline constexpr bool kSanitizerBuild = false;
 #else
 #define NVIO_SKIP_FORK_UNDER_TSAN() (void)0
 #endif
+
+// Runs fn(i) for i in [0, n) on n threads and joins them. An exception thrown in a thread becomes
+// a test failure naming the thread; let escape, it would terminate the whole test binary.
+template <typename F>
+void run_threads(unsigned n, F fn) {
+  std::vector<std::exception_ptr> errors(n);
+  std::vector<std::thread> threads;
+  for (unsigned i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      try {
+        fn(i);
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (unsigned i = 0; i < n; ++i) {
+    if (!errors[i]) continue;
+    try {
+      std::rethrow_exception(errors[i]);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "thread " << i << " threw: " << e.what();
+    } catch (...) {
+      ADD_FAILURE() << "thread " << i << " threw a non-standard exception";
+    }
+  }
+}
 
 // Writes to stderr where each thread of a hung process is: its threads' names, wait channels and
 // system calls from /proc, and their stacks from gdb where it is installed. A hang that happens

@@ -192,6 +192,7 @@ TEST_P(FileCache, RemovedFileIsLetGoOf) {
 // compared, and the test's own opens find descriptors. In a child process, whose limit can be
 // lowered without touching the test runner's.
 TEST_P(FileCache, FewDescriptorsLetGoOfKeptFilesInsteadOfFailing) {
+  NVIO_SKIP_FORK_UNDER_TSAN();  // the limit is lowered in a forked child
   constexpr int kFiles = 100;
   std::vector<std::string> paths;
   for (int i = 0; i < kFiles; ++i) {
@@ -239,6 +240,7 @@ TEST_P(FileCache, FewDescriptorsLetGoOfKeptFilesInsteadOfFailing) {
 // one descriptor more than are open. Opening the next file needs two: the handle lets go of the
 // files it keeps and opens it, instead of failing with EMFILE.
 TEST_P(FileCache, OutOfDescriptorsLetsGoOfKeptFiles) {
+  NVIO_SKIP_FORK_UNDER_TSAN();  // the limit is lowered in a forked child
   constexpr std::size_t kKept = 20;
   constexpr std::size_t kLen = 12345;
   for (std::size_t i = 0; i <= kKept; ++i) {

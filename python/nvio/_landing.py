@@ -5,8 +5,8 @@ memory, so it must be new memory that they own, not a reused buffer. Measured on
 (1 GiB, the virtio disk, docs/performance.md "Loads into fresh memory" and "`nvio ckpt-bench`,
 huge pages and fresh processes"): per-tensor locked memory (mlock populates it up front, in the
 calling thread) took 0.9 s where the read alone takes 0.4 s; one anonymous mapping faulted in by
-the read itself is what remains. A second thread populates it ahead of the read (faulting and zeroing move to
-another core while the drive works; neutral on the dev VM's two cores).
+the read itself is what remains. A second thread populates it ahead of the read (faulting and
+zeroing move to another core while the drive works; neutral on the dev VM's two cores).
 
 The memory is not locked: O_DIRECT needs only the alignment, and these tensors are ordinary memory
 for the rest of their life (``is_pinned`` is False for them, as for torch.load's).

@@ -201,11 +201,9 @@ TEST_P(FileCache, FewDescriptorsLetGoOfKeptFilesInsteadOfFailing) {
   }
   const nvio::Options o = base_options();
   const int code = run_in_child([&] {
-    rlimit lim{};
-    if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return 2;
     // Room for the handle's engine, wakeup and pipe descriptors and a dozen kept files.
-    lim.rlim_cur = static_cast<rlim_t>(open_fd_count() + 40);
-    if (::setrlimit(RLIMIT_NOFILE, &lim) != 0) return 2;
+    rlimit lim{};
+    if (!leave_free_descriptors(40) || ::getrlimit(RLIMIT_NOFILE, &lim) != 0) return 2;
     if (nvio::detail::FileCache::capacity() != std::max<rlim_t>(lim.rlim_cur / 48, 1)) return 6;
     try {
       nvio::Handle h(o);

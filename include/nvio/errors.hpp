@@ -16,6 +16,8 @@
 //   │                         carries the bytes needed, the budget and the bytes held
 //   ├── DirectoryLocked       a directory is in use by another owner (the swapper's lock file);
 //   │                         carries the path and the owner's pid
+//   ├── Interrupted           a wait stopped because the thread's InterruptCheck asked it to
+//   │                         (nvio/interrupt.hpp: Ctrl-C in Python)
 //   └── IoError               a system call on a file failed; carries op, path, offset, length,
 //   errno
 //       ├── FileNotFound      ENOENT
@@ -158,6 +160,15 @@ class DirectoryLocked : public Error {
  private:
   std::string path_;
   long owner_pid_;
+};
+
+// A wait stopped because the waiting thread's InterruptCheck said so (nvio/interrupt.hpp). A
+// blocking call that throws it has cancelled its operations and waited for the pieces the kernel
+// held: its buffer is the caller's again, and the bytes it should have moved are partly moved (a
+// write left the file partly written). A wait for tickets leaves them outstanding.
+class Interrupted : public Error {
+ public:
+  using Error::Error;
 };
 
 // What the failed system call was doing, in the words used in messages.

@@ -23,6 +23,12 @@
 // another thread's wait. Blocking calls are never counted by wait(). Destroying the handle waits
 // for every operation still in flight (their errors are dropped: call wait() to see them).
 //
+// Cancelling and interrupting: cancel(ticket) stops an asynchronous operation's pieces that have
+// not started; the pieces the kernel holds finish, and its wait raises an IoError with ECANCELED.
+// A thread's waits can be interrupted by an InterruptCheck (nvio/interrupt.hpp): a blocking call
+// then cancels its operations, waits for what the kernel holds and throws Interrupted; a wait for
+// tickets throws Interrupted and leaves them outstanding.
+//
 // fork(): a child process cannot use its parent's worker threads (they do not exist in it). The
 // first call in a child on a handle made by its parent starts fresh workers with the same options
 // (asynchronous operations of the parent are not visible in the child: its wait() counts only its
@@ -226,6 +232,17 @@ class Handle {
   std::size_t wait_some(std::span<Completion> out, std::size_t min_count = 1);
   // Operations submitted and not yet collected by a wait.
   std::size_t pending() const;
+  // Whether `ticket` was submitted and no wait has collected it (or one is collecting it now).
+  // After a wait for it threw, false means that the wait collected it (it failed), true that the
+  // wait was interrupted and the ticket is still outstanding.
+  bool is_pending(Ticket ticket) const;
+  // Cancels what has not started of the operations of `ticket`: their pieces that no worker has
+  // taken are skipped; those the kernel holds finish. Returns true when some operation was cut
+  // short: the wait that collects the ticket then raises an IoError with ECANCELED (the bytes of a
+  // read or write cancelled are partly moved). False when every piece had started already: the
+  // ticket completes as it would have. A ticket another thread is waiting for can be cancelled;
+  // an unknown or collected one throws InvalidArgument. Does not wait.
+  bool cancel(Ticket ticket);
 
   // The handle keeps the files it opened (at most 64 names per access mode), so that the next
   // operation on the same name costs one statx instead of two opens, a statx and two closes; a

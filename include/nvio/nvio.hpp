@@ -6,6 +6,7 @@
 #include "nvio/errors.hpp"
 #include "nvio/gpu.hpp"
 #include "nvio/handle.hpp"
+#include "nvio/interrupt.hpp"
 #include "nvio/memory.hpp"
 #include "nvio/options.hpp"
 #include "nvio/pattern.hpp"

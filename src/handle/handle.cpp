@@ -93,8 +93,13 @@ struct Job {
   Ticket ticket = 0;                       // 0 for a blocking call's
   std::atomic<std::size_t> unfinished{0};  // operations not finished yet (asynchronous jobs)
 
-  void wait() const {
-    for (const OperationPtr& op : ops) detail::OperationQueue::wait_finished(*op);
+  // Waits for every operation: true. An Interruptible wait returns false when the thread's
+  // InterruptCheck said to stop (core/interrupt.hpp); the operations go on.
+  bool wait(detail::WaitMode mode = detail::WaitMode::Uninterruptible) const {
+    for (const OperationPtr& op : ops) {
+      if (!detail::OperationQueue::wait_finished(*op, mode)) return false;
+    }
+    return true;
   }
   bool done() const {
     for (const OperationPtr& op : ops) {
@@ -158,6 +163,12 @@ struct Handle::Impl final : detail::FinishListener {
   // `collecting` until the wait calls end_collect.
   JobPtr find_ticket(Ticket ticket, bool collect);
   void end_collect(std::span<const JobPtr> jobs);
+  // An interrupted wait gives back the jobs it took: they are outstanding again, and listed in
+  // `finished` again when they have finished (a wait_some may have taken them from there).
+  void uncollect(std::span<const JobPtr> jobs);
+  // Cancels the operations of `job` that have pieces not started yet (OperationQueue::cancel),
+  // failing them with ECANCELED and `why`. Returns how many were cancelled.
+  std::size_t cancel_job(const Job& job, const char* why);
   // A job's last operation finished: its ticket joins `finished` for wait_some.
   bool operation_finished(const detail::Operation& op) noexcept override;
   void wake_collectors() noexcept override;
@@ -572,8 +583,32 @@ void Handle::Impl::queue_job(const Job& job) {
 
 void Handle::Impl::run_blocking(const JobPtr& job) {
   queue_job(*job);
-  job->wait();
+  if (!job->wait(detail::WaitMode::Interruptible)) {
+    // The caller is going away from its buffer: nothing may be left in the kernel when it does.
+    const std::size_t cancelled = cancel_job(*job, "the blocking call was interrupted");
+    job->wait();
+    std::uint64_t bytes = 0;
+    for (const OperationPtr& op : job->ops) bytes += op->length;
+    throw Interrupted(fmt::format(
+        "interrupted: a blocking call of {} operation(s), {} bytes, stopped; {} of them were "
+        "cancelled before they finished (the pieces the kernel held were waited for)",
+        job->ops.size(), bytes, cancelled));
+  }
   if (std::exception_ptr e = job->error()) std::rethrow_exception(e);
+}
+
+std::size_t Handle::Impl::cancel_job(const Job& job, const char* why) {
+  std::size_t cancelled = 0;
+  for (const OperationPtr& op : job.ops) {
+    const Operation& o = *op;
+    if (queue.cancel(*op,
+                     detail::io_error_ptr(o.is_read() ? IoOp::Read : IoOp::Write, o.path, o.offset,
+                                          o.length, ECANCELED, why),
+                     counters.others())) {
+      ++cancelled;
+    }
+  }
+  return cancelled;
 }
 
 Ticket Handle::Impl::register_async(const JobPtr& job) {
@@ -638,6 +673,27 @@ JobPtr Handle::Impl::find_ticket(Ticket ticket, bool collect) {
 void Handle::Impl::end_collect(std::span<const JobPtr> jobs) {
   std::lock_guard lock(tickets_mutex);
   for (const JobPtr& job : jobs) collecting.erase(job.get());
+}
+
+void Handle::Impl::uncollect(std::span<const JobPtr> jobs) {
+  bool listed = false;
+  {
+    std::lock_guard lock(tickets_mutex);
+    for (const JobPtr& job : jobs) {
+      collecting.erase(job.get());
+      tickets.emplace(job->ticket, job);
+      // Kept within what register_async reserves, for operation_finished's list_finished.
+      const std::size_t room = 2 * tickets.size() + 65;
+      if (finished.capacity() < room) finished.reserve(std::max(room, 2 * finished.capacity()));
+      // A job still unfinished is listed by its last operation; one listed twice is collected
+      // once (wait_some skips a ticket no longer in the table).
+      if (job->unfinished.load(std::memory_order_acquire) == 0) {
+        list_finished(job->ticket);
+        listed = true;
+      }
+    }
+  }
+  if (listed) finished_cv.notify_all();
 }
 
 namespace {
@@ -791,7 +847,11 @@ void Handle::wait(Ticket ticket) {
 Completion Handle::wait_completion(Ticket ticket) {
   Impl& s = impl();
   JobPtr job = s.find_ticket(ticket, /*collect=*/true);
-  job->wait();
+  if (!job->wait(detail::WaitMode::Interruptible)) {
+    s.uncollect(std::span(&job, 1));
+    throw Interrupted(fmt::format(
+        "interrupted: the wait for ticket {} stopped; the ticket is still outstanding", ticket));
+  }
   s.end_collect(std::span(&job, 1));
   return Completion{ticket, job->error(), job->finished_at()};
 }
@@ -839,7 +899,17 @@ std::size_t Handle::wait_some(std::span<Completion> out, std::size_t min_count) 
         lock.lock();
         if (more || s.finished_count.load(std::memory_order_acquire) != seen) continue;
       }
-      s.finished_cv.wait(lock);
+      const std::uint64_t seen = s.finished_count.load(std::memory_order_acquire);
+      if (!detail::wait_ready(
+              s.finished_cv, lock,
+              [&] { return s.finished_count.load(std::memory_order_acquire) != seen; },
+              detail::WaitMode::Interruptible)) {
+        lock.unlock();
+        s.uncollect(mine);
+        throw Interrupted(
+            "interrupted: wait_some stopped; every ticket it had not returned is still "
+            "outstanding");
+      }
     }
   }
   // Their last operation is finishing (its listener ran): wait() covers the last few steps.
@@ -852,6 +922,33 @@ std::size_t Handle::wait_some(std::span<Completion> out, std::size_t min_count) 
 }
 
 bool Handle::done(Ticket ticket) const { return impl().find_ticket(ticket, false)->done(); }
+
+bool Handle::is_pending(Ticket ticket) const {
+  Impl& s = impl();
+  std::lock_guard lock(s.tickets_mutex);
+  return s.tickets.contains(ticket);
+}
+
+bool Handle::cancel(Ticket ticket) {
+  Impl& s = impl();
+  JobPtr job;
+  {
+    std::lock_guard lock(s.tickets_mutex);
+    if (auto it = s.tickets.find(ticket); it != s.tickets.end()) {
+      job = it->second;
+    } else {
+      // A ticket another thread is waiting for can be cancelled too: that wait then returns.
+      for (const auto& [key, ptr] : s.collecting) {
+        if (ptr->ticket == ticket) job = ptr;
+      }
+    }
+  }
+  if (!job) {
+    throw InvalidArgument(
+        fmt::format("cancel: ticket {} is unknown or was already waited for", ticket));
+  }
+  return s.cancel_job(*job, "cancelled (Handle::cancel)") > 0;
+}
 
 std::size_t Handle::wait() {
   Impl& s = impl();
@@ -866,8 +963,17 @@ std::size_t Handle::wait() {
     }
     s.tickets.clear();
   }
-  for (const JobPtr& job : mine) job->wait();
-  for (const JobPtr& job : others) job->wait();
+  const auto all_finished = [](const std::vector<JobPtr>& jobs) {
+    for (const JobPtr& job : jobs) {
+      if (!job->wait(detail::WaitMode::Interruptible)) return false;
+    }
+    return true;
+  };
+  if (!all_finished(mine) || !all_finished(others)) {
+    s.uncollect(mine);
+    throw Interrupted(
+        "interrupted: wait() stopped; the tickets it had not returned are still outstanding");
+  }
   s.end_collect(mine);
   // Every operation has been waited for; the first failure is the one reported, this wait's own
   // operations first.

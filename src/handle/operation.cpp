@@ -345,6 +345,22 @@ void OperationQueue::fail(Operation& op, std::exception_ptr error, std::size_t h
   if (skipped + held > 0) finish_piece(op, skipped + held, stats);
 }
 
+bool OperationQueue::cancel(Operation& op, std::exception_ptr error, StatsShard& stats) {
+  std::size_t skipped = 0;
+  {
+    std::lock_guard lock(mutex_);
+    skipped = op.piece_count - op.next_piece;
+    op.next_piece = op.piece_count;
+  }
+  if (skipped == 0) return false;
+  // The skipped pieces are still counted in `remaining`: the operation cannot finish before the
+  // error is recorded.
+  op.record_error(std::move(error));
+  if (op.shifted) skipped += op.shifted->abandon();
+  finish_piece(op, skipped, stats);
+  return true;
+}
+
 void OperationQueue::worker_died(const std::exception_ptr& error, StatsShard& stats) {
   // One operation at a time, so that nothing is allocated here (the worker may be out of memory).
   // Pieces of these operations that other workers have taken finish there as usual; the rest are
@@ -369,15 +385,16 @@ std::exception_ptr OperationQueue::worker_failure() {
   return worker_error_;
 }
 
-void OperationQueue::wait_finished(Operation& op) {
+bool OperationQueue::wait_finished(Operation& op, WaitMode mode) {
   // A small operation usually finishes within microseconds: poll before sleeping. The finishing
   // thread still holds a reference to `op` while it notifies, so returning here is safe.
   if (spin_until(completion_spin_limit(op.length),
                  [&] { return op.finished_flag.load(std::memory_order_acquire); })) {
-    return;
+    return true;
   }
   std::unique_lock lock(op.mutex);
-  op.finished_cv.wait(lock, [&] { return op.finished; });
+  return wait_ready(
+      op.finished_cv, lock, [&] { return op.finished; }, mode);
 }
 
 void OperationQueue::stop() {

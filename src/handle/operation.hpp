@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/interrupt.hpp"
 #include "core/posix.hpp"
 #include "cuda/cufile.hpp"
 #include "cuda/device_ops.hpp"
@@ -278,13 +279,19 @@ class OperationQueue {
   // Fails `op` with `error`: its pieces nobody has taken yet are skipped, and `held` pieces the
   // caller has taken are counted as finished.
   void fail(Operation& op, std::exception_ptr error, std::size_t held, StatsShard& stats);
+  // Cancels `op` from any thread (Handle::cancel, an interrupted blocking call): when some of its
+  // pieces have not been taken by a worker yet, they are skipped and `op` fails with `error` as
+  // with fail() (the pieces in flight finish as usual, and the last of them finishes `op`);
+  // returns true. An operation whose pieces are all taken is left to finish as it will: false.
+  bool cancel(Operation& op, std::exception_ptr error, StatsShard& stats);
   // After a worker died: records `error` as the handle's, so that no operation is started from
   // now on, and fails every queued operation with it. Allocates nothing.
   void worker_died(const std::exception_ptr& error, StatsShard& stats);
   // The error of a dead worker, or null while all are alive.
   std::exception_ptr worker_failure();
-  // Blocks until `op` has finished.
-  static void wait_finished(Operation& op);
+  // Blocks until `op` has finished: returns true. An Interruptible wait returns false instead when
+  // the thread's InterruptCheck said to stop (core/interrupt.hpp); `op` goes on.
+  static bool wait_finished(Operation& op, WaitMode mode = WaitMode::Uninterruptible);
   // `hook` is called by a worker that has waited `period` for work in vain, outside the queue's
   // lock, and again after each further `period` while it returns true; it is armed again when an
   // operation is queued. Set before any worker starts (not synchronised).

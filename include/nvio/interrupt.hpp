@@ -1,0 +1,50 @@
+// Interrupting a thread's waits: how Ctrl-C reaches a Python caller blocked in nvio.
+//
+// A blocking call of a Handle (read, write, read_batch, write_batch) and a wait for tickets
+// (wait, wait_completion, wait_some) sleep until the kernel is done, which for a large transfer
+// from a slow drive can be minutes. A caller that must react meanwhile (the Python binding, whose
+// signal handlers run only when the waiting thread asks) installs an InterruptCheck on the
+// waiting thread for the length of the call. Every wait of that thread that sleeps then asks the
+// check every kInterruptPeriod; once it answers true the wait stops:
+//   * a blocking call cancels its operations (the pieces not handed to the kernel yet are never
+//     started), waits for the pieces the kernel holds (so that the buffer is the caller's again
+//     when it returns) and throws Interrupted;
+//   * a wait for tickets throws Interrupted and leaves the tickets outstanding: they can be waited
+//     for again, or cancelled (Handle::cancel), and their buffers stay in use until then.
+// A check is asked only while a wait sleeps: a call that is not waiting never sees it.
+//
+// Thread-safety: the check installed is the calling thread's own; it is called on that thread
+// only, and never while the handle holds a lock.
+#pragma once
+
+#include <chrono>
+
+namespace nvio {
+
+// How often a sleeping wait asks the thread's check: the longest a Ctrl-C waits to be seen.
+inline constexpr std::chrono::milliseconds kInterruptPeriod{20};
+
+class InterruptCheck {
+ public:
+  // True when the waiting thread should stop waiting. Must not throw; may block briefly (the
+  // Python binding takes the GIL to run the signal handlers).
+  virtual bool interrupted() noexcept = 0;
+
+ protected:
+  ~InterruptCheck() = default;
+};
+
+// Installs `check` for the calling thread while the object lives, and restores the one installed
+// before (scopes nest). Neither copyable nor movable: it belongs to the scope that made it.
+class ScopedInterruptCheck {
+ public:
+  explicit ScopedInterruptCheck(InterruptCheck& check) noexcept;
+  ~ScopedInterruptCheck();
+  ScopedInterruptCheck(const ScopedInterruptCheck&) = delete;
+  ScopedInterruptCheck& operator=(const ScopedInterruptCheck&) = delete;
+
+ private:
+  InterruptCheck* previous_;
+};
+
+}  // namespace nvio

@@ -1,0 +1,457 @@
+// Cancelling operations (Handle::cancel) and interrupting waits (nvio/interrupt.hpp), on every
+// engine. The engines here hold back the completions of chosen descriptors until a gate opens, so
+// that an operation is reliably in flight, with pieces not started yet, when it is cancelled or
+// its wait is interrupted.
+#include "nvio/interrupt.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "engine/engine.hpp"
+#include "engine_override.hpp"
+#include "nvio/nvio.hpp"
+#include "test_util.hpp"
+
+namespace nvio_test {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Holds the completions of requests on `fd` (every descriptor when -1) until open() is called.
+// Counts the requests the engines accepted. Thread-safe.
+struct Gate {
+  std::mutex mutex;
+  std::condition_variable opened;
+  bool is_open = false;  // guarded by mutex
+  std::atomic<int> fd{-1};
+  std::atomic<unsigned> submitted{0};  // requests accepted on a gated descriptor
+
+  bool holds(int request_fd) const {
+    const int gated = fd.load();
+    return gated < 0 || gated == request_fd;
+  }
+  bool open_now() {
+    std::lock_guard lock(mutex);
+    return is_open;
+  }
+  void open() {
+    {
+      std::lock_guard lock(mutex);
+      is_open = true;
+    }
+    opened.notify_all();
+  }
+  void wait_open(std::chrono::milliseconds limit) {
+    std::unique_lock lock(mutex);
+    opened.wait_for(lock, limit, [&] { return is_open; });
+  }
+  // Waits until `n` gated requests were accepted (a worker submits them when it gets to them).
+  void wait_submitted(unsigned n) const {
+    run_within(std::chrono::seconds(60), "gated requests reaching the engine", [&] {
+      while (submitted.load() < n) std::this_thread::sleep_for(1ms);
+    });
+  }
+};
+
+class HeldCompletions final : public nvio::engine::Engine {
+ public:
+  HeldCompletions(std::unique_ptr<nvio::engine::Engine> inner, std::shared_ptr<Gate> gate)
+      : inner_(std::move(inner)), gate_(std::move(gate)) {}
+  int submit(std::span<const nvio::engine::Request> requests) override {
+    const int rc = inner_->submit(requests);
+    for (int i = 0; i < rc; ++i) {
+      const nvio::engine::Request& r = requests[static_cast<std::size_t>(i)];
+      if (gate_->holds(r.fd)) {
+        gated_.insert(r.tag);
+        ++gate_->submitted;
+      }
+    }
+    if (rc > 0) outstanding_ += static_cast<std::size_t>(rc);
+    return rc;
+  }
+  int reap(std::span<nvio::engine::Completion> out, std::size_t min_complete) override {
+    std::size_t n = 0;
+    for (;;) {
+      if (gate_->open_now()) {
+        ready_.insert(ready_.end(), held_.begin(), held_.end());
+        held_.clear();
+      }
+      while (n < out.size() && !ready_.empty()) {
+        out[n++] = ready_.front();
+        ready_.pop_front();
+      }
+      const bool enough = n >= min_complete || n == out.size();
+      if (outstanding_ > 0) {
+        scratch_.resize(out.size());
+        const int got = inner_->reap(scratch_, enough ? 0 : 1);
+        if (got < 0) return n > 0 ? static_cast<int>(n) : got;
+        outstanding_ -= static_cast<std::size_t>(got);
+        for (int k = 0; k < got; ++k) {
+          const nvio::engine::Completion& c = scratch_[static_cast<std::size_t>(k)];
+          if (gated_.erase(c.tag) > 0 && !gate_->open_now()) {
+            held_.push_back(c);
+          } else {
+            ready_.push_back(c);
+          }
+        }
+        if (got > 0) continue;
+      }
+      if (enough || held_.empty()) return static_cast<int>(n);
+      gate_->wait_open(5ms);
+      if (!gate_->open_now()) return static_cast<int>(n);
+    }
+  }
+  int cancel() override { return inner_->cancel(); }
+  nvio::EngineKind kind() const noexcept override { return inner_->kind(); }
+
+ private:
+  std::unique_ptr<nvio::engine::Engine> inner_;
+  std::shared_ptr<Gate> gate_;
+  std::set<std::uint64_t> gated_;  // accepted gated requests not reaped from inner_ yet
+  std::size_t outstanding_ = 0;    // accepted by inner_, not reaped from it
+  std::deque<nvio::engine::Completion> ready_;
+  std::vector<nvio::engine::Completion> held_;
+  std::vector<nvio::engine::Completion> scratch_;
+};
+
+// A check that answers `answer` from the `from`-th call on (false before), counting its calls.
+class CountingCheck final : public nvio::InterruptCheck {
+ public:
+  explicit CountingCheck(unsigned from = 1) : from_(from) {}
+  bool interrupted() noexcept override { return ++calls >= from_; }
+  std::atomic<unsigned> calls{0};
+
+ private:
+  unsigned from_;
+};
+
+constexpr std::size_t kBlock = 64 * KiB;
+constexpr std::size_t kPieces = 16;
+constexpr std::size_t kLength = kPieces * kBlock;
+constexpr std::uint64_t kSeed = 77;
+
+class Cancel : public EngineTest {
+ protected:
+  void SetUp() override {
+    EngineTest::SetUp();
+    if (IsSkipped()) return;
+    gate_ = std::make_shared<Gate>();
+    factory_.emplace([gate = gate_](nvio::EngineKind k, unsigned qd) {
+      return std::unique_ptr<nvio::engine::Engine>(
+          new HeldCompletions(nvio::engine::make_backend_engine(k, qd), gate));
+    });
+    path_ = file("data");
+    write_pattern_file(path_, kLength, kSeed);
+    fd_ = ::open(path_.c_str(), O_RDWR);
+    ASSERT_GE(fd_, 0);
+    gate_->fd = fd_;
+  }
+  void TearDown() override {
+    if (gate_) gate_->open();  // nothing may stay held when a failed test leaves
+    if (fd_ >= 0) ::close(fd_);
+    factory_.reset();
+    EngineTest::TearDown();
+  }
+  // One worker, one request in flight, 16 pieces a transfer: while the first is held, the other
+  // fifteen wait in the queue. Buffered: the requests use the caller's descriptor, `fd_`.
+  nvio::Options options() const {
+    nvio::Options o = base_options();
+    o.direct = nvio::DirectIo::Off;
+    o.block_size = kBlock;
+    o.queue_depth = 1;
+    o.intra_op_parallelism = 1;
+    return o;
+  }
+  // The bytes of the buffer read at file offset 0: each 64 KiB piece is either the file's bytes
+  // or untouched (the sentinel); returns how many are the file's, failing on anything else.
+  std::size_t pieces_read(const std::vector<unsigned char>& buf) const {
+    std::size_t read = 0;
+    for (std::size_t p = 0; p < kPieces; ++p) {
+      const unsigned char* at = buf.data() + p * kBlock;
+      if (buffer_has_pattern(at, kBlock, p * kBlock, kSeed)) {
+        ++read;
+      } else {
+        EXPECT_TRUE(std::all_of(at, at + kBlock, [](unsigned char c) { return c == kSentinel; }))
+            << "piece " << p << " is neither the file's bytes nor untouched";
+      }
+    }
+    return read;
+  }
+
+  std::shared_ptr<Gate> gate_;
+  std::optional<ScopedEngineFactory> factory_;
+  std::string path_;
+  int fd_ = -1;
+};
+
+TEST_P(Cancel, SkipsThePiecesNotStartedAndTheWaitRaisesEcanceled) {
+  nvio::Handle h(options());
+  std::vector<unsigned char> buf(kLength, kSentinel);
+  const nvio::Ticket t = h.submit_read(buf.data(), kLength, fd_, 0);
+  gate_->wait_submitted(1);
+  EXPECT_TRUE(h.cancel(t));
+  gate_->open();
+  try {
+    h.wait(t);
+    FAIL() << "the wait of a cancelled read returned";
+  } catch (const nvio::IoError& e) {
+    EXPECT_EQ(e.error_code(), ECANCELED) << e.what();
+    EXPECT_EQ(e.offset(), 0u);
+    EXPECT_EQ(e.length(), kLength);
+    EXPECT_NE(std::string(e.what()).find("cancelled"), std::string::npos) << e.what();
+  }
+  // The one piece in flight finished into the buffer; the fifteen queued never started.
+  EXPECT_EQ(pieces_read(buf), 1u);
+  EXPECT_EQ(gate_->submitted.load(), 1u);
+  EXPECT_EQ(h.pending(), 0u);
+  EXPECT_EQ(h.stats().errors, (std::map<int, std::uint64_t>{{ECANCELED, 1}}));
+  EXPECT_EQ(h.stats().reads, 0u);
+  // The handle goes on: the same read, not cancelled, moves every byte.
+  std::fill(buf.begin(), buf.end(), kSentinel);
+  h.read(buf.data(), kLength, fd_, 0);
+  EXPECT_TRUE(buffer_has_pattern(buf.data(), kLength, 0, kSeed));
+}
+
+TEST_P(Cancel, AWriteCancelledLeavesTheRestOfTheFileAsItWas) {
+  nvio::Handle h(options());
+  std::vector<unsigned char> data(kLength, 0x3C);
+  const nvio::Ticket t = h.submit_write(data.data(), kLength, fd_, 0);
+  gate_->wait_submitted(1);
+  EXPECT_TRUE(h.cancel(t));
+  gate_->open();
+  try {
+    h.wait(t);
+    FAIL() << "the wait of a cancelled write returned";
+  } catch (const nvio::IoError& e) {
+    EXPECT_EQ(e.error_code(), ECANCELED) << e.what();
+    EXPECT_EQ(e.op(), nvio::IoOp::Write);
+  }
+  const std::vector<unsigned char> file = read_file(path_);
+  ASSERT_EQ(file.size(), kLength);
+  EXPECT_TRUE(file_range_is(file, 0, kBlock, 0x3C));
+  EXPECT_TRUE(file_range_has_pattern(file, kBlock, kLength - kBlock, kSeed));
+}
+
+TEST_P(Cancel, AnOperationWhosePiecesAllStartedCompletesAsItWould) {
+  nvio::Handle h(options());
+  std::vector<unsigned char> buf(kBlock, kSentinel);
+  const nvio::Ticket t = h.submit_read(buf.data(), kBlock, fd_, 3 * kBlock);
+  gate_->wait_submitted(1);
+  EXPECT_FALSE(h.cancel(t));  // its one piece is in the kernel
+  gate_->open();
+  h.wait(t);
+  EXPECT_TRUE(buffer_has_pattern(buf.data(), kBlock, 3 * kBlock, kSeed));
+  EXPECT_THROW(h.cancel(t), nvio::InvalidArgument);  // collected
+  EXPECT_THROW(h.cancel(987654), nvio::InvalidArgument);
+}
+
+TEST_P(Cancel, ATicketAnotherThreadWaitsForCanBeCancelled) {
+  nvio::Handle h(options());
+  std::vector<unsigned char> buf(kLength, kSentinel);
+  const nvio::Ticket t = h.submit_read(buf.data(), kLength, fd_, 0);
+  gate_->wait_submitted(1);
+  std::atomic<int> error{0};
+  std::thread waiter([&] {
+    try {
+      h.wait(t);
+    } catch (const nvio::IoError& e) {
+      error = e.error_code();
+    }
+  });
+  // The waiter takes the ticket from the table as it starts waiting; cancel finds it either way.
+  std::this_thread::sleep_for(20ms);
+  EXPECT_TRUE(h.cancel(t));
+  gate_->open();
+  waiter.join();
+  EXPECT_EQ(error.load(), ECANCELED);
+  EXPECT_EQ(pieces_read(buf), 1u);
+}
+
+TEST_P(Cancel, AnInterruptedBlockingReadCancelsWaitsForTheKernelAndThrows) {
+  nvio::Handle h(options());
+  std::vector<unsigned char> buf(kLength, kSentinel);
+  CountingCheck check;
+  // The held piece is let go only once the check has stopped the wait: the read must then still
+  // wait for it before it throws (the buffer is the kernel's until then).
+  std::atomic<bool> let_go{false};
+  std::thread opener([&] {
+    while (check.calls.load() == 0) std::this_thread::sleep_for(1ms);
+    std::this_thread::sleep_for(30ms);
+    let_go = true;
+    gate_->open();
+  });
+  {
+    nvio::ScopedInterruptCheck scope(check);
+    try {
+      h.read(buf.data(), kLength, fd_, 0);
+      ADD_FAILURE() << "the interrupted read returned";
+    } catch (const nvio::Interrupted& e) {
+      EXPECT_TRUE(let_go.load()) << "it threw while the kernel still held a piece";
+      EXPECT_NE(std::string(e.what()).find(std::to_string(kLength)), std::string::npos) << e.what();
+    }
+  }
+  opener.join();
+  EXPECT_EQ(check.calls.load(), 1u);
+  EXPECT_EQ(pieces_read(buf), 1u);
+  EXPECT_EQ(gate_->submitted.load(), 1u);
+  // Without the check the handle reads as before.
+  std::fill(buf.begin(), buf.end(), kSentinel);
+  h.read(buf.data(), kLength, fd_, 0);
+  EXPECT_TRUE(buffer_has_pattern(buf.data(), kLength, 0, kSeed));
+}
+
+TEST_P(Cancel, AnInterruptedBlockingBatchCancelsEveryExtent) {
+  nvio::Handle h(options());
+  std::vector<unsigned char> buf(kLength, kSentinel);
+  const std::size_t half = kLength / 2;
+  const nvio::ReadExtent extents[] = {{buf.data(), half, 0, {}, fd_},
+                                      {buf.data() + half, half, half, {}, fd_}};
+  CountingCheck check;
+  std::thread opener([&] {
+    while (check.calls.load() == 0) std::this_thread::sleep_for(1ms);
+    gate_->open();
+  });
+  {
+    nvio::ScopedInterruptCheck scope(check);
+    EXPECT_THROW(h.read_batch(extents), nvio::Interrupted);
+  }
+  opener.join();
+  EXPECT_EQ(pieces_read(buf), 1u);
+}
+
+TEST_P(Cancel, ACheckThatSaysNoLetsTheCallFinish) {
+  nvio::Handle h(options());
+  std::vector<unsigned char> buf(kLength, kSentinel);
+  CountingCheck check(1000000);
+  std::thread opener([&] {
+    while (check.calls.load() < 3) std::this_thread::sleep_for(1ms);
+    gate_->open();
+  });
+  {
+    nvio::ScopedInterruptCheck scope(check);
+    h.read(buf.data(), kLength, fd_, 0);
+  }
+  opener.join();
+  EXPECT_GE(check.calls.load(), 3u);  // asked while it slept, and kept waiting
+  EXPECT_TRUE(buffer_has_pattern(buf.data(), kLength, 0, kSeed));
+}
+
+TEST_P(Cancel, AnInterruptedWaitForATicketLeavesItOutstanding) {
+  nvio::Handle h(options());
+  std::vector<unsigned char> buf(kLength, kSentinel);
+  const nvio::Ticket t = h.submit_read(buf.data(), kLength, fd_, 0);
+  gate_->wait_submitted(1);
+  CountingCheck check;
+  {
+    nvio::ScopedInterruptCheck scope(check);
+    EXPECT_THROW(h.wait(t), nvio::Interrupted);
+    EXPECT_THROW((void)h.wait_completion(t), nvio::Interrupted);
+  }
+  EXPECT_EQ(check.calls.load(), 2u);
+  EXPECT_TRUE(h.is_pending(t));
+  EXPECT_EQ(h.pending(), 1u);
+  gate_->open();
+  h.wait(t);  // not cancelled: every byte
+  EXPECT_TRUE(buffer_has_pattern(buf.data(), kLength, 0, kSeed));
+  EXPECT_FALSE(h.is_pending(t));
+}
+
+TEST_P(Cancel, AnInterruptedWaitSomeGivesBackWhatItHadCollected) {
+  nvio::Handle h(options());
+  // A second file, not gated: its read has finished when wait_some starts, which collects it
+  // first and then waits for the gated one.
+  const std::string other = file("other");
+  write_pattern_file(other, kBlock, kSeed + 1);
+  std::vector<unsigned char> held(kLength, kSentinel);
+  std::vector<unsigned char> quick(kBlock, kSentinel);
+  const nvio::Ticket b = h.submit_read(quick.data(), kBlock, other, 0);
+  run_within(std::chrono::seconds(60), "the read of the file not gated", [&] {
+    while (!h.done(b)) std::this_thread::sleep_for(1ms);
+  });
+  const nvio::Ticket a = h.submit_read(held.data(), kLength, fd_, 0);
+  gate_->wait_submitted(1);
+  std::vector<nvio::Completion> out(2);
+  CountingCheck check;
+  {
+    nvio::ScopedInterruptCheck scope(check);
+    EXPECT_THROW(h.wait_some(out, 2), nvio::Interrupted);
+    EXPECT_THROW(h.wait(), nvio::Interrupted);
+  }
+  EXPECT_EQ(h.pending(), 2u);
+  EXPECT_TRUE(h.is_pending(a));
+  EXPECT_TRUE(h.is_pending(b));
+  gate_->open();
+  std::set<nvio::Ticket> seen;
+  // A ticket given back but not listed as finished would leave this wait asleep for ever.
+  run_within(std::chrono::seconds(60), "wait_some for the tickets given back", [&] {
+    while (seen.size() < 2) {
+      const std::size_t n = h.wait_some(out, 1);
+      for (std::size_t i = 0; i < n; ++i) {
+        EXPECT_FALSE(out[i].error);
+        EXPECT_TRUE(seen.insert(out[i].ticket).second) << "ticket " << out[i].ticket << " twice";
+      }
+    }
+  });
+  EXPECT_EQ(seen, (std::set<nvio::Ticket>{a, b}));
+  EXPECT_EQ(h.pending(), 0u);
+  EXPECT_TRUE(buffer_has_pattern(held.data(), kLength, 0, kSeed));
+  EXPECT_TRUE(buffer_has_pattern(quick.data(), kBlock, 0, kSeed + 1));
+}
+
+TEST_P(Cancel, AnInterruptedWaitAllLeavesTheTicketsForTheNextWait) {
+  nvio::Handle h(options());
+  std::vector<unsigned char> buf(kLength, kSentinel);
+  h.submit_read(buf.data(), kLength, fd_, 0);
+  gate_->wait_submitted(1);
+  CountingCheck check;
+  {
+    nvio::ScopedInterruptCheck scope(check);
+    EXPECT_THROW(h.wait(), nvio::Interrupted);
+  }
+  gate_->open();
+  EXPECT_EQ(h.wait(), 1u);
+  EXPECT_TRUE(buffer_has_pattern(buf.data(), kLength, 0, kSeed));
+}
+
+TEST_P(Cancel, ScopesNestAndTheInnerCheckIsTheOneAsked) {
+  nvio::Handle h(options());
+  std::vector<unsigned char> buf(kLength, kSentinel);
+  const nvio::Ticket t = h.submit_read(buf.data(), kLength, fd_, 0);
+  gate_->wait_submitted(1);
+  CountingCheck never(1000000);
+  CountingCheck now;
+  std::thread opener([&] {
+    while (never.calls.load() == 0) std::this_thread::sleep_for(1ms);
+    gate_->open();
+  });
+  {
+    nvio::ScopedInterruptCheck outer(never);
+    {
+      nvio::ScopedInterruptCheck inner(now);
+      EXPECT_THROW(h.wait(t), nvio::Interrupted);
+    }
+    EXPECT_EQ(never.calls.load(), 0u);
+    h.wait(t);  // the outer check again: asked, says no, and the wait goes on to the end
+  }
+  opener.join();
+  EXPECT_EQ(now.calls.load(), 1u);
+  EXPECT_GE(never.calls.load(), 1u);
+  EXPECT_TRUE(buffer_has_pattern(buf.data(), kLength, 0, kSeed));
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, Cancel, NVIO_ALL_ENGINES, EngineParamName());
+
+}  // namespace
+}  // namespace nvio_test

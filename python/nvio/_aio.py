@@ -14,7 +14,7 @@ import threading
 from typing import Any, Tuple
 
 from . import _args, _buffers, _fork, _nvio
-from ._future import Count, Future, PendingFutures
+from ._future import Count, Future, Interrupt, PendingFutures
 
 # DeepSpeed's own alignment constant, kept for callers that pad sizes with get_alignment().
 _DEEPSPEED_ALIGNMENT = 512
@@ -188,7 +188,8 @@ class aio_handle:  # noqa: N801 - DeepSpeed's name
         if is_async:
             self._pending.add(future)
             return 0
-        future.wait()
+        # A blocking call: a Ctrl-C cancels it and waits for what the kernel holds before raising.
+        future._wait(Interrupt.CANCEL)
         return 1
 
     def read(self, buffer: Any, filename: Any, validate: bool, file_offset: int = 0) -> int:

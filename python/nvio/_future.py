@@ -6,6 +6,11 @@ handle's ticket and owns what must outlive the operation: the buffer (kept alive
 operation has been waited for) and an optional check run after it (``aio_handle``'s
 ``validate=True``). A ticket is waited for once in the core; the future records the outcome, so
 any number of waits (by any threads) each return the result or raise the error.
+
+Ctrl-C: a wait on the main thread runs Python's signal handlers while it sleeps (the core asks
+every 20 ms). What a handler raises (KeyboardInterrupt) stops the wait, not the operation, unless
+the wait is a blocking call's own (``Interrupt.CANCEL``): the future stays pending, keeps its
+buffer, and a later wait waits for it again, as a ``concurrent.futures.Future`` does.
 """
 
 from __future__ import annotations
@@ -22,6 +27,14 @@ class Count(enum.Enum):
 
     WAITED = "waited"  # every future it waited for (nvio.Handle.wait_all)
     COLLECTED = "collected"  # those no earlier wait had taken (aio_handle.wait: DeepSpeed's count)
+
+
+class Interrupt(enum.Enum):
+    """What a wait does when a signal handler raises (Ctrl-C) while it waits."""
+
+    LEAVE = "leave"  # raise; the operation goes on and stays pending (a wait for a future)
+    CANCEL = "cancel"  # cancel the operation, wait for what the kernel holds, raise (a blocking call)
+    NEVER = "never"  # do not run the handlers while waiting (a finalizer's drain)
 
 
 class Future:
@@ -62,24 +75,66 @@ class Future:
 
     def wait(self) -> int:
         """Blocks (without the GIL) until the operation has finished; returns the bytes moved or
-        raises its error. Every later call returns or raises the same again."""
+        raises its error. Every later call returns or raises the same again. A Ctrl-C meanwhile
+        raises KeyboardInterrupt and leaves the operation running and pending (wait again, or
+        ``cancel()``)."""
+        return self._wait(Interrupt.LEAVE)
+
+    def cancel(self) -> bool:
+        """Stops what has not started of the operation: its pieces that no worker has taken are
+        skipped, those in flight finish. Returns True when the operation was cut short (its wait
+        then raises ``nvio.IOFailure`` with errno ECANCELED; a read or write cancelled has moved
+        part of its bytes), False when it had finished or all its pieces had started. Does not
+        wait."""
+        self._check_process()
+        if self._finished:
+            return False
+        try:
+            return self._core.cancel(self._ticket)
+        except _nvio.InvalidArgument:  # collected by a wait that is recording its outcome now
+            return False
+
+    def _wait(self, interrupt: Interrupt) -> int:
         self._check_process()
         with self._lock:
             if not self._finished:
-                try:
-                    self._core.wait_ticket(self._ticket)
-                    if self._then is not None:
-                        self._then()
-                except BaseException as e:  # kept so that every wait raises it
-                    self._error = e
-                finally:
-                    self._finished = True
-                    self._keep_alive = self._then = None
-                    if self._pending is not None:
-                        self._pending._remove(self)
+                self._collect(interrupt)
         if self._error is not None:
             raise self._error
         return self._nbytes
+
+    def _collect(self, interrupt: Interrupt) -> None:
+        """Waits for the ticket and records the outcome; self._lock is held."""
+        try:
+            self._core.wait_ticket(self._ticket, interrupt is not Interrupt.NEVER)
+        except BaseException as e:
+            if not self._core.is_pending(self._ticket):
+                self._finish(e)  # the operation's own failure: the core collected the ticket
+                return
+            # A signal handler raised while the operation runs on.
+            if interrupt is Interrupt.LEAVE:
+                raise
+            self._core.cancel(self._ticket)
+            try:
+                self._core.wait_ticket(self._ticket, False)
+            except BaseException:  # ECANCELED, or its own failure: the interrupt is the news
+                pass
+            self._finish(e)
+            return
+        error: Optional[BaseException] = None
+        if self._then is not None:
+            try:
+                self._then()
+            except BaseException as e:
+                error = e
+        self._finish(error)
+
+    def _finish(self, error: Optional[BaseException]) -> None:
+        self._error = error
+        self._finished = True
+        self._keep_alive = self._then = None
+        if self._pending is not None:
+            self._pending._remove(self)
 
     result = wait
 
@@ -136,11 +191,12 @@ class PendingFutures:
         with self._lock:
             return sum(1 for f in self._futures if not f._taken)
 
-    def wait_all(self, count: Count) -> int:
+    def wait_all(self, count: Count, interrupt: Interrupt = Interrupt.LEAVE) -> int:
         """Waits for every future added before this call, in submission order, including those
         other threads are waiting for; then raises the first failure among them, or returns
         their number (``Count.WAITED``) or the number this call took first (``Count.COLLECTED``:
-        each future is counted by exactly one wait_all)."""
+        each future is counted by exactly one wait_all). A Ctrl-C (``Interrupt.LEAVE``) raises at
+        once, leaving the futures not finished yet pending."""
         with self._lock:
             futures: List[Future] = list(self._futures)
             taken = [f for f in futures if not f._taken]
@@ -149,18 +205,27 @@ class PendingFutures:
         first: Optional[BaseException] = None
         for f in futures:
             try:
-                f.wait()
+                f._wait(interrupt)
             except BaseException as e:
+                if not f._finished:
+                    raise  # interrupted: the rest stay pending
                 if first is None:
                     first = e
         if first is not None:
             raise first
         return len(futures) if count is Count.WAITED else len(taken)
 
-    def drain(self) -> None:
-        """Waits for every future; their errors stay with them (for their own wait() to raise).
-        For finalizers: I/O must never run on into buffers about to be freed."""
+    def drain(self, cancel: bool = False) -> None:
+        """Waits for every future, without running signal handlers (a Ctrl-C is seen once it
+        returns); their errors stay with them (for their own wait() to raise). For finalizers and
+        exits by an exception: I/O must never run on into buffers about to be freed. ``cancel``
+        first cancels what has not started (an exit by Ctrl-C)."""
+        if cancel:
+            with self._lock:
+                futures = list(self._futures)
+            for f in futures:
+                f.cancel()
         try:
-            self.wait_all(Count.WAITED)
+            self.wait_all(Count.WAITED, Interrupt.NEVER)
         except BaseException:
             pass

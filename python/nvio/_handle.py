@@ -313,7 +313,8 @@ class Handle:
         if exc_type is None:
             self.wait_all()
         else:  # do not hide the original exception; still never leave I/O running on freed memory
-            self._pending.drain()
+            # (after a Ctrl-C, what has not started yet is cancelled rather than waited for)
+            self._pending.drain(cancel=issubclass(exc_type, KeyboardInterrupt))
 
 
 def _options_signature() -> inspect.Signature:

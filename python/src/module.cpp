@@ -4,7 +4,8 @@
 //
 // GIL: every call that can block (file opens, I/O, waits, allocation) goes through `unlocked()`,
 // the one helper that releases the GIL and afterwards turns queued library warnings into Python
-// warnings, so no binding can forget either.
+// warnings, so no binding can forget either. Calls that wait for I/O pass Signals::Handle to it:
+// on the main thread their waits then run Python's signal handlers (Ctrl-C), see SignalCheck.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -78,21 +79,77 @@ void deliver_warnings() {
   }
 }
 
-template <typename F>
-auto unlocked(F&& f) -> decltype(f()) {
-  if constexpr (std::is_void_v<decltype(f())>) {
-    {
-      py::gil_scoped_release release;
-      f();
+// The thread the interpreter runs signal handlers on (threading.main_thread()): set at import and
+// again in a forked child, whose main thread is the one that forked.
+std::atomic<unsigned long> g_main_thread{0};
+
+bool on_main_thread() { return PyThread_get_thread_ident() == g_main_thread.load(); }
+
+// Runs Python's signal handlers for a main thread that waits in nvio without the GIL
+// (nvio/interrupt.hpp): Python runs them only when the thread they belong to asks, so a Ctrl-C
+// during a long read would otherwise be seen only when the read ends. Asked every
+// kInterruptPeriod while a wait sleeps; a handler that raises (KeyboardInterrupt) stops the wait,
+// and its exception is kept to be raised once the call has cleaned up (a blocking call has
+// cancelled its operations and waited for what the kernel held; a wait for tickets left them
+// pending). Only ever installed on the main thread: the only one handlers run on, and the one
+// that cannot be blocked here while the interpreter shuts down (taking the GIL then would end the
+// thread in the middle of nvio). One per call, on its stack.
+class SignalCheck final : public nvio::InterruptCheck {
+ public:
+  bool interrupted() noexcept override {
+    py::gil_scoped_acquire gil;
+    if (PyErr_CheckSignals() == 0) return false;
+    try {
+      raised_.emplace();  // takes the handler's exception from the thread's error indicator
+    } catch (...) {       // out of memory: the call still stops, with KeyboardInterrupt
+      PyErr_Clear();
     }
+    return true;
+  }
+  // After nvio::Interrupted, with the GIL held: raises what the handler raised.
+  [[noreturn]] void raise() {
+    if (raised_) throw py::error_already_set(*raised_);
+    PyErr_SetNone(PyExc_KeyboardInterrupt);
+    throw py::error_already_set();
+  }
+
+ private:
+  std::optional<py::error_already_set> raised_;
+};
+
+// Whether a call's waits run the signal handlers (SignalCheck): the calls that wait for I/O to
+// finish. A call that only starts I/O, or that must see its operations to the end (draining in a
+// finalizer), keeps them for when it returns.
+enum class Signals { Keep, Handle };
+
+template <typename F>
+auto unlocked(F&& f, Signals signals = Signals::Keep) -> decltype(f()) {
+  SignalCheck check;
+  std::optional<nvio::ScopedInterruptCheck> scope;
+  try {
+    if constexpr (std::is_void_v<decltype(f())>) {
+      {
+        py::gil_scoped_release release;
+        if (signals == Signals::Handle && on_main_thread()) scope.emplace(check);
+        f();
+        scope.reset();
+      }
+      deliver_warnings();
+    } else {
+      decltype(f()) result = [&] {
+        py::gil_scoped_release release;
+        if (signals == Signals::Handle && on_main_thread()) scope.emplace(check);
+        auto r = f();
+        scope.reset();
+        return r;
+      }();
+      deliver_warnings();
+      return result;
+    }
+  } catch (const nvio::Interrupted&) {
+    scope.reset();
     deliver_warnings();
-  } else {
-    decltype(f()) result = [&] {
-      py::gil_scoped_release release;
-      return f();
-    }();
-    deliver_warnings();
-    return result;
+    check.raise();
   }
 }
 
@@ -356,13 +413,14 @@ std::uint64_t to_offset(py::handle value, py::handle name) {
 
 // The file and offset of one of Handle's single calls, converted as given (`file_name` and
 // `offset_name` name them in an error), then `call(path or descriptor, offset)` run without the
-// GIL; returns what it returns.
+// GIL (`signals` as unlocked() takes it); returns what it returns.
 template <typename Call>
 auto on_target(py::handle file, py::handle offset, py::handle file_name, py::handle offset_name,
-               Call&& call) {
+               Signals signals, Call&& call) {
   const Target target = to_target(file, file_name);
   const std::uint64_t off = to_offset(offset, offset_name);
-  return unlocked([&] { return std::visit([&](const auto& t) { return call(t, off); }, target); });
+  return unlocked([&] { return std::visit([&](const auto& t) { return call(t, off); }, target); },
+                  signals);
 }
 
 py::dict options_dict(const nvio::Options& o) {
@@ -518,7 +576,7 @@ void bind_batches(py::class_<nvio::Handle>& cls) {
          py::handle file, bool device) {
         const auto extents = span_extents<nvio::ReadExtent>(address, offsets, size, file);
         const nvio::ReadOptions r = read_options(device);
-        unlocked([&] { h.read_batch(extents, r); });
+        unlocked([&] { h.read_batch(extents, r); }, Signals::Handle);
       },
       py::arg("address"), py::arg("offsets"), py::arg("size"), py::arg("target"),
       py::arg("device") = false);
@@ -528,7 +586,7 @@ void bind_batches(py::class_<nvio::Handle>& cls) {
          py::handle file, bool sync, bool device) {
         const auto extents = span_extents<nvio::WriteExtent>(address, offsets, size, file);
         const nvio::WriteOptions w = write_options(false, sync, device);
-        unlocked([&] { h.write_batch(extents, w); });
+        unlocked([&] { h.write_batch(extents, w); }, Signals::Handle);
       },
       py::arg("address"), py::arg("offsets"), py::arg("size"), py::arg("target"),
       py::arg("sync") = false, py::arg("device") = false);
@@ -557,7 +615,7 @@ void bind_batches(py::class_<nvio::Handle>& cls) {
       [](nvio::Handle& h, const std::vector<BatchItem>& items, bool device) {
         const auto extents = batch_extents<nvio::ReadExtent>(items);
         const nvio::ReadOptions r = read_options(device);
-        unlocked([&] { h.read_batch(extents, r); });
+        unlocked([&] { h.read_batch(extents, r); }, Signals::Handle);
       },
       py::arg("items"), py::arg("device") = false);
   cls.def(
@@ -565,7 +623,7 @@ void bind_batches(py::class_<nvio::Handle>& cls) {
       [](nvio::Handle& h, const std::vector<BatchItem>& items, bool sync, bool device) {
         const auto extents = batch_extents<nvio::WriteExtent>(items);
         const nvio::WriteOptions w = write_options(false, sync, device);
-        unlocked([&] { h.write_batch(extents, w); });
+        unlocked([&] { h.write_batch(extents, w); }, Signals::Handle);
       },
       py::arg("items"), py::arg("sync") = false, py::arg("device") = false);
   cls.def(
@@ -667,7 +725,8 @@ void bind_safetensors(py::module_& m) {
          const MetadataArg& metadata, bool sync, bool device) {
         const std::vector<st::TensorData> tensors = tensor_data(items);
         nvio::WriteOptions w = write_options(false, sync, device);
-        unlocked([&] { st::save_safetensors(h, path, tensors, metadata, w); });
+        // Its writes are blocking calls: interrupted, they drain, and the temporary file goes.
+        unlocked([&] { st::save_safetensors(h, path, tensors, metadata, w); }, Signals::Handle);
       },
       py::arg("handle"), py::arg("path"), py::arg("items"), py::arg("metadata"),
       py::arg("sync") = true, py::arg("device") = false);
@@ -751,8 +810,19 @@ void bind_swapper(py::module_& m) {
           },
           py::arg("name"), py::arg("address"), py::arg("nbytes"), py::arg("device"),
           py::arg("meta"))
-      // wait_ticket / done: the names nvio.Future calls, so that a swap_out is a plain Future.
-      .def("wait_ticket", [](nvio::Swapper& s, std::uint64_t id) { unlocked([&] { s.wait(id); }); })
+      // wait_ticket, done, is_pending, cancel: what nvio.Future calls, so that a swap_out is a
+      // plain Future. The swapper's waits do not run signal handlers (`signals` is accepted and
+      // left alone: a swap_out's write is short, and the swapper's own waits are not built to stop
+      // halfway), so a wait that raises has its outcome and the write is never pending after it;
+      // a write cannot be cancelled.
+      .def(
+          "wait_ticket",
+          [](nvio::Swapper& s, std::uint64_t id, bool /*signals*/) {
+            unlocked([&] { s.wait(id); });
+          },
+          py::arg("ticket"), py::arg("signals") = true)
+      .def("is_pending", [](const nvio::Swapper&, std::uint64_t) { return false; })
+      .def("cancel", [](nvio::Swapper&, std::uint64_t) { return false; })
       .def("done",
            [](nvio::Swapper& s, std::uint64_t id) { return unlocked([&] { return s.done(id); }); })
       .def("wait_all", [](nvio::Swapper& s) { unlocked([&] { s.wait(); }); })
@@ -922,6 +992,13 @@ void bind_striped(py::module_& m) {
 PYBIND11_MODULE(_nvio, m) {
   m.doc() = "nvio core bindings (internal: use the nvio package)";
 
+  g_main_thread =
+      py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
+  // A child forked by a thread other than the main one runs its handlers on that thread.
+  py::module_::import("os").attr("register_at_fork")(
+      py::arg("after_in_child") =
+          py::cpp_function([] { g_main_thread = PyThread_get_thread_ident(); }));
+
   g_errors.error = make_error(m, "Error", {PyExc_Exception}, "Root of every nvio error.");
   g_errors.invalid_argument = make_error(m, "InvalidArgument", {g_errors.error, PyExc_ValueError},
                                          "A bad option or argument; its `option` attribute names "
@@ -986,9 +1063,9 @@ PYBIND11_MODULE(_nvio, m) {
           [](nvio::Handle& h, std::uintptr_t addr, std::size_t nbytes, py::handle file,
              py::handle offset, bool device, py::handle file_name, py::handle offset_name) {
             const nvio::ReadOptions r = read_options(device);
-            on_target(file, offset, file_name, offset_name, [&](const auto& t, std::uint64_t off) {
-              h.read(as_ptr(addr), nbytes, t, off, r);
-            });
+            on_target(
+                file, offset, file_name, offset_name, Signals::Handle,
+                [&](const auto& t, std::uint64_t off) { h.read(as_ptr(addr), nbytes, t, off, r); });
           },
           py::arg("address"), py::arg("nbytes"), py::arg("target"), py::arg("offset") = 0,
           py::arg("device") = false, py::arg("file_name") = "file",
@@ -999,9 +1076,10 @@ PYBIND11_MODULE(_nvio, m) {
              py::handle offset, bool truncate, bool sync, bool device, py::handle file_name,
              py::handle offset_name) {
             const nvio::WriteOptions w = write_options(truncate, sync, device);
-            on_target(file, offset, file_name, offset_name, [&](const auto& t, std::uint64_t off) {
-              h.write(as_ptr(addr), nbytes, t, off, w);
-            });
+            on_target(file, offset, file_name, offset_name, Signals::Handle,
+                      [&](const auto& t, std::uint64_t off) {
+                        h.write(as_ptr(addr), nbytes, t, off, w);
+                      });
           },
           py::arg("address"), py::arg("nbytes"), py::arg("target"), py::arg("offset") = 0,
           py::arg("truncate") = false, py::arg("sync") = false, py::arg("device") = false,
@@ -1011,7 +1089,7 @@ PYBIND11_MODULE(_nvio, m) {
           [](nvio::Handle& h, std::uintptr_t addr, std::size_t nbytes, py::handle file,
              py::handle offset, bool device, py::handle file_name, py::handle offset_name) {
             const nvio::ReadOptions r = read_options(device);
-            return on_target(file, offset, file_name, offset_name,
+            return on_target(file, offset, file_name, offset_name, Signals::Keep,
                              [&](const auto& t, std::uint64_t off) {
                                return h.submit_read(as_ptr(addr), nbytes, t, off, r);
                              });
@@ -1025,7 +1103,7 @@ PYBIND11_MODULE(_nvio, m) {
              py::handle offset, bool truncate, bool sync, bool device, py::handle file_name,
              py::handle offset_name) {
             const nvio::WriteOptions w = write_options(truncate, sync, device);
-            return on_target(file, offset, file_name, offset_name,
+            return on_target(file, offset, file_name, offset_name, Signals::Keep,
                              [&](const auto& t, std::uint64_t off) {
                                return h.submit_write(as_ptr(addr), nbytes, t, off, w);
                              });
@@ -1033,9 +1111,18 @@ PYBIND11_MODULE(_nvio, m) {
           py::arg("address"), py::arg("nbytes"), py::arg("target"), py::arg("offset") = 0,
           py::arg("truncate") = false, py::arg("sync") = false, py::arg("device") = false,
           py::arg("file_name") = "file", py::arg("offset_name") = "offset")
-      .def("wait_ticket", [](nvio::Handle& h, nvio::Ticket t) { unlocked([&] { h.wait(t); }); })
+      // A Ctrl-C during the wait leaves the ticket pending (is_pending tells); `signals` False
+      // keeps the handlers for after it (a finalizer's drain).
+      .def(
+          "wait_ticket",
+          [](nvio::Handle& h, nvio::Ticket t, bool signals) {
+            unlocked([&] { h.wait(t); }, signals ? Signals::Handle : Signals::Keep);
+          },
+          py::arg("ticket"), py::arg("signals") = true)
       .def("wait_all", [](nvio::Handle& h) { return unlocked([&] { return h.wait(); }); })
       .def("done", [](const nvio::Handle& h, nvio::Ticket t) { return h.done(t); })
+      .def("is_pending", [](const nvio::Handle& h, nvio::Ticket t) { return h.is_pending(t); })
+      .def("cancel", [](nvio::Handle& h, nvio::Ticket t) { return h.cancel(t); })
       .def("pending", &nvio::Handle::pending)
       // Closing a descriptor can block (a network file system flushes on close).
       .def("close_files", [](nvio::Handle& h) { unlocked([&] { h.close_files(); }); })

@@ -20,7 +20,7 @@ import pytest
 
 import nvio
 from conftest import random_bytes, start_waiting, wait_child, write_file
-from nvio._future import Count, Future, PendingFutures
+from nvio._future import Count, Future, Interrupt, PendingFutures
 
 
 class ScriptedCore:
@@ -28,16 +28,24 @@ class ScriptedCore:
     blocks its wait until ``release`` is set. Like the core, ``done()`` refuses a ticket being
     collected or already collected, and a ticket can be waited for once."""
 
-    def __init__(self, failing=(), blocking=()) -> None:
+    def __init__(self, failing=(), blocking=(), interrupting=()) -> None:
         self.failing = {t: nvio.InvalidArgument(f"ticket {t} failed") for t in failing}
         self.blocking = set(blocking)
+        # Tickets whose next wait with signals on is interrupted (KeyboardInterrupt, the ticket
+        # left pending), as a Ctrl-C during the core's wait does.
+        self.interrupting = set(interrupting)
         self.release = threading.Event()
         self.collecting = threading.Event()
         self.waited: "list[int]" = []
+        self.calls: "list[tuple]" = []  # (what, ticket[, signals]) in order
 
-    def wait_ticket(self, ticket: int) -> None:
+    def wait_ticket(self, ticket: int, signals: bool = True) -> None:
+        self.calls.append(("wait", ticket, signals))
         if ticket in self.waited:
             raise nvio.InvalidArgument(f"ticket {ticket} is unknown or was already waited for")
+        if signals and ticket in self.interrupting:
+            self.interrupting.discard(ticket)
+            raise KeyboardInterrupt
         self.waited.append(ticket)
         if ticket in self.blocking:
             self.collecting.set()
@@ -49,6 +57,13 @@ class ScriptedCore:
         if ticket in self.waited:
             raise nvio.InvalidArgument(f"ticket {ticket} is unknown or was already waited for")
         return False
+
+    def is_pending(self, ticket: int) -> bool:
+        return ticket not in self.waited
+
+    def cancel(self, ticket: int) -> bool:
+        self.calls.append(("cancel", ticket))
+        return ticket not in self.waited
 
 
 class Owner:
@@ -79,6 +94,54 @@ def test_wait_all_waits_for_all_in_submission_order_and_raises_the_first_failure
             f.wait()
         assert info.value is core.failing[t]
     assert core.waited == [5, 3, 9, 1]  # the outcomes were recorded, not waited for again
+
+
+def test_a_ctrl_c_during_a_wait_leaves_the_future_pending_with_its_buffer():
+    core = ScriptedCore(interrupting=(1,))
+    pending = PendingFutures()
+    owner = Owner()
+    future = pending.add(Future(core, 1, 101, owner))
+    with pytest.raises(KeyboardInterrupt):
+        future.wait()
+    assert not future.done()
+    assert future._keep_alive is owner  # the kernel may still write into it
+    assert len(pending) == 1
+    assert future.wait() == 101  # waited for again, to the end
+    assert future._keep_alive is None and len(pending) == 0
+    assert core.calls == [("wait", 1, True), ("wait", 1, True)]
+
+
+def test_a_ctrl_c_stops_wait_all_at_once_and_leaves_the_rest_pending():
+    core = ScriptedCore(interrupting=(2,))
+    pending = PendingFutures()
+    futures = _futures(core, [1, 2, 3], pending)
+    with pytest.raises(KeyboardInterrupt):
+        pending.wait_all(Count.WAITED)
+    assert core.waited == [1]  # not 3: the wait stopped at the interrupted one
+    assert futures[0].done() and not futures[1].done() and not futures[2].done()
+    assert pending.wait_all(Count.WAITED) == 2  # the first finished and left the set
+    assert core.waited == [1, 2, 3]
+
+
+def test_a_blocking_calls_future_is_cancelled_and_drained_on_ctrl_c():
+    core = ScriptedCore(interrupting=(7,))
+    future = Future(core, 7, 107, Owner())
+    with pytest.raises(KeyboardInterrupt):
+        future._wait(Interrupt.CANCEL)
+    # Cancelled, then waited for without running the handlers, before the exception left.
+    assert core.calls == [("wait", 7, True), ("cancel", 7), ("wait", 7, False)]
+    assert future.done() and future._keep_alive is None
+    with pytest.raises(KeyboardInterrupt):
+        future.wait()  # the outcome is recorded
+
+
+def test_drain_never_runs_the_handlers_and_cancels_on_request():
+    core = ScriptedCore(interrupting=(1, 2))
+    pending = PendingFutures()
+    _futures(core, [1, 2], pending)
+    pending.drain(cancel=True)
+    assert core.calls == [("cancel", 1), ("cancel", 2), ("wait", 1, False), ("wait", 2, False)]
+    assert len(pending) == 0
 
 
 def test_counts_waited_and_collected():

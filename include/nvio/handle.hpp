@@ -239,9 +239,10 @@ class Handle {
   // Cancels what has not started of the operations of `ticket`: their pieces that no worker has
   // taken are skipped; those the kernel holds finish. Returns true when some operation was cut
   // short: the wait that collects the ticket then raises an IoError with ECANCELED (the bytes of a
-  // read or write cancelled are partly moved). False when every piece had started already: the
-  // ticket completes as it would have. A ticket another thread is waiting for can be cancelled;
-  // an unknown or collected one throws InvalidArgument. Does not wait.
+  // read or write cancelled are partly moved). False when every piece had started already (or the
+  // submitting thread is still queueing them): the ticket completes as it would have. A ticket
+  // another thread is waiting for can be cancelled; an unknown or collected one throws
+  // InvalidArgument. Does not wait.
   bool cancel(Ticket ticket);
 
   // The handle keeps the files it opened (at most 64 names per access mode), so that the next

@@ -139,6 +139,7 @@ void OperationQueue::push(const OperationPtr& op, StatsShard& stats) {
       idle_armed_ = static_cast<bool>(idle_hook_);
       try {
         queue_.push_back(op);
+        op->queued = true;
         pushes_.fetch_add(1, std::memory_order_seq_cst);  // see block_in_engine()
       } catch (...) {                                     // std::bad_alloc
         refused = std::current_exception();
@@ -349,6 +350,9 @@ bool OperationQueue::cancel(Operation& op, std::exception_ptr error, StatsShard&
   std::size_t skipped = 0;
   {
     std::lock_guard lock(mutex_);
+    // Not queued (yet, or ever: refused, or no pieces): push() finishes it on its own path, and a
+    // finish here too would count its pieces twice.
+    if (!op.queued) return false;
     skipped = op.piece_count - op.next_piece;
     op.next_piece = op.piece_count;
   }

@@ -207,6 +207,8 @@ struct Operation {
 
   bool counted_in_file = false;  // counted in file->queued_ops (queue_job), until it finishes
   std::size_t next_piece = 0;
+  bool queued =
+      false;  // push() put it in the queue (guarded by the queue's mutex, like next_piece)
 
   std::atomic<std::size_t> remaining{0};  // pieces not yet finished (or skipped)
   std::atomic<bool> failed{false};
@@ -282,7 +284,8 @@ class OperationQueue {
   // Cancels `op` from any thread (Handle::cancel, an interrupted blocking call): when some of its
   // pieces have not been taken by a worker yet, they are skipped and `op` fails with `error` as
   // with fail() (the pieces in flight finish as usual, and the last of them finishes `op`);
-  // returns true. An operation whose pieces are all taken is left to finish as it will: false.
+  // returns true. An operation whose pieces are all taken is left to finish as it will: false;
+  // so is one not queued yet (a ticket is known a moment before its operations are queued).
   bool cancel(Operation& op, std::exception_ptr error, StatsShard& stats);
   // After a worker died: records `error` as the handle's, so that no operation is started from
   // now on, and fails every queued operation with it. Allocates nothing.

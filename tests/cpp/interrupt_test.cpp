@@ -25,7 +25,8 @@
 #include "test_util.hpp"
 
 namespace nvio_test {
-namespace {
+// Named, not anonymous: the sanitizer builds compile the tests as unity sources.
+namespace cancel_tests {
 
 using namespace std::chrono_literals;
 
@@ -453,5 +454,5 @@ TEST_P(Cancel, ScopesNestAndTheInnerCheckIsTheOneAsked) {
 
 INSTANTIATE_TEST_SUITE_P(Engines, Cancel, NVIO_ALL_ENGINES, EngineParamName());
 
-}  // namespace
+}  // namespace cancel_tests
 }  // namespace nvio_test

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 
 namespace nvio {
 
@@ -39,6 +40,9 @@ class InterruptCheck {
 class ScopedInterruptCheck {
  public:
   explicit ScopedInterruptCheck(InterruptCheck& check) noexcept;
+  // No check while it lives: the waits in its scope run to their end. For code that cleans up
+  // after an Interrupted and must see the kernel done with its buffers before it throws on.
+  explicit ScopedInterruptCheck(std::nullptr_t) noexcept;
   ~ScopedInterruptCheck();
   ScopedInterruptCheck(const ScopedInterruptCheck&) = delete;
   ScopedInterruptCheck& operator=(const ScopedInterruptCheck&) = delete;

@@ -942,8 +942,8 @@ void bind_striped(py::module_& m) {
           [](nvio::StripedHandle& h, std::uintptr_t addr, std::size_t nbytes,
              const std::string& name, std::uint64_t offset, bool device) {
             const nvio::ReadOptions r = read_options(device);
-            return striped_transfer_dict(
-                unlocked([&] { return h.read(as_ptr(addr), nbytes, name, offset, r); }));
+            return striped_transfer_dict(unlocked(
+                [&] { return h.read(as_ptr(addr), nbytes, name, offset, r); }, Signals::Handle));
           },
           py::arg("address"), py::arg("nbytes"), py::arg("name"), py::arg("offset") = 0,
           py::arg("device") = false)
@@ -952,8 +952,8 @@ void bind_striped(py::module_& m) {
           [](nvio::StripedHandle& h, std::uintptr_t addr, std::size_t nbytes,
              const std::string& name, std::uint64_t offset, bool truncate, bool sync, bool device) {
             const nvio::WriteOptions w = write_options(truncate, sync, device);
-            return striped_transfer_dict(
-                unlocked([&] { return h.write(as_ptr(addr), nbytes, name, offset, w); }));
+            return striped_transfer_dict(unlocked(
+                [&] { return h.write(as_ptr(addr), nbytes, name, offset, w); }, Signals::Handle));
           },
           py::arg("address"), py::arg("nbytes"), py::arg("name"), py::arg("offset") = 0,
           py::arg("truncate") = false, py::arg("sync") = false, py::arg("device") = false)

@@ -11,6 +11,10 @@ ScopedInterruptCheck::ScopedInterruptCheck(InterruptCheck& check) noexcept : pre
   t_check = &check;
 }
 
+ScopedInterruptCheck::ScopedInterruptCheck(std::nullptr_t) noexcept : previous_(t_check) {
+  t_check = nullptr;
+}
+
 ScopedInterruptCheck::~ScopedInterruptCheck() { t_check = previous_; }
 
 namespace detail {

@@ -17,6 +17,7 @@
 
 #include "core/posix.hpp"
 #include "nvio/errors.hpp"
+#include "nvio/interrupt.hpp"
 
 namespace nvio {
 
@@ -274,7 +275,21 @@ struct StripedHandle::Impl {
     Clock::time_point last = start;
     for (std::size_t i = 0; i < n; ++i) {
       if (tickets[i] == 0) continue;
-      const Completion c = handles[i]->wait_completion(tickets[i]);
+      Completion c;
+      try {
+        c = handles[i]->wait_completion(tickets[i]);
+      } catch (const Interrupted&) {
+        // The caller's buffer must be its own again before this leaves: what has not started
+        // on the drives still busy is cancelled, the rest waited for, without further checks.
+        ScopedInterruptCheck no_check(nullptr);
+        for (std::size_t j = i; j < n; ++j) {
+          if (tickets[j] != 0) handles[j]->cancel(tickets[j]);
+        }
+        for (std::size_t j = i; j < n; ++j) {
+          if (tickets[j] != 0) (void)handles[j]->wait_completion(tickets[j]);
+        }
+        throw;
+      }
       errors[i] = c.error;
       out.drives[i].seconds = std::chrono::duration<double>(c.finished - start).count();
       last = std::max(last, c.finished);

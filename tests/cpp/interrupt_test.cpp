@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -450,6 +451,57 @@ TEST_P(Cancel, ScopesNestAndTheInnerCheckIsTheOneAsked) {
   EXPECT_EQ(now.calls.load(), 1u);
   EXPECT_GE(never.calls.load(), 1u);
   EXPECT_TRUE(buffer_has_pattern(buf.data(), kLength, 0, kSeed));
+}
+
+TEST_P(Cancel, AnInterruptedStripedReadCancelsAndDrainsEveryDrive) {
+  // Two drives, every request held: each drive's first piece stays in the kernel until the gate
+  // opens, after the interrupt, and the read must wait for both before it throws.
+  gate_->fd = -1;
+  TempDir a;
+  TempDir b;
+  nvio::StripedHandle striped(nvio::StripeLayout{{a.path(), b.path()}, kBlock},
+                              std::vector<nvio::Options>(2, options()));
+  std::vector<unsigned char> data(kLength);
+  for (std::size_t i = 0; i < kLength; ++i) data[i] = static_cast<unsigned char>(i * 7 + 1);
+  gate_->open();
+  striped.write(data.data(), kLength, "s");
+  {
+    std::lock_guard lock(gate_->mutex);
+    gate_->is_open = false;
+  }
+  const unsigned before = gate_->submitted.load();
+  std::vector<unsigned char> buf(kLength, kSentinel);
+  CountingCheck check;
+  std::atomic<bool> let_go{false};
+  std::thread opener([&] {
+    while (check.calls.load() == 0) std::this_thread::sleep_for(1ms);
+    std::this_thread::sleep_for(30ms);
+    let_go = true;
+    gate_->open();
+  });
+  {
+    nvio::ScopedInterruptCheck scope(check);
+    try {
+      striped.read(buf.data(), kLength, "s");
+      ADD_FAILURE() << "the interrupted striped read returned";
+    } catch (const nvio::Interrupted&) {
+      EXPECT_TRUE(let_go.load()) << "it threw while a drive still held a piece";
+    }
+  }
+  opener.join();
+  EXPECT_EQ(check.calls.load(), 1u);                // the drain does not ask again
+  EXPECT_EQ(gate_->submitted.load() - before, 2u);  // one piece per drive, the rest cancelled
+  std::size_t whole = 0;
+  for (std::size_t p = 0; p < kPieces; ++p) {
+    const auto at = buf.begin() + static_cast<std::ptrdiff_t>(p * kBlock);
+    if (std::equal(at, at + kBlock, data.begin() + static_cast<std::ptrdiff_t>(p * kBlock))) {
+      ++whole;
+    } else {
+      EXPECT_TRUE(std::all_of(at, at + kBlock, [](unsigned char c) { return c == kSentinel; }))
+          << "piece " << p;
+    }
+  }
+  EXPECT_EQ(whole, 2u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, Cancel, NVIO_ALL_ENGINES, EngineParamName());

@@ -232,3 +232,36 @@ def test_ctrl_c_during_nvio_save_leaves_no_file_behind(tmp_path):
         assert os.listdir(tmp_path) == [], "the temporary file was left behind"
         return
     pytest.fail(f"no save of up to {SIZES[-1]} bytes could be interrupted")
+
+
+def test_ctrl_c_stops_a_striped_read_on_every_drive(tmp_path):
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    for d in dirs:
+        d.mkdir()
+    for size in SIZES:
+        h = nvio.StripedHandle([str(d) for d in dirs], stripe_size=PIECE, block_size=PIECE,
+                               queue_depth=1, intra_op_parallelism=1,
+                               direct="auto" if direct_io_supported(tmp_path) else "off")
+        expected = _pattern(size)
+        h.write(expected, "s")
+        buf = _buffer(size)
+        pieces_before = h.stats()["pieces"]
+
+        def send() -> None:
+            while h.stats()["pieces"] == pieces_before:
+                time.sleep(0.0005)
+            _thread.interrupt_main()
+        sender = threading.Thread(target=send, daemon=True)
+        sender.start()
+        with pytest.raises(KeyboardInterrupt):
+            h.read(buf, "s")
+            time.sleep(5)
+        sender.join(30)
+        _settled(buf)
+        done, untouched = _pieces(buf, expected)
+        if untouched == 0:
+            continue
+        assert done >= 1
+        assert errno.ECANCELED in h.stats()["errors"]
+        return
+    pytest.fail(f"no striped read of up to {SIZES[-1]} bytes could be cut short")

@@ -4,14 +4,16 @@
 // (wait, wait_completion, wait_some) sleep until the kernel is done, which for a large transfer
 // from a slow drive can be minutes. A caller that must react meanwhile (the Python binding, whose
 // signal handlers run only when the waiting thread asks) installs an InterruptCheck on the
-// waiting thread for the length of the call. Every wait of that thread that sleeps then asks the
-// check every kInterruptPeriod; once it answers true the wait stops:
+// waiting thread for the length of the call. The thread's waits then ask the check every
+// kInterruptPeriod of the call's time (a call of many short waits too); once it answers true the
+// wait stops:
 //   * a blocking call cancels its operations (the pieces not handed to the kernel yet are never
 //     started), waits for the pieces the kernel holds (so that the buffer is the caller's again
 //     when it returns) and throws Interrupted;
 //   * a wait for tickets throws Interrupted and leaves the tickets outstanding: they can be waited
 //     for again, or cancelled (Handle::cancel), and their buffers stay in use until then.
-// A check is asked only while a wait sleeps: a call that is not waiting never sees it.
+// A check is asked only from a wait: a call busy elsewhere (opening files) sees it at its next
+// wait.
 //
 // Thread-safety: the check installed is the calling thread's own; it is called on that thread
 // only, and never while the handle holds a lock.
@@ -22,7 +24,7 @@
 
 namespace nvio {
 
-// How often a sleeping wait asks the thread's check: the longest a Ctrl-C waits to be seen.
+// How often a waiting call asks the thread's check: about the longest a Ctrl-C waits to be seen.
 inline constexpr std::chrono::milliseconds kInterruptPeriod{20};
 
 class InterruptCheck {

@@ -97,7 +97,10 @@ struct Job {
   // InterruptCheck said to stop (core/interrupt.hpp); the operations go on.
   bool wait(detail::WaitMode mode = detail::WaitMode::Uninterruptible) const {
     for (const OperationPtr& op : ops) {
-      if (!detail::OperationQueue::wait_finished(*op, mode)) return false;
+      // A batch of small extents is many short waits: the check is asked between them too.
+      if (detail::interrupt_overdue(mode) || !detail::OperationQueue::wait_finished(*op, mode)) {
+        return false;
+      }
     }
     return true;
   }

@@ -39,6 +39,8 @@ struct Gate {
   bool is_open = false;  // guarded by mutex
   std::atomic<int> fd{-1};
   std::atomic<unsigned> submitted{0};  // requests accepted on a gated descriptor
+  // Each submit() first sleeps this long per request (every descriptor): a slow drive.
+  std::atomic<unsigned> delay_us{0};
 
   bool holds(int request_fd) const {
     const int gated = fd.load();
@@ -72,6 +74,9 @@ class HeldCompletions final : public nvio::engine::Engine {
   HeldCompletions(std::unique_ptr<nvio::engine::Engine> inner, std::shared_ptr<Gate> gate)
       : inner_(std::move(inner)), gate_(std::move(gate)) {}
   int submit(std::span<const nvio::engine::Request> requests) override {
+    if (const unsigned us = gate_->delay_us.load(); us > 0) {
+      std::this_thread::sleep_for(std::chrono::microseconds(us) * requests.size());
+    }
     const int rc = inner_->submit(requests);
     for (int i = 0; i < rc; ++i) {
       const nvio::engine::Request& r = requests[static_cast<std::size_t>(i)];
@@ -331,6 +336,34 @@ TEST_P(Cancel, AnInterruptedBlockingBatchCancelsEveryExtent) {
   }
   opener.join();
   EXPECT_EQ(pieces_read(buf), 1u);
+}
+
+TEST_P(Cancel, ABatchOfManyShortWaitsIsAskedEveryPeriodOfTheCall) {
+  // 400 extents of one 4 KiB piece, each taking a millisecond: no single wait sleeps for a whole
+  // period, yet the call lasts 400 ms and must ask the check on its way.
+  gate_->open();
+  gate_->delay_us = 1000;
+  nvio::Handle h(options());
+  constexpr std::size_t kExtents = 400;
+  constexpr std::size_t kSmall = 4096;
+  std::vector<unsigned char> buf(kExtents * kSmall, kSentinel);
+  std::vector<nvio::ReadExtent> extents;
+  for (std::size_t i = 0; i < kExtents; ++i) {
+    extents.push_back({buf.data() + i * kSmall, kSmall, (i * kSmall) % kLength, {}, fd_});
+  }
+  CountingCheck check;
+  const auto start = std::chrono::steady_clock::now();
+  {
+    nvio::ScopedInterruptCheck scope(check);
+    EXPECT_THROW(h.read_batch(extents), nvio::Interrupted);
+  }
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(check.calls.load(), 1u);
+  EXPECT_LT(took, 300ms) << "the check was asked late, or the batch was not cut short";
+  const auto errors = h.stats().errors;
+  ASSERT_EQ(errors.count(ECANCELED), 1u);
+  EXPECT_GT(errors.at(ECANCELED), kExtents / 4);  // most extents never started
+  EXPECT_LT(gate_->submitted.load(), kExtents);
 }
 
 TEST_P(Cancel, ACheckThatSaysNoLetsTheCallFinish) {

@@ -232,9 +232,10 @@ class Handle {
   std::size_t wait_some(std::span<Completion> out, std::size_t min_count = 1);
   // Operations submitted and not yet collected by a wait.
   std::size_t pending() const;
-  // Whether `ticket` was submitted and no wait has collected it (or one is collecting it now).
-  // After a wait for it threw, false means that the wait collected it (it failed), true that the
-  // wait was interrupted and the ticket is still outstanding.
+  // Whether `ticket` was submitted and no wait has taken it (a wait takes a ticket when it starts
+  // waiting for it: false while another thread's wait is on it). After a wait for it threw, false
+  // means that the wait collected it (it failed), true that the wait was interrupted and the
+  // ticket is outstanding again.
   bool is_pending(Ticket ticket) const;
   // Cancels what has not started of the operations of `ticket`: their pieces that no worker has
   // taken are skipped; those the kernel holds finish. Returns true when some operation was cut

@@ -9,11 +9,16 @@
 // wait stops:
 //   * a blocking call cancels its operations (the pieces not handed to the kernel yet are never
 //     started), waits for the pieces the kernel holds (so that the buffer is the caller's again
-//     when it returns) and throws Interrupted;
+//     when it returns) and throws Interrupted; when every piece had started already, nothing is
+//     cut short and the call returns (or throws) as it would have;
 //   * a wait for tickets throws Interrupted and leaves the tickets outstanding: they can be waited
 //     for again, or cancelled (Handle::cancel), and their buffers stay in use until then.
 // A check is asked only from a wait: a call busy elsewhere (opening files) sees it at its next
-// wait.
+// wait. StripedHandle's calls behave as a blocking call on every drive; the Swapper ignores
+// checks (swapper.hpp).
+//
+// The check runs inside the wait, on the waiting thread: what it runs (Python's signal handlers)
+// must not wait for what this wait is waiting for.
 //
 // Thread-safety: the check installed is the calling thread's own; it is called on that thread
 // only, and never while the handle holds a lock.

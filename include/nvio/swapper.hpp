@@ -53,6 +53,11 @@
 // destroyed on any thread. fork(): a swapper belongs to the process that opened it; in a forked
 // child every call throws InvalidArgument, and close() or the destructor there removes nothing
 // (the files, the lock and the I/O in flight are the parent's).
+//
+// Interrupt checks (nvio/interrupt.hpp): none. Every member function runs its waits to their end
+// whatever check the calling thread has installed, since the swapper's shared collection of
+// completions and its cleanups are not built to stop halfway (a wait left early would free
+// staging memory the kernel still writes into).
 #pragma once
 
 #include <cstddef>

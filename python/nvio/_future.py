@@ -40,13 +40,14 @@ class Interrupt(enum.Enum):
 class Future:
     """One asynchronous read or write. Keeps its buffer alive until it has been waited for.
 
-    Thread-safe: several threads may wait for one future; the first one to get its lock waits
-    for the ticket, the others then find the recorded outcome. Only the process that submitted
+    Thread-safe: several threads may wait for one future; the first one collects the ticket
+    (without holding any lock: a signal handler that runs during its wait may use nvio), the
+    others wait for it to record the outcome and then find it. Only the process that submitted
     the operation may wait for it (a forked child's copy of the buffer is never filled).
     """
 
     __slots__ = ("_core", "_ticket", "_nbytes", "_keep_alive", "_then", "_pending", "_taken",
-                 "_finished", "_error", "_lock", "_pid")
+                 "_finished", "_error", "_cond", "_collector", "_outcome", "_pid")
 
     def __init__(self, core: "_nvio.Handle", ticket: int, nbytes: int, keep_alive: Any,
                  then: Optional[Callable[[], None]] = None) -> None:
@@ -59,9 +60,12 @@ class Future:
         self._then = then
         self._pending: Optional[PendingFutures] = None  # the set that holds it until it finishes
         self._taken = False  # a wait_all has taken it (guarded by the pending set's lock)
-        self._finished = False  # set once, under _lock
+        self._finished = False  # set once, by the collector, before it lets the others look
         self._error: Optional[BaseException] = None
-        self._lock = threading.Lock()  # held by the thread waiting for the ticket
+        self._cond = threading.Condition(threading.Lock())  # guards _collector
+        self._collector: Optional[int] = None  # the thread collecting the ticket now
+        # Set by the core (collect_into) when it has collected the ticket: (error or None,).
+        self._outcome: Optional[tuple] = None
         self._pid = _fork.pid
 
     def _check_process(self) -> None:
@@ -80,6 +84,8 @@ class Future:
         ``cancel()``)."""
         return self._wait(Interrupt.LEAVE)
 
+    result = wait
+
     def cancel(self) -> bool:
         """Stops what has not started of the operation: its pieces that no worker has taken are
         skipped, those in flight finish. Returns True when the operation was cut short (its wait
@@ -94,35 +100,73 @@ class Future:
         except _nvio.InvalidArgument:  # collected by a wait that is recording its outcome now
             return False
 
+    def done(self) -> bool:
+        """True once the operation has finished (successfully or not); never blocks. While
+        another thread is waiting for it, it is done once that wait has recorded the outcome."""
+        self._check_process()
+        if self._finished:
+            return True
+        with self._cond:
+            if self._finished or self._collector is not None:
+                return self._finished  # being collected: the core no longer answers for it
+            return self._core.done(self._ticket)
+
     def _wait(self, interrupt: Interrupt) -> int:
         self._check_process()
-        with self._lock:
-            if not self._finished:
+        me = threading.get_ident()
+        with self._cond:
+            while not self._finished and self._collector is not None:
+                if self._collector == me:
+                    # A signal handler running inside this thread's own wait for the future.
+                    raise _nvio.Error(
+                        "nvio: a signal handler waited for an operation that the wait it "
+                        "interrupted was waiting for; wait for it after the handler returns")
+                self._cond.wait()
+            collect = not self._finished
+            if collect:
+                self._collector = me
+        if collect:
+            try:
                 self._collect(interrupt)
+            finally:
+                with self._cond:
+                    self._collector = None
+                    self._cond.notify_all()
         if self._error is not None:
             raise self._error
         return self._nbytes
 
     def _collect(self, interrupt: Interrupt) -> None:
-        """Waits for the ticket and records the outcome; self._lock is held."""
+        """Waits for the ticket and records the outcome; this thread is the collector."""
+        self._outcome = None
         try:
-            self._core.wait_ticket(self._ticket, interrupt is not Interrupt.NEVER)
+            self._core.collect_into(self._ticket, self, interrupt is not Interrupt.NEVER)
         except BaseException as e:
-            if not self._core.is_pending(self._ticket):
-                self._finish(e)  # the operation's own failure: the core collected the ticket
-                return
-            # A signal handler raised while the operation runs on.
-            if interrupt is Interrupt.LEAVE:
+            if self._outcome is not None:
+                # Collected, and a signal handler raised as the wait returned (a Ctrl-C landing
+                # just then): the outcome stands, and the handler's exception goes on.
+                self._record()
                 raise
-            self._core.cancel(self._ticket)
+            if not self._core.is_pending(self._ticket):
+                self._finish(e)  # refused: the call's own error (an unknown ticket, say)
+                return
+            if interrupt is Interrupt.LEAVE:
+                raise  # a signal handler raised: the operation runs on, pending
+            # A blocking call's own operation: cut it short and see it end before going on.
             try:
-                self._core.wait_ticket(self._ticket, False)
-            except BaseException:  # ECANCELED, or its own failure: the interrupt is the news
+                self._core.cancel(self._ticket)
+                self._core.collect_into(self._ticket, self, False)
+            except BaseException:  # ECANCELED is recorded; a second Ctrl-C: the first one counts
                 pass
             self._finish(e)
             return
-        error: Optional[BaseException] = None
-        if self._then is not None:
+        self._record()
+
+    def _record(self) -> None:
+        """Finishes with the outcome the core recorded, after ``then`` when it succeeded."""
+        assert self._outcome is not None
+        error = self._outcome[0]
+        if error is None and self._then is not None:
             try:
                 self._then()
             except BaseException as e:
@@ -135,21 +179,6 @@ class Future:
         self._keep_alive = self._then = None
         if self._pending is not None:
             self._pending._remove(self)
-
-    result = wait
-
-    def done(self) -> bool:
-        """True once the operation has finished (successfully or not); never blocks. While
-        another thread is waiting for it, it is done once that wait has returned."""
-        self._check_process()
-        if self._finished:
-            return True
-        if not self._lock.acquire(blocking=False):
-            return False  # the ticket is being collected: the core no longer answers for it
-        try:
-            return self._finished or self._core.done(self._ticket)
-        finally:
-            self._lock.release()
 
     def __repr__(self) -> str:
         state = "pending" if not self._finished else "failed" if self._error else "done"
@@ -166,11 +195,15 @@ class PendingFutures:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._futures: Dict[Future, None] = {}  # insertion-ordered; removed when finished
+        # Futures a Count.COLLECTED wait took and saw finish before a Ctrl-C stopped it: counted
+        # by the next such wait (DeepSpeed's wait() counts every operation once).
+        self._uncounted = 0
         _fork.track(self)
 
     def _after_fork_in_child(self) -> None:
         self._lock = threading.Lock()
         self._futures = {}
+        self._uncounted = 0
 
     def add(self, future: Future) -> Future:
         with self._lock:
@@ -196,7 +229,8 @@ class PendingFutures:
         other threads are waiting for; then raises the first failure among them, or returns
         their number (``Count.WAITED``) or the number this call took first (``Count.COLLECTED``:
         each future is counted by exactly one wait_all). A Ctrl-C (``Interrupt.LEAVE``) raises at
-        once, leaving the futures not finished yet pending."""
+        once, leaving the futures not finished yet pending and, for the next wait_all, the count
+        of those this one took."""
         with self._lock:
             futures: List[Future] = list(self._futures)
             taken = [f for f in futures if not f._taken]
@@ -207,25 +241,47 @@ class PendingFutures:
             try:
                 f._wait(interrupt)
             except BaseException as e:
-                if not f._finished:
-                    raise  # interrupted: the rest stay pending
+                if not f._finished:  # interrupted: the rest stay pending
+                    with self._lock:
+                        for g in taken:
+                            if g._finished:
+                                self._uncounted += 1
+                            else:
+                                g._taken = False
+                    raise
                 if first is None:
                     first = e
+        if count is Count.COLLECTED:
+            with self._lock:
+                collected = len(taken) + self._uncounted
+                self._uncounted = 0
         if first is not None:
             raise first
-        return len(futures) if count is Count.WAITED else len(taken)
+        return len(futures) if count is Count.WAITED else collected
 
     def drain(self, cancel: bool = False) -> None:
-        """Waits for every future, without running signal handlers (a Ctrl-C is seen once it
-        returns); their errors stay with them (for their own wait() to raise). For finalizers and
-        exits by an exception: I/O must never run on into buffers about to be freed. ``cancel``
-        first cancels what has not started (an exit by Ctrl-C)."""
+        """Waits for every future; their errors stay with them (for their own wait() to raise).
+        For finalizers and exits by an exception: I/O must never run on into buffers about to be
+        freed. The waits do not run signal handlers, and what a handler raises between them (a
+        second Ctrl-C) is dropped and the drain goes on; it stops early only when waits keep
+        failing without any future finishing. ``cancel`` first cancels what has not started (an
+        exit by Ctrl-C)."""
         if cancel:
             with self._lock:
                 futures = list(self._futures)
             for f in futures:
-                f.cancel()
-        try:
-            self.wait_all(Count.WAITED, Interrupt.NEVER)
-        except BaseException:
-            pass
+                try:
+                    f.cancel()
+                except BaseException:
+                    pass
+        stalled = 0
+        while stalled < 3:
+            before = len(self)
+            try:
+                self.wait_all(Count.WAITED, Interrupt.NEVER)
+            except BaseException:
+                pass
+            left = len(self)
+            if left == 0:
+                return
+            stalled = stalled + 1 if left >= before else 0

@@ -99,6 +99,7 @@ class SignalCheck final : public nvio::InterruptCheck {
   bool interrupted() noexcept override {
     py::gil_scoped_acquire gil;
     if (PyErr_CheckSignals() == 0) return false;
+    fired_ = true;
     try {
       raised_.emplace();  // takes the handler's exception from the thread's error indicator
     } catch (...) {       // out of memory: the call still stops, with KeyboardInterrupt
@@ -106,7 +107,9 @@ class SignalCheck final : public nvio::InterruptCheck {
     }
     return true;
   }
-  // After nvio::Interrupted, with the GIL held: raises what the handler raised.
+  // Whether a handler raised during the call.
+  bool fired() const noexcept { return fired_; }
+  // With the GIL held: raises what the handler raised.
   [[noreturn]] void raise() {
     if (raised_) throw py::error_already_set(*raised_);
     PyErr_SetNone(PyExc_KeyboardInterrupt);
@@ -115,6 +118,7 @@ class SignalCheck final : public nvio::InterruptCheck {
 
  private:
   std::optional<py::error_already_set> raised_;
+  bool fired_ = false;
 };
 
 // Whether a call's waits run the signal handlers (SignalCheck): the calls that wait for I/O to
@@ -122,6 +126,8 @@ class SignalCheck final : public nvio::InterruptCheck {
 // finalizer), keeps them for when it returns.
 enum class Signals { Keep, Handle };
 
+// What a handler raised goes up however the call ended: Interrupted (it stopped the call), an
+// error of its own, or a call that ran to its end anyway (every piece had started).
 template <typename F>
 auto unlocked(F&& f, Signals signals = Signals::Keep) -> decltype(f()) {
   SignalCheck check;
@@ -134,6 +140,7 @@ auto unlocked(F&& f, Signals signals = Signals::Keep) -> decltype(f()) {
         f();
         scope.reset();
       }
+      if (check.fired()) check.raise();
       deliver_warnings();
     } else {
       decltype(f()) result = [&] {
@@ -143,13 +150,16 @@ auto unlocked(F&& f, Signals signals = Signals::Keep) -> decltype(f()) {
         scope.reset();
         return r;
       }();
+      if (check.fired()) check.raise();
       deliver_warnings();
       return result;
     }
-  } catch (const nvio::Interrupted&) {
+  } catch (const py::error_already_set&) {
+    throw;  // raised here (the handler's) or by Python code the call ran
+  } catch (...) {
     scope.reset();
-    deliver_warnings();
-    check.raise();
+    if (check.fired()) check.raise();
+    throw;
   }
 }
 
@@ -270,6 +280,22 @@ void translate(std::exception_ptr p) {
   } catch (const nvio::Error& e) {
     set_error(g_errors.error, e.what());
   }
+}
+
+// The Python exception object `error` becomes when raised (None for none). GIL held.
+py::object error_object(const std::exception_ptr& error) {
+  if (!error) return py::none();
+  try {
+    translate(error);
+  } catch (const std::bad_alloc&) {
+    PyErr_NoMemory();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  } catch (...) {
+    PyErr_SetString(PyExc_RuntimeError, "nvio: an unknown C++ exception");
+  }
+  const py::error_already_set fetched;  // takes it from the thread's error indicator
+  return fetched.value();
 }
 
 // The handle options among a call's keyword arguments, by the option table: None means "not
@@ -810,17 +836,26 @@ void bind_swapper(py::module_& m) {
           },
           py::arg("name"), py::arg("address"), py::arg("nbytes"), py::arg("device"),
           py::arg("meta"))
-      // wait_ticket, done, is_pending, cancel: what nvio.Future calls, so that a swap_out is a
+      // collect_into, done, is_pending, cancel: what nvio.Future calls, so that a swap_out is a
       // plain Future. The swapper's waits do not run signal handlers (`signals` is accepted and
       // left alone: a swap_out's write is short, and the swapper's own waits are not built to stop
       // halfway), so a wait that raises has its outcome and the write is never pending after it;
       // a write cannot be cancelled.
       .def(
-          "wait_ticket",
-          [](nvio::Swapper& s, std::uint64_t id, bool /*signals*/) {
-            unlocked([&] { s.wait(id); });
+          "collect_into",
+          [](nvio::Swapper& s, std::uint64_t id, const py::object& future, bool /*signals*/) {
+            unlocked([&] {
+              std::exception_ptr error;
+              try {
+                s.wait(id);
+              } catch (...) {
+                error = std::current_exception();
+              }
+              py::gil_scoped_acquire gil;
+              future.attr("_outcome") = py::make_tuple(error_object(error));
+            });
           },
-          py::arg("ticket"), py::arg("signals") = true)
+          py::arg("ticket"), py::arg("future"), py::arg("signals") = true)
       .def("is_pending", [](const nvio::Swapper&, std::uint64_t) { return false; })
       .def("cancel", [](nvio::Swapper&, std::uint64_t) { return false; })
       .def("done",
@@ -1111,14 +1146,22 @@ PYBIND11_MODULE(_nvio, m) {
           py::arg("address"), py::arg("nbytes"), py::arg("target"), py::arg("offset") = 0,
           py::arg("truncate") = false, py::arg("sync") = false, py::arg("device") = false,
           py::arg("file_name") = "file", py::arg("offset_name") = "offset")
-      // A Ctrl-C during the wait leaves the ticket pending (is_pending tells); `signals` False
-      // keeps the handlers for after it (a finalizer's drain).
+      // Waits for `ticket` and records its outcome on `future` (nvio/_future.py) as
+      // future._outcome = (error or None,), with the GIL taken before the wait returns: a handler
+      // raising as the call returns (a Ctrl-C landing just then) cannot hide a collected outcome.
+      // A Ctrl-C during the wait (`signals`) leaves the ticket pending and sets nothing.
       .def(
-          "wait_ticket",
-          [](nvio::Handle& h, nvio::Ticket t, bool signals) {
-            unlocked([&] { h.wait(t); }, signals ? Signals::Handle : Signals::Keep);
+          "collect_into",
+          [](nvio::Handle& h, nvio::Ticket t, const py::object& future, bool signals) {
+            unlocked(
+                [&] {
+                  const nvio::Completion c = h.wait_completion(t);
+                  py::gil_scoped_acquire gil;
+                  future.attr("_outcome") = py::make_tuple(error_object(c.error));
+                },
+                signals ? Signals::Handle : Signals::Keep);
           },
-          py::arg("ticket"), py::arg("signals") = true)
+          py::arg("ticket"), py::arg("future"), py::arg("signals") = true)
       .def("wait_all", [](nvio::Handle& h) { return unlocked([&] { return h.wait(); }); })
       .def("done", [](const nvio::Handle& h, nvio::Ticket t) { return h.done(t); })
       .def("is_pending", [](const nvio::Handle& h, nvio::Ticket t) { return h.is_pending(t); })

@@ -590,6 +590,12 @@ void Handle::Impl::run_blocking(const JobPtr& job) {
     // The caller is going away from its buffer: nothing may be left in the kernel when it does.
     const std::size_t cancelled = cancel_job(*job, "the blocking call was interrupted");
     job->wait();
+    // Every piece had started: the call ran to its end, and its outcome is the one to report
+    // (the caller's check has said what it said; the caller learns it from its check).
+    if (cancelled == 0) {
+      if (std::exception_ptr e = job->error()) std::rethrow_exception(e);
+      return;
+    }
     std::uint64_t bytes = 0;
     for (const OperationPtr& op : job->ops) bytes += op->length;
     throw Interrupted(fmt::format(
@@ -688,9 +694,12 @@ void Handle::Impl::uncollect(std::span<const JobPtr> jobs) {
       // Kept within what register_async reserves, for operation_finished's list_finished.
       const std::size_t room = 2 * tickets.size() + 65;
       if (finished.capacity() < room) finished.reserve(std::max(room, 2 * finished.capacity()));
-      // A job still unfinished is listed by its last operation; one listed twice is collected
-      // once (wait_some skips a ticket no longer in the table).
-      if (job->unfinished.load(std::memory_order_acquire) == 0) {
+      // A job still unfinished is listed by its last operation. One that has finished is
+      // listed again unless its entry is still there (a wait_some takes entries out): listed
+      // twice, it would be collected once all the same, but every interrupted wait would add a
+      // copy beyond the room reserved above.
+      if (job->unfinished.load(std::memory_order_acquire) == 0 &&
+          std::find(finished.begin(), finished.end(), job->ticket) == finished.end()) {
         list_finished(job->ticket);
         listed = true;
       }

@@ -33,6 +33,7 @@
 #include "jobs/swap_pool.hpp"
 #include "nvio/errors.hpp"
 #include "nvio/handle.hpp"
+#include "nvio/interrupt.hpp"
 #include "nvio/warnings.hpp"
 
 namespace nvio {
@@ -768,6 +769,7 @@ Swapper::Swapper(std::string directory, const SwapperOptions& options,
 }
 
 Swapper::~Swapper() {
+  const ScopedInterruptCheck no_check(nullptr);  // see swapper.hpp, "Interrupt checks"
   if (detail::current_pid() != impl_->owner_pid) {
     // A forked child: its copy of the state is left to the child's exit, as Handle does (a mutex
     // or a pool buffer's release could wait for a parent thread that does not exist here).
@@ -785,6 +787,7 @@ const std::string& Swapper::directory() const noexcept { return impl_->dir; }
 
 Swapper::SwapId Swapper::swap_out(const std::string& name, const void* buf, std::size_t length,
                                   MemoryKind memory, const std::string& meta) {
+  const ScopedInterruptCheck no_check(nullptr);  // see swapper.hpp, "Interrupt checks"
   Impl& s = *impl_;
   if (length > 0 && buf == nullptr) {
     throw InvalidArgument(
@@ -863,6 +866,7 @@ Swapper::SwapId Swapper::swap_out(const std::string& name, const void* buf, std:
 }
 
 void Swapper::wait(SwapId id) {
+  const ScopedInterruptCheck no_check(nullptr);  // see swapper.hpp, "Interrupt checks"
   Impl& s = *impl_;
   s.check_process();
   Impl::Lock lock(s.mutex);
@@ -886,6 +890,7 @@ bool Swapper::done(SwapId id) {
 }
 
 void Swapper::wait() {
+  const ScopedInterruptCheck no_check(nullptr);  // see swapper.hpp, "Interrupt checks"
   Impl& s = *impl_;
   s.check_process();
   Impl::Lock lock(s.mutex);
@@ -894,6 +899,7 @@ void Swapper::wait() {
 }
 
 std::shared_ptr<SwapBuffer> Swapper::swap_in(const std::string& name, std::string* meta) {
+  const ScopedInterruptCheck no_check(nullptr);  // see swapper.hpp, "Interrupt checks"
   Impl& s = *impl_;
   s.check_process();
   Impl::Lock lock(s.mutex);
@@ -905,11 +911,13 @@ std::shared_ptr<SwapBuffer> Swapper::swap_in(const std::string& name, std::strin
 }
 
 void Swapper::swap_in(const std::string& name, void* buf, std::size_t length, MemoryKind memory) {
+  const ScopedInterruptCheck no_check(nullptr);  // see swapper.hpp, "Interrupt checks"
   const Target target{name, buf, length, memory};
   swap_in(std::span<const Target>(&target, 1));
 }
 
 void Swapper::swap_in(std::span<const Target> targets) {
+  const ScopedInterruptCheck no_check(nullptr);  // see swapper.hpp, "Interrupt checks"
   Impl& s = *impl_;
   s.check_process();
   Impl::Lock lock(s.mutex);
@@ -1008,6 +1016,7 @@ void Swapper::swap_in(std::span<const Target> targets) {
 }
 
 std::size_t Swapper::prefetch(std::span<const std::string> names) {
+  const ScopedInterruptCheck no_check(nullptr);  // see swapper.hpp, "Interrupt checks"
   Impl& s = *impl_;
   s.check_process();
   Impl::Lock lock(s.mutex);
@@ -1034,6 +1043,7 @@ std::size_t Swapper::prefetch(std::span<const std::string> names) {
 }
 
 bool Swapper::evict(const std::string& name) {
+  const ScopedInterruptCheck no_check(nullptr);  // see swapper.hpp, "Interrupt checks"
   Impl& s = *impl_;
   s.check_process();
   Impl::Lock lock(s.mutex);
@@ -1112,6 +1122,7 @@ SwapperStats Swapper::stats() const {
 }
 
 void Swapper::snapshot(const std::string& dst_dir) {
+  const ScopedInterruptCheck no_check(nullptr);  // see swapper.hpp, "Interrupt checks"
   Impl& s = *impl_;
   s.check_process();
   Impl::Lock lock(s.mutex);
@@ -1373,6 +1384,7 @@ void Swapper::snapshot(const std::string& dst_dir) {
 }
 
 void Swapper::close(bool delete_files) {
+  const ScopedInterruptCheck no_check(nullptr);  // see swapper.hpp, "Interrupt checks"
   Impl& s = *impl_;
   if (detail::current_pid() != s.owner_pid) {
     // A forked child: the files, the lock and the I/O are its parent's. It lets go of its copy of

@@ -134,9 +134,10 @@ def wait_child(pid: int, timeout: float = 60) -> int:
 
 
 def start_waiting(future) -> threading.Thread:
-    """A thread that is inside ``future.wait()`` (holding the future's lock) once this returns."""
+    """A thread that is inside ``future.wait()`` (collecting the future's ticket) once this
+    returns."""
     thread = threading.Thread(target=future.wait)
     thread.start()
-    while not future._lock.locked():
+    while future._collector is None and not future._finished:
         time.sleep(0.0005)
     return thread

@@ -28,18 +28,21 @@ class ScriptedCore:
     blocks its wait until ``release`` is set. Like the core, ``done()`` refuses a ticket being
     collected or already collected, and a ticket can be waited for once."""
 
-    def __init__(self, failing=(), blocking=(), interrupting=()) -> None:
+    def __init__(self, failing=(), blocking=(), interrupting=(), late=()) -> None:
         self.failing = {t: nvio.InvalidArgument(f"ticket {t} failed") for t in failing}
         self.blocking = set(blocking)
         # Tickets whose next wait with signals on is interrupted (KeyboardInterrupt, the ticket
         # left pending), as a Ctrl-C during the core's wait does.
         self.interrupting = set(interrupting)
+        # Tickets collected, and then a KeyboardInterrupt as the call returns (a Ctrl-C landing
+        # just as the wait ends).
+        self.late = set(late)
         self.release = threading.Event()
         self.collecting = threading.Event()
         self.waited: "list[int]" = []
         self.calls: "list[tuple]" = []  # (what, ticket[, signals]) in order
 
-    def wait_ticket(self, ticket: int, signals: bool = True) -> None:
+    def collect_into(self, ticket: int, future, signals: bool = True) -> None:
         self.calls.append(("wait", ticket, signals))
         if ticket in self.waited:
             raise nvio.InvalidArgument(f"ticket {ticket} is unknown or was already waited for")
@@ -50,8 +53,9 @@ class ScriptedCore:
         if ticket in self.blocking:
             self.collecting.set()
             assert self.release.wait(30), "the test never released the ticket"
-        if ticket in self.failing:
-            raise self.failing[ticket]
+        future._outcome = (self.failing.get(ticket),)
+        if ticket in self.late:
+            raise KeyboardInterrupt
 
     def done(self, ticket: int) -> bool:
         if ticket in self.waited:
@@ -121,6 +125,45 @@ def test_a_ctrl_c_stops_wait_all_at_once_and_leaves_the_rest_pending():
     assert futures[0].done() and not futures[1].done() and not futures[2].done()
     assert pending.wait_all(Count.WAITED) == 2  # the first finished and left the set
     assert core.waited == [1, 2, 3]
+
+
+def test_a_ctrl_c_as_the_wait_ends_leaves_the_outcome_and_goes_on():
+    core = ScriptedCore(late=(4,))
+    owner = Owner()
+    future = Future(core, 4, 104, owner)
+    with pytest.raises(KeyboardInterrupt):
+        future.wait()
+    assert future.done() and future._keep_alive is None
+    assert future.wait() == 104  # the operation's outcome, not the interrupt
+    assert core.calls == [("wait", 4, True)]
+
+
+def test_a_handler_waiting_for_the_future_its_wait_interrupted_gets_an_error():
+    core = ScriptedCore()
+    future = Future(core, 6, 106, Owner())
+    seen = []
+
+    def handler_inside_the_wait(ticket, fut, signals):
+        # What a signal handler run by the core during this wait would do: wait for the same
+        # future. It must fail at once rather than wait for the lock its own thread holds.
+        with pytest.raises(nvio.Error, match="signal handler"):
+            fut.wait()
+        seen.append(True)
+        return ScriptedCore.collect_into(core, ticket, fut, signals)
+
+    core.collect_into = handler_inside_the_wait
+    assert future.wait() == 106
+    assert seen == [True]
+
+
+def test_an_aio_wait_interrupted_leaves_its_count_to_the_next_wait():
+    core = ScriptedCore(interrupting=(2,))
+    pending = PendingFutures()
+    _futures(core, [1, 2, 3], pending)
+    with pytest.raises(KeyboardInterrupt):
+        pending.wait_all(Count.COLLECTED)
+    assert pending.wait_all(Count.COLLECTED) == 3  # 1 finished in the interrupted wait, 2 and 3 now
+    assert pending.wait_all(Count.COLLECTED) == 0
 
 
 def test_a_blocking_calls_future_is_cancelled_and_drained_on_ctrl_c():

@@ -138,7 +138,8 @@ def test_ctrl_c_stops_a_blocking_write_batch_and_the_rest_of_the_file_is_as_it_w
         if written == size // PIECE:
             continue
         assert written >= 1
-        assert h.stats()["errors"] == {errno.ECANCELED: h.stats()["errors"][errno.ECANCELED]}
+        errors = h.stats()["errors"]
+        assert list(errors) == [errno.ECANCELED] and errors[errno.ECANCELED] >= 1
         return
     pytest.fail(f"no write of up to {SIZES[-1]} bytes could be cut short")
 
@@ -175,7 +176,9 @@ def test_cancel_cuts_a_future_short_and_its_wait_raises_ecanceled(tmp_path):
         h = _slow_handle(tmp_path)
         buf = _buffer(size)
         future = h.read_async(buf, str(path))
+        deadline = time.monotonic() + 60
         while h.stats()["pieces"] == 0:
+            assert time.monotonic() < deadline, "the read never started"
             time.sleep(0.0005)
         if not future.cancel():
             future.wait()
@@ -226,9 +229,11 @@ def test_ctrl_c_during_nvio_save_leaves_no_file_behind(tmp_path):
             nvio.save(state, str(target), handle=handle)
             time.sleep(5)
         sender.join(30)
-        if target.exists():
-            target.unlink()
-            continue  # saved before the signal landed
+        if errno.ECANCELED not in handle.stats()["errors"]:
+            # The signal landed outside nvio's write (in Python code): not what this tests.
+            if target.exists():
+                target.unlink()
+            continue
         assert os.listdir(tmp_path) == [], "the temporary file was left behind"
         return
     pytest.fail(f"no save of up to {SIZES[-1]} bytes could be interrupted")

@@ -87,8 +87,8 @@ bool on_main_thread() { return PyThread_get_thread_ident() == g_main_thread.load
 
 // Runs Python's signal handlers for a main thread that waits in nvio without the GIL
 // (nvio/interrupt.hpp): Python runs them only when the thread they belong to asks, so a Ctrl-C
-// during a long read would otherwise be seen only when the read ends. Asked every
-// kInterruptPeriod while a wait sleeps; a handler that raises (KeyboardInterrupt) stops the wait,
+// during a long read would otherwise be seen only when the read ends. Asked from the call's waits
+// every kInterruptPeriod of its time; a handler that raises (KeyboardInterrupt) stops the wait,
 // and its exception is kept to be raised once the call has cleaned up (a blocking call has
 // cancelled its operations and waited for what the kernel held; a wait for tickets left them
 // pending). Only ever installed on the main thread: the only one handlers run on, and the one

@@ -23,6 +23,7 @@
 
 #include "engine/engine.hpp"
 #include "engine_override.hpp"
+#include "held_engine.hpp"
 #include "nvio/nvio.hpp"
 #include "test_util.hpp"
 
@@ -32,106 +33,20 @@ namespace cancel_tests {
 
 using namespace std::chrono_literals;
 
-// Holds the completions of requests on `fd` (every descriptor when -1) until open() is called.
-// Counts the requests the engines accepted. Thread-safe.
-struct Gate {
-  std::mutex mutex;
-  std::condition_variable opened;
-  bool is_open = false;  // guarded by mutex
-  std::atomic<int> fd{-1};
-  std::atomic<unsigned> submitted{0};  // requests accepted on a gated descriptor
-  // Each submit() first sleeps this long per request (every descriptor): a slow drive.
-  std::atomic<unsigned> delay_us{0};
-
-  bool holds(int request_fd) const {
+// Holds the completions of requests on `fd` (every descriptor when -1) while closed.
+class FdGate final : public CompletionGate {
+ public:
+  bool holds(const nvio::engine::Request& r) override {
     const int gated = fd.load();
-    return gated < 0 || gated == request_fd;
+    return gated < 0 || gated == r.fd;
   }
-  bool open_now() {
-    std::lock_guard lock(mutex);
-    return is_open;
-  }
-  void open() {
-    {
-      std::lock_guard lock(mutex);
-      is_open = true;
-    }
-    opened.notify_all();
-  }
-  void wait_open(std::chrono::milliseconds limit) {
-    std::unique_lock lock(mutex);
-    opened.wait_for(lock, limit, [&] { return is_open; });
-  }
-  // Waits until `n` gated requests were accepted (a worker submits them when it gets to them).
-  void wait_submitted(unsigned n) const {
-    run_within(std::chrono::seconds(60), "gated requests reaching the engine", [&] {
-      while (submitted.load() < n) std::this_thread::sleep_for(1ms);
+  // Waits until `n` requests it holds were accepted (a worker submits them when it gets to them).
+  void wait_held(std::uint64_t n) const {
+    run_within(std::chrono::seconds(60), "held requests reaching the engine", [&] {
+      while (held.load() < n) std::this_thread::sleep_for(1ms);
     });
   }
-};
-
-class HeldCompletions final : public nvio::engine::Engine {
- public:
-  HeldCompletions(std::unique_ptr<nvio::engine::Engine> inner, std::shared_ptr<Gate> gate)
-      : inner_(std::move(inner)), gate_(std::move(gate)) {}
-  int submit(std::span<const nvio::engine::Request> requests) override {
-    if (const unsigned us = gate_->delay_us.load(); us > 0) {
-      std::this_thread::sleep_for(std::chrono::microseconds(us) * requests.size());
-    }
-    const int rc = inner_->submit(requests);
-    for (int i = 0; i < rc; ++i) {
-      const nvio::engine::Request& r = requests[static_cast<std::size_t>(i)];
-      if (gate_->holds(r.fd)) {
-        gated_.insert(r.tag);
-        ++gate_->submitted;
-      }
-    }
-    if (rc > 0) outstanding_ += static_cast<std::size_t>(rc);
-    return rc;
-  }
-  int reap(std::span<nvio::engine::Completion> out, std::size_t min_complete) override {
-    std::size_t n = 0;
-    for (;;) {
-      if (gate_->open_now()) {
-        ready_.insert(ready_.end(), held_.begin(), held_.end());
-        held_.clear();
-      }
-      while (n < out.size() && !ready_.empty()) {
-        out[n++] = ready_.front();
-        ready_.pop_front();
-      }
-      const bool enough = n >= min_complete || n == out.size();
-      if (outstanding_ > 0) {
-        scratch_.resize(out.size());
-        const int got = inner_->reap(scratch_, enough ? 0 : 1);
-        if (got < 0) return n > 0 ? static_cast<int>(n) : got;
-        outstanding_ -= static_cast<std::size_t>(got);
-        for (int k = 0; k < got; ++k) {
-          const nvio::engine::Completion& c = scratch_[static_cast<std::size_t>(k)];
-          if (gated_.erase(c.tag) > 0 && !gate_->open_now()) {
-            held_.push_back(c);
-          } else {
-            ready_.push_back(c);
-          }
-        }
-        if (got > 0) continue;
-      }
-      if (enough || held_.empty()) return static_cast<int>(n);
-      gate_->wait_open(5ms);
-      if (!gate_->open_now()) return static_cast<int>(n);
-    }
-  }
-  int cancel() override { return inner_->cancel(); }
-  nvio::EngineKind kind() const noexcept override { return inner_->kind(); }
-
- private:
-  std::unique_ptr<nvio::engine::Engine> inner_;
-  std::shared_ptr<Gate> gate_;
-  std::set<std::uint64_t> gated_;  // accepted gated requests not reaped from inner_ yet
-  std::size_t outstanding_ = 0;    // accepted by inner_, not reaped from it
-  std::deque<nvio::engine::Completion> ready_;
-  std::vector<nvio::engine::Completion> held_;
-  std::vector<nvio::engine::Completion> scratch_;
+  std::atomic<int> fd{-1};
 };
 
 // A check that answers true from the `from`-th call on once `ready()` holds (false before),
@@ -157,6 +72,32 @@ class CountingCheck final : public nvio::InterruptCheck {
   std::function<bool()> ready_;
 };
 
+// Opens `gate` from a thread of its own once `check` has stopped a wait (`delay` later), so that
+// the pieces held are let go only after the interrupt; opened() says whether it has. Joined on
+// destruction.
+class OpenerAfterStop {
+ public:
+  OpenerAfterStop(CompletionGate& gate, const CountingCheck& check,
+                  std::chrono::milliseconds delay = 0ms)
+      : thread_([&gate, &check, delay, this] {
+          while (!check.stopped.load()) std::this_thread::sleep_for(1ms);
+          std::this_thread::sleep_for(delay);
+          opened_ = true;
+          gate.open();
+        }) {}
+  ~OpenerAfterStop() { join(); }
+  OpenerAfterStop(const OpenerAfterStop&) = delete;
+  OpenerAfterStop& operator=(const OpenerAfterStop&) = delete;
+  void join() {
+    if (thread_.joinable()) thread_.join();
+  }
+  bool opened() const { return opened_.load(); }
+
+ private:
+  std::atomic<bool> opened_{false};
+  std::thread thread_;  // after opened_, which it uses
+};
+
 constexpr std::size_t kBlock = 64 * KiB;
 constexpr std::size_t kPieces = 16;
 constexpr std::size_t kLength = kPieces * kBlock;
@@ -167,11 +108,8 @@ class Cancel : public EngineTest {
   void SetUp() override {
     EngineTest::SetUp();
     if (IsSkipped()) return;
-    gate_ = std::make_shared<Gate>();
-    factory_.emplace([gate = gate_](nvio::EngineKind k, unsigned qd) {
-      return std::unique_ptr<nvio::engine::Engine>(
-          new HeldCompletions(nvio::engine::make_backend_engine(k, qd), gate));
-    });
+    gate_ = std::make_shared<FdGate>();
+    factory_.emplace(held_engine_factory(gate_));
     path_ = file("data");
     write_pattern_file(path_, kLength, kSeed);
     fd_ = ::open(path_.c_str(), O_RDWR);
@@ -210,7 +148,7 @@ class Cancel : public EngineTest {
     return read;
   }
 
-  std::shared_ptr<Gate> gate_;
+  std::shared_ptr<FdGate> gate_;
   std::optional<ScopedEngineFactory> factory_;
   std::string path_;
   int fd_ = -1;
@@ -220,7 +158,7 @@ TEST_P(Cancel, SkipsThePiecesNotStartedAndTheWaitRaisesEcanceled) {
   nvio::Handle h(options());
   std::vector<unsigned char> buf(kLength, kSentinel);
   const nvio::Ticket t = h.submit_read(buf.data(), kLength, fd_, 0);
-  gate_->wait_submitted(1);
+  gate_->wait_held(1);
   EXPECT_TRUE(h.cancel(t));
   gate_->open();
   try {
@@ -234,7 +172,7 @@ TEST_P(Cancel, SkipsThePiecesNotStartedAndTheWaitRaisesEcanceled) {
   }
   // The one piece in flight finished into the buffer; the fifteen queued never started.
   EXPECT_EQ(pieces_read(buf), 1u);
-  EXPECT_EQ(gate_->submitted.load(), 1u);
+  EXPECT_EQ(gate_->held.load(), 1u);
   EXPECT_EQ(h.pending(), 0u);
   EXPECT_EQ(h.stats().errors, (std::map<int, std::uint64_t>{{ECANCELED, 1}}));
   EXPECT_EQ(h.stats().reads, 0u);
@@ -248,7 +186,7 @@ TEST_P(Cancel, AWriteCancelledLeavesTheRestOfTheFileAsItWas) {
   nvio::Handle h(options());
   std::vector<unsigned char> data(kLength, 0x3C);
   const nvio::Ticket t = h.submit_write(data.data(), kLength, fd_, 0);
-  gate_->wait_submitted(1);
+  gate_->wait_held(1);
   EXPECT_TRUE(h.cancel(t));
   gate_->open();
   try {
@@ -268,7 +206,7 @@ TEST_P(Cancel, AnOperationWhosePiecesAllStartedCompletesAsItWould) {
   nvio::Handle h(options());
   std::vector<unsigned char> buf(kBlock, kSentinel);
   const nvio::Ticket t = h.submit_read(buf.data(), kBlock, fd_, 3 * kBlock);
-  gate_->wait_submitted(1);
+  gate_->wait_held(1);
   EXPECT_FALSE(h.cancel(t));  // its one piece is in the kernel
   gate_->open();
   h.wait(t);
@@ -281,7 +219,7 @@ TEST_P(Cancel, ATicketAnotherThreadWaitsForCanBeCancelled) {
   nvio::Handle h(options());
   std::vector<unsigned char> buf(kLength, kSentinel);
   const nvio::Ticket t = h.submit_read(buf.data(), kLength, fd_, 0);
-  gate_->wait_submitted(1);
+  gate_->wait_held(1);
   std::atomic<int> error{0};
   std::thread waiter([&] {
     try {
@@ -304,30 +242,24 @@ TEST_P(Cancel, AnInterruptedBlockingReadCancelsWaitsForTheKernelAndThrows) {
   std::vector<unsigned char> buf(kLength, kSentinel);
   // Stops once the first piece is in the kernel (on a loaded machine the worker may take longer
   // than the first period to get there).
-  CountingCheck check(1, [&] { return gate_->submitted.load() >= 1; });
+  CountingCheck check(1, [&] { return gate_->held.load() >= 1; });
   // The held piece is let go only once the check has stopped the wait: the read must then still
   // wait for it before it throws (the buffer is the kernel's until then).
-  std::atomic<bool> let_go{false};
-  std::thread opener([&] {
-    while (!check.stopped.load()) std::this_thread::sleep_for(1ms);
-    std::this_thread::sleep_for(30ms);
-    let_go = true;
-    gate_->open();
-  });
+  OpenerAfterStop opener(*gate_, check, 30ms);
   {
     nvio::ScopedInterruptCheck scope(check);
     try {
       h.read(buf.data(), kLength, fd_, 0);
       ADD_FAILURE() << "the interrupted read returned";
     } catch (const nvio::Interrupted& e) {
-      EXPECT_TRUE(let_go.load()) << "it threw while the kernel still held a piece";
+      EXPECT_TRUE(opener.opened()) << "it threw while the kernel still held a piece";
       EXPECT_NE(std::string(e.what()).find(std::to_string(kLength)), std::string::npos) << e.what();
     }
   }
   opener.join();
   EXPECT_EQ(check.after_stop.load(), 0u);
   EXPECT_EQ(pieces_read(buf), 1u);
-  EXPECT_EQ(gate_->submitted.load(), 1u);
+  EXPECT_EQ(gate_->held.load(), 1u);
   // Without the check the handle reads as before.
   std::fill(buf.begin(), buf.end(), kSentinel);
   h.read(buf.data(), kLength, fd_, 0);
@@ -337,11 +269,8 @@ TEST_P(Cancel, AnInterruptedBlockingReadCancelsWaitsForTheKernelAndThrows) {
 TEST_P(Cancel, AnInterruptedBlockingCallWithEveryPieceStartedEndsAsItWould) {
   nvio::Handle h(options());
   std::vector<unsigned char> buf(kBlock, kSentinel);
-  CountingCheck check(1, [&] { return gate_->submitted.load() >= 1; });
-  std::thread opener([&] {
-    while (!check.stopped.load()) std::this_thread::sleep_for(1ms);
-    gate_->open();
-  });
+  CountingCheck check(1, [&] { return gate_->held.load() >= 1; });
+  OpenerAfterStop opener(*gate_, check);
   {
     nvio::ScopedInterruptCheck scope(check);
     h.read(buf.data(), kBlock, fd_, 2 * kBlock);  // one piece: nothing to cancel, no throw
@@ -358,11 +287,8 @@ TEST_P(Cancel, AnInterruptedBlockingBatchCancelsEveryExtent) {
   const std::size_t half = kLength / 2;
   const nvio::ReadExtent extents[] = {{buf.data(), half, 0, {}, fd_},
                                       {buf.data() + half, half, half, {}, fd_}};
-  CountingCheck check(1, [&] { return gate_->submitted.load() >= 1; });
-  std::thread opener([&] {
-    while (!check.stopped.load()) std::this_thread::sleep_for(1ms);
-    gate_->open();
-  });
+  CountingCheck check(1, [&] { return gate_->held.load() >= 1; });
+  OpenerAfterStop opener(*gate_, check);
   {
     nvio::ScopedInterruptCheck scope(check);
     EXPECT_THROW(h.read_batch(extents), nvio::Interrupted);
@@ -393,7 +319,7 @@ TEST_P(Cancel, ABatchOfManyShortWaitsIsAskedEveryPeriodOfTheCall) {
   const auto errors = h.stats().errors;
   ASSERT_EQ(errors.count(ECANCELED), 1u);
   EXPECT_GT(errors.at(ECANCELED), kExtents / 4);  // most extents never started
-  EXPECT_LT(gate_->submitted.load(), kExtents);
+  EXPECT_LT(gate_->held.load(), kExtents);
 }
 
 TEST_P(Cancel, ACheckThatSaysNoLetsTheCallFinish) {
@@ -417,7 +343,7 @@ TEST_P(Cancel, AnInterruptedWaitForATicketLeavesItOutstanding) {
   nvio::Handle h(options());
   std::vector<unsigned char> buf(kLength, kSentinel);
   const nvio::Ticket t = h.submit_read(buf.data(), kLength, fd_, 0);
-  gate_->wait_submitted(1);
+  gate_->wait_held(1);
   CountingCheck check;
   {
     nvio::ScopedInterruptCheck scope(check);
@@ -446,7 +372,7 @@ TEST_P(Cancel, AnInterruptedWaitSomeGivesBackWhatItHadCollected) {
     while (!h.done(b)) std::this_thread::sleep_for(1ms);
   });
   const nvio::Ticket a = h.submit_read(held.data(), kLength, fd_, 0);
-  gate_->wait_submitted(1);
+  gate_->wait_held(1);
   std::vector<nvio::Completion> out(2);
   CountingCheck check;
   {
@@ -479,7 +405,7 @@ TEST_P(Cancel, AnInterruptedWaitAllLeavesTheTicketsForTheNextWait) {
   nvio::Handle h(options());
   std::vector<unsigned char> buf(kLength, kSentinel);
   h.submit_read(buf.data(), kLength, fd_, 0);
-  gate_->wait_submitted(1);
+  gate_->wait_held(1);
   CountingCheck check;
   {
     nvio::ScopedInterruptCheck scope(check);
@@ -494,7 +420,7 @@ TEST_P(Cancel, ScopesNestAndTheInnerCheckIsTheOneAsked) {
   nvio::Handle h(options());
   std::vector<unsigned char> buf(kLength, kSentinel);
   const nvio::Ticket t = h.submit_read(buf.data(), kLength, fd_, 0);
-  gate_->wait_submitted(1);
+  gate_->wait_held(1);
   CountingCheck never(1000000);
   CountingCheck now;
   std::thread opener([&] {
@@ -528,32 +454,23 @@ TEST_P(Cancel, AnInterruptedStripedReadCancelsAndDrainsEveryDrive) {
   for (std::size_t i = 0; i < kLength; ++i) data[i] = static_cast<unsigned char>(i * 7 + 1);
   gate_->open();
   striped.write(data.data(), kLength, "s");
-  {
-    std::lock_guard lock(gate_->mutex);
-    gate_->is_open = false;
-  }
-  const unsigned before = gate_->submitted.load();
+  gate_->close();
+  const std::uint64_t before = gate_->held.load();
   std::vector<unsigned char> buf(kLength, kSentinel);
-  CountingCheck check(1, [&] { return gate_->submitted.load() - before >= 2; });
-  std::atomic<bool> let_go{false};
-  std::thread opener([&] {
-    while (!check.stopped.load()) std::this_thread::sleep_for(1ms);
-    std::this_thread::sleep_for(30ms);
-    let_go = true;
-    gate_->open();
-  });
+  CountingCheck check(1, [&] { return gate_->held.load() - before >= 2; });
+  OpenerAfterStop opener(*gate_, check, 30ms);
   {
     nvio::ScopedInterruptCheck scope(check);
     try {
       striped.read(buf.data(), kLength, "s");
       ADD_FAILURE() << "the interrupted striped read returned";
     } catch (const nvio::Interrupted&) {
-      EXPECT_TRUE(let_go.load()) << "it threw while a drive still held a piece";
+      EXPECT_TRUE(opener.opened()) << "it threw while a drive still held a piece";
     }
   }
   opener.join();
-  EXPECT_EQ(check.after_stop.load(), 0u);           // the drain does not ask again
-  EXPECT_EQ(gate_->submitted.load() - before, 2u);  // one piece per drive, the rest cancelled
+  EXPECT_EQ(check.after_stop.load(), 0u);      // the drain does not ask again
+  EXPECT_EQ(gate_->held.load() - before, 2u);  // one piece per drive, the rest cancelled
   std::size_t whole = 0;
   for (std::size_t p = 0; p < kPieces; ++p) {
     const auto at = buf.begin() + static_cast<std::ptrdiff_t>(p * kBlock);

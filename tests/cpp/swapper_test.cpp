@@ -23,6 +23,7 @@
 
 #include "engine/engine.hpp"
 #include "engine_override.hpp"
+#include "held_engine.hpp"
 #include "test_util.hpp"
 
 namespace nvio_test {
@@ -276,111 +277,34 @@ TEST(Swapper, APrefetchOfMoreThanTheBudgetHoldsIsReadAheadAsSwapInsFreeRoom) {
   EXPECT_EQ(after.prefetched_bytes, 0u);
 }
 
-// Holds back the completions of reads of one file (by path) until opened: a drive that is slow for
-// that file only. Every accepted request still completes once through reap(); a reap that finds
-// only held completions to wait for waits a moment for the gate and then returns what it has, so
-// that the worker goes round (and takes more pieces) instead of blocking in it.
-struct ReadGate {
-  std::mutex mutex;
-  std::condition_variable opened;
-  std::string path;                     // reads of this file are held while it is set
-  std::atomic<std::uint64_t> gated{0};  // requests held back (accepted while closed)
-
-  bool gates(int fd) {
+// Holds back the completions of reads of one file (by path) while closed: a drive that is slow
+// for that file only (held_engine.hpp).
+class ReadGate final : public CompletionGate {
+ public:
+  bool holds(const nvio::engine::Request& r) override {
+    if (r.direction != nvio::engine::Direction::Read) return false;
     char target[4096];
-    const std::string link = "/proc/self/fd/" + std::to_string(fd);
+    const std::string link = "/proc/self/fd/" + std::to_string(r.fd);
     const ssize_t n = ::readlink(link.c_str(), target, sizeof(target) - 1);
-    std::lock_guard lock(mutex);
-    return n > 0 && !path.empty() && std::string(target, static_cast<std::size_t>(n)) == path;
-  }
-  bool is_open() {
-    std::lock_guard lock(mutex);
-    return path.empty();
+    std::lock_guard lock(mutex_);
+    return n > 0 && !path_.empty() && std::string(target, static_cast<std::size_t>(n)) == path_;
   }
   void close(const std::string& p) {
-    std::lock_guard lock(mutex);
-    path = std::filesystem::canonical(p).string();
-  }
-  void open() {
     {
-      std::lock_guard lock(mutex);
-      path.clear();
+      std::lock_guard lock(mutex_);
+      path_ = std::filesystem::canonical(p).string();
     }
-    opened.notify_all();
+    CompletionGate::close();
   }
-  void wait_open(std::chrono::milliseconds limit) {
-    std::unique_lock lock(mutex);
-    opened.wait_for(lock, limit, [&] { return path.empty(); });
-  }
-};
-
-class GatedReads final : public nvio::engine::Engine {
- public:
-  GatedReads(std::unique_ptr<nvio::engine::Engine> inner, std::shared_ptr<ReadGate> gate)
-      : inner_(std::move(inner)), gate_(std::move(gate)) {}
-  int submit(std::span<const nvio::engine::Request> requests) override {
-    const int rc = inner_->submit(requests);
-    for (int i = 0; i < rc; ++i) {
-      const nvio::engine::Request& r = requests[static_cast<std::size_t>(i)];
-      if (r.direction == nvio::engine::Direction::Read && gate_->gates(r.fd)) {
-        gated_.insert(r.tag);
-        ++gate_->gated;
-      }
-    }
-    if (rc > 0) outstanding_ += static_cast<std::size_t>(rc);
-    return rc;
-  }
-  int reap(std::span<nvio::engine::Completion> out, std::size_t min_complete) override {
-    std::size_t n = 0;
-    for (;;) {
-      if (gate_->is_open()) {
-        ready_.insert(ready_.end(), held_.begin(), held_.end());
-        held_.clear();
-      }
-      while (n < out.size() && !ready_.empty()) {
-        out[n++] = ready_.front();
-        ready_.pop_front();
-      }
-      const bool enough = n >= min_complete || n == out.size();
-      if (outstanding_ > 0) {
-        scratch_.resize(out.size());
-        const int got = inner_->reap(scratch_, enough ? 0 : 1);
-        if (got < 0) return n > 0 ? static_cast<int>(n) : got;
-        outstanding_ -= static_cast<std::size_t>(got);
-        for (int k = 0; k < got; ++k) {
-          const nvio::engine::Completion& c = scratch_[static_cast<std::size_t>(k)];
-          if (gated_.erase(c.tag) > 0 && !gate_->is_open()) {
-            held_.push_back(c);
-          } else {
-            ready_.push_back(c);
-          }
-        }
-        if (got > 0) continue;
-      }
-      if (enough || held_.empty()) return static_cast<int>(n);
-      gate_->wait_open(std::chrono::milliseconds(5));
-      if (!gate_->is_open()) return static_cast<int>(n);
-    }
-  }
-  int cancel() override { return inner_->cancel(); }
-  nvio::EngineKind kind() const noexcept override { return inner_->kind(); }
 
  private:
-  std::unique_ptr<nvio::engine::Engine> inner_;
-  std::shared_ptr<ReadGate> gate_;
-  std::set<std::uint64_t> gated_;  // tags of accepted gated reads, until reaped from inner_
-  std::size_t outstanding_ = 0;    // accepted by inner_, not reaped from it
-  std::deque<nvio::engine::Completion> ready_;
-  std::vector<nvio::engine::Completion> held_;
-  std::vector<nvio::engine::Completion> scratch_;
+  std::mutex mutex_;
+  std::string path_;  // reads of this file are held
 };
 
 TEST(Swapper, ASwapInWaitsOnlyForItsOwnPrefetchRead) {
   const auto gate = std::make_shared<ReadGate>();
-  ScopedEngineFactory factory([gate](nvio::EngineKind k, unsigned qd) {
-    return std::unique_ptr<nvio::engine::Engine>(
-        new GatedReads(nvio::engine::make_backend_engine(k, qd), gate));
-  });
+  ScopedEngineFactory factory(held_engine_factory(gate));
   TempDir dir;
   nvio::Swapper swapper(dir.path(), swapper_options(16 * MiB), handle_options());
   const std::vector<std::string> names = swap_out_many(swapper, 2, 1 * MiB);
@@ -396,7 +320,7 @@ TEST(Swapper, ASwapInWaitsOnlyForItsOwnPrefetchRead) {
   // The gate is not vacuous: the first name's requests reach it (whenever a worker submits them)
   // and its read stays in flight.
   run_within(std::chrono::seconds(60), "the held name's requests reaching the gate", [&] {
-    while (gate->gated.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    while (gate->held.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   });
   EXPECT_EQ(swapper.stats().reads_in_flight, 1u);
   gate->open();

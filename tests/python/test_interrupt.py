@@ -49,19 +49,46 @@ def _slow_handle(directory) -> nvio.Handle:
                        direct="auto" if direct_io_supported(directory) else "off")
 
 
-def _signal_when_started(h, how: str) -> threading.Thread:
-    """A thread that sends the interrupt once `h` has finished its first piece."""
-    def run() -> None:
+def _interrupt_during(call, h, how: str = "interrupt_main") -> float:
+    """Runs ``call()`` on this (the main) thread while another thread sends the interrupt once
+    ``h`` has finished a piece more than before; ``call`` must end in KeyboardInterrupt (one that
+    finished before the signal meets it in the sleep after it). Returns the seconds it took."""
+    pieces_before = h.stats()["pieces"]
+
+    def send() -> None:
         deadline = time.monotonic() + 30
-        while h.stats()["pieces"] == 0 and time.monotonic() < deadline:
+        while h.stats()["pieces"] == pieces_before and time.monotonic() < deadline:
             time.sleep(0.0005)
         if how == "kill":
             os.kill(os.getpid(), signal.SIGINT)
         else:
             _thread.interrupt_main()
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    return t
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        call()
+        time.sleep(5)
+    elapsed = time.monotonic() - start
+    sender.join(30)
+    return elapsed
+
+
+def _until_cut_short(what: str, attempt) -> None:
+    """Runs ``attempt(size)`` for the sizes in turn until it returns True (it cut the operation
+    short and checked what it wanted); False means the operation ended before the interrupt."""
+    for size in SIZES:
+        if attempt(size):
+            return
+    pytest.fail(f"no {what} of up to {SIZES[-1]} bytes could be cut short")
+
+
+def _data_file(tmp_path, size: int) -> "tuple[str, np.ndarray]":
+    path = tmp_path / "data"
+    expected = _pattern(size)
+    expected.tofile(path)
+    return str(path), expected
 
 
 def _pieces(buf: np.ndarray, expected: np.ndarray) -> "tuple[int, int]":
@@ -87,45 +114,35 @@ def _settled(buf: np.ndarray) -> None:
 
 @pytest.mark.parametrize("how", ["kill", "interrupt_main"])
 def test_ctrl_c_stops_a_blocking_read_after_cancelling_it(tmp_path, how):
-    for size in SIZES:
-        path = tmp_path / "data"
-        expected = _pattern(size)
-        expected.tofile(path)
+    def attempt(size: int) -> bool:
+        path, expected = _data_file(tmp_path, size)
         h = _slow_handle(tmp_path)
         buf = _buffer(size)
-        sender = _signal_when_started(h, how)
-        start = time.monotonic()
-        with pytest.raises(KeyboardInterrupt):
-            h.read(buf, str(path))
-            time.sleep(5)  # finished before the signal: it lands here
-        elapsed = time.monotonic() - start
-        sender.join(30)
+        elapsed = _interrupt_during(lambda: h.read(buf, path), h, how)
         _settled(buf)
         done, untouched = _pieces(buf, expected)
         if untouched == 0:
-            continue  # the read finished before the signal landed: a larger one
+            return False
         assert done >= 1
         assert h.stats()["errors"] == {errno.ECANCELED: 1}
         assert elapsed < 5
         # The handle goes on: the same read, not interrupted, moves every byte.
-        h.read(buf, str(path))
+        h.read(buf, path)
         assert np.array_equal(buf, expected)
-        return
-    pytest.fail(f"no read of up to {SIZES[-1]} bytes could be cut short")
+        return True
+
+    _until_cut_short("read", attempt)
 
 
 def test_ctrl_c_stops_a_blocking_write_batch_and_the_rest_of_the_file_is_as_it_was(tmp_path):
-    for size in SIZES:
+    def attempt(size: int) -> bool:
         path = tmp_path / "data"
         np.full(size, 0x11, np.uint8).tofile(path)
         data = _pattern(size)
         half = size // 2
         h = _slow_handle(tmp_path)
-        sender = _signal_when_started(h, "interrupt_main")
-        with pytest.raises(KeyboardInterrupt):
-            h.write_batch([(data[:half], 0), (data[half:], half)], str(path))
-            time.sleep(5)
-        sender.join(30)
+        _interrupt_during(lambda: h.write_batch([(data[:half], 0), (data[half:], half)],
+                                                str(path)), h)
         on_disk = np.fromfile(path, np.uint8)
         assert len(on_disk) == size
         written = 0
@@ -136,137 +153,116 @@ def test_ctrl_c_stops_a_blocking_write_batch_and_the_rest_of_the_file_is_as_it_w
             else:
                 assert (got == 0x11).all(), f"piece at {at} is neither written nor as it was"
         if written == size // PIECE:
-            continue
+            return False
         assert written >= 1
         errors = h.stats()["errors"]
         assert list(errors) == [errno.ECANCELED] and errors[errno.ECANCELED] >= 1
-        return
-    pytest.fail(f"no write of up to {SIZES[-1]} bytes could be cut short")
+        return True
+
+    _until_cut_short("write", attempt)
 
 
 def test_ctrl_c_during_a_futures_wait_leaves_it_running_to_the_end(tmp_path):
-    for size in SIZES:
-        path = tmp_path / "data"
-        expected = _pattern(size)
-        expected.tofile(path)
+    def attempt(size: int) -> bool:
+        path, expected = _data_file(tmp_path, size)
         h = _slow_handle(tmp_path)
         buf = _buffer(size)
-        future = h.read_async(buf, str(path))
-        sender = _signal_when_started(h, "interrupt_main")
-        with pytest.raises(KeyboardInterrupt):
-            future.wait()
-            time.sleep(5)
-        sender.join(30)
-        if future.done() and np.array_equal(buf, expected):
-            future.wait()
-            continue  # finished before the signal landed
+        future = h.read_async(buf, path)
+        _interrupt_during(future.wait, h)
+        if future.done():
+            assert future.wait() == size and np.array_equal(buf, expected)
+            return False  # finished before the signal landed
         # Not cancelled: waited for again, it moves every byte.
         assert future.wait() == size
         assert np.array_equal(buf, expected)
         assert h.stats()["errors"] == {}
-        return
-    pytest.fail(f"no read of up to {SIZES[-1]} bytes was still running when the signal came")
+        return True
+
+    _until_cut_short("read", attempt)
 
 
 def test_cancel_cuts_a_future_short_and_its_wait_raises_ecanceled(tmp_path):
-    for size in SIZES:
-        path = tmp_path / "data"
-        expected = _pattern(size)
-        expected.tofile(path)
+    def attempt(size: int) -> bool:
+        path, expected = _data_file(tmp_path, size)
         h = _slow_handle(tmp_path)
         buf = _buffer(size)
-        future = h.read_async(buf, str(path))
+        future = h.read_async(buf, path)
         deadline = time.monotonic() + 60
         while h.stats()["pieces"] == 0:
             assert time.monotonic() < deadline, "the read never started"
             time.sleep(0.0005)
         if not future.cancel():
             future.wait()
-            continue  # every piece had started
+            return False  # every piece had started
         with pytest.raises(nvio.IOFailure) as info:
             future.wait()
         assert info.value.errno == errno.ECANCELED
-        assert info.value.path == str(path)
+        assert info.value.path == path
         assert info.value.length == size
         _settled(buf)
         done, untouched = _pieces(buf, expected)
         assert done >= 1 and untouched >= 1
         assert not future.cancel()  # finished now
-        return
-    pytest.fail(f"no read of up to {SIZES[-1]} bytes could be cancelled")
+        return True
+
+    _until_cut_short("read", attempt)
 
 
 def test_ctrl_c_stops_an_aio_handle_sync_pread_after_cancelling_it(tmp_path):
-    for size in SIZES:
-        path = tmp_path / "data"
-        expected = _pattern(size)
-        expected.tofile(path)
+    def attempt(size: int) -> bool:
+        path, expected = _data_file(tmp_path, size)
         h = nvio.aio_handle(block_size=PIECE, queue_depth=1, single_submit=False,
                             overlap_events=False, intra_op_parallelism=1)
         buf = _buffer(size)
-        sender = _signal_when_started(h, "interrupt_main")
-        with pytest.raises(KeyboardInterrupt):
-            h.sync_pread(buf, str(path))
-            time.sleep(5)
-        sender.join(30)
+        _interrupt_during(lambda: h.sync_pread(buf, path), h)
         _settled(buf)
         done, untouched = _pieces(buf, expected)
         if untouched == 0:
-            continue
+            return False
         assert h.stats()["errors"] == {errno.ECANCELED: 1}
-        return
-    pytest.fail(f"no sync_pread of up to {SIZES[-1]} bytes could be cut short")
+        return True
+
+    _until_cut_short("sync_pread", attempt)
 
 
 def test_ctrl_c_during_nvio_save_leaves_no_file_behind(tmp_path):
     torch = pytest.importorskip("torch")
-    for size in SIZES:
+
+    def attempt(size: int) -> bool:
         handle = _slow_handle(tmp_path)
         state = {"w": torch.arange(size // 8, dtype=torch.int64)}
         target = tmp_path / "ckpt.nvio"
-        sender = _signal_when_started(handle, "interrupt_main")
-        with pytest.raises(KeyboardInterrupt):
-            nvio.save(state, str(target), handle=handle)
-            time.sleep(5)
-        sender.join(30)
+        _interrupt_during(lambda: nvio.save(state, str(target), handle=handle), handle)
         if errno.ECANCELED not in handle.stats()["errors"]:
             # The signal landed outside nvio's write (in Python code): not what this tests.
             if target.exists():
                 target.unlink()
-            continue
+            return False
         assert os.listdir(tmp_path) == [], "the temporary file was left behind"
-        return
-    pytest.fail(f"no save of up to {SIZES[-1]} bytes could be interrupted")
+        return True
+
+    _until_cut_short("save", attempt)
 
 
 def test_ctrl_c_stops_a_striped_read_on_every_drive(tmp_path):
     dirs = [tmp_path / "a", tmp_path / "b"]
     for d in dirs:
         d.mkdir()
-    for size in SIZES:
+
+    def attempt(size: int) -> bool:
         h = nvio.StripedHandle([str(d) for d in dirs], stripe_size=PIECE, block_size=PIECE,
                                queue_depth=1, intra_op_parallelism=1,
                                direct="auto" if direct_io_supported(tmp_path) else "off")
         expected = _pattern(size)
         h.write(expected, "s")
         buf = _buffer(size)
-        pieces_before = h.stats()["pieces"]
-
-        def send() -> None:
-            while h.stats()["pieces"] == pieces_before:
-                time.sleep(0.0005)
-            _thread.interrupt_main()
-        sender = threading.Thread(target=send, daemon=True)
-        sender.start()
-        with pytest.raises(KeyboardInterrupt):
-            h.read(buf, "s")
-            time.sleep(5)
-        sender.join(30)
+        _interrupt_during(lambda: h.read(buf, "s"), h)
         _settled(buf)
         done, untouched = _pieces(buf, expected)
         if untouched == 0:
-            continue
+            return False
         assert done >= 1
         assert errno.ECANCELED in h.stats()["errors"]
-        return
-    pytest.fail(f"no striped read of up to {SIZES[-1]} bytes could be cut short")
+        return True
+
+    _until_cut_short("striped read", attempt)

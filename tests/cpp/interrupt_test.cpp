@@ -72,16 +72,20 @@ class CountingCheck final : public nvio::InterruptCheck {
   std::function<bool()> ready_;
 };
 
-// Opens `gate` from a thread of its own once `check` has stopped a wait (`delay` later), so that
-// the pieces held are let go only after the interrupt; opened() says whether it has. Joined on
-// destruction.
+// Opens `gate` from a thread of its own once `check` has stopped a wait and `cancelled()` holds
+// (the stopped call has cancelled what had not started: were the gate opened before, the worker
+// could finish every piece first, and the call would rightly end as it would have), so that the
+// pieces held are let go only after the interrupt; opened() says whether it has. Joined on
+// destruction. Opens anyway after 60 s, so that a failing test fails instead of hanging.
 class OpenerAfterStop {
  public:
-  OpenerAfterStop(CompletionGate& gate, const CountingCheck& check,
-                  std::chrono::milliseconds delay = 0ms)
-      : thread_([&gate, &check, delay, this] {
-          while (!check.stopped.load()) std::this_thread::sleep_for(1ms);
-          std::this_thread::sleep_for(delay);
+  OpenerAfterStop(CompletionGate& gate, const CountingCheck& check, std::function<bool()> cancelled)
+      : thread_([&gate, &check, cancelled = std::move(cancelled), this] {
+          const auto limit = std::chrono::steady_clock::now() + 60s;
+          while ((!check.stopped.load() || !cancelled()) &&
+                 std::chrono::steady_clock::now() < limit) {
+            std::this_thread::sleep_for(1ms);
+          }
           opened_ = true;
           gate.open();
         }) {}
@@ -245,7 +249,11 @@ TEST_P(Cancel, AnInterruptedBlockingReadCancelsWaitsForTheKernelAndThrows) {
   CountingCheck check(1, [&] { return gate_->held.load() >= 1; });
   // The held piece is let go only once the check has stopped the wait: the read must then still
   // wait for it before it throws (the buffer is the kernel's until then).
-  OpenerAfterStop opener(*gate_, check, 30ms);
+  // A cancelled operation with a piece in the kernel finishes only when that piece does, so
+  // nothing shows the cancel from outside: the gate opens 200 ms after the stop, time enough for
+  // the stopped call to cancel (it has nothing else to do first).
+  const auto since_stop = std::make_shared<std::atomic<int>>(0);
+  OpenerAfterStop opener(*gate_, check, [since_stop] { return ++*since_stop > 200; });
   {
     nvio::ScopedInterruptCheck scope(check);
     try {
@@ -270,7 +278,7 @@ TEST_P(Cancel, AnInterruptedBlockingCallWithEveryPieceStartedEndsAsItWould) {
   nvio::Handle h(options());
   std::vector<unsigned char> buf(kBlock, kSentinel);
   CountingCheck check(1, [&] { return gate_->held.load() >= 1; });
-  OpenerAfterStop opener(*gate_, check);
+  OpenerAfterStop opener(*gate_, check, [] { return true; });
   {
     nvio::ScopedInterruptCheck scope(check);
     h.read(buf.data(), kBlock, fd_, 2 * kBlock);  // one piece: nothing to cancel, no throw
@@ -288,7 +296,8 @@ TEST_P(Cancel, AnInterruptedBlockingBatchCancelsEveryExtent) {
   const nvio::ReadExtent extents[] = {{buf.data(), half, 0, {}, fd_},
                                       {buf.data() + half, half, half, {}, fd_}};
   CountingCheck check(1, [&] { return gate_->held.load() >= 1; });
-  OpenerAfterStop opener(*gate_, check);
+  // The second extent has no piece started: cancelled, it finishes at once and is counted.
+  OpenerAfterStop opener(*gate_, check, [&] { return h.stats().errors.count(ECANCELED) > 0; });
   {
     nvio::ScopedInterruptCheck scope(check);
     EXPECT_THROW(h.read_batch(extents), nvio::Interrupted);
@@ -458,7 +467,12 @@ TEST_P(Cancel, AnInterruptedStripedReadCancelsAndDrainsEveryDrive) {
   const std::uint64_t before = gate_->held.load();
   std::vector<unsigned char> buf(kLength, kSentinel);
   CountingCheck check(1, [&] { return gate_->held.load() - before >= 2; });
-  OpenerAfterStop opener(*gate_, check, 30ms);
+  // Each drive's later extents (7 of its 8) have no piece started: cancelled, they finish at once.
+  OpenerAfterStop opener(*gate_, check, [&] {
+    const auto errors = striped.stats().errors;
+    const auto it = errors.find(ECANCELED);
+    return it != errors.end() && it->second >= kPieces - 2;
+  });
   {
     nvio::ScopedInterruptCheck scope(check);
     try {

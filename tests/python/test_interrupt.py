@@ -52,10 +52,16 @@ def _slow_handle(directory) -> nvio.Handle:
 def _interrupt_during(call, h, how: str = "interrupt_main") -> float:
     """Runs ``call()`` on this (the main) thread while another thread sends the interrupt once
     ``h`` has finished a piece more than before; ``call`` must end in KeyboardInterrupt (one that
-    finished before the signal meets it in the sleep after it). Returns the seconds it took."""
+    finished before the signal meets it in the sleep after it). Returns the seconds it took.
+
+    The sender looks at ``h`` only once this thread is inside ``pytest.raises``: an operation
+    submitted before (a future's) may finish pieces while this thread still waits in
+    ``Thread.start``, and an interrupt landing there would escape the test."""
     pieces_before = h.stats()["pieces"]
+    go = threading.Event()
 
     def send() -> None:
+        go.wait()
         deadline = time.monotonic() + 30
         while h.stats()["pieces"] == pieces_before and time.monotonic() < deadline:
             time.sleep(0.0005)
@@ -68,6 +74,7 @@ def _interrupt_during(call, h, how: str = "interrupt_main") -> float:
     sender.start()
     start = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
+        go.set()
         call()
         time.sleep(5)
     elapsed = time.monotonic() - start

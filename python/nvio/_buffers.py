@@ -72,7 +72,17 @@ def _from_torch(t: Any, writable: bool) -> BufferRef:
             "nvio: the tensor is not contiguous; pass t.contiguous() "
             "(and copy the result back after a read)"
         )
-    return BufferRef(address, t.numel() * t.element_size(), t, cuda)
+    if t.is_conj() or t.is_neg():
+        # Its memory holds the values before a lazy conj() or negation: written as they are, the
+        # file would hold other values than the tensor shows (torch's own .numpy() refuses too).
+        what, fix = ("conjugated", "resolve_conj") if t.is_conj() else ("negated", "resolve_neg")
+        raise _nvio.InvalidArgument(
+            f"nvio: the tensor is a lazily {what} view, whose memory holds other values than it "
+            f"shows; pass t.{fix}()"
+        )
+    # The storage as well as the tensor: `t.data = other` or `t.set_()` while an operation runs
+    # would otherwise free the memory the kernel or a worker is moving bytes into.
+    return BufferRef(address, t.numel() * t.element_size(), (t, untyped_storage(t)), cuda)
 
 
 def _typestr_itemsize(typestr: str) -> int:

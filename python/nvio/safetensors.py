@@ -315,7 +315,9 @@ def _prepare(tensors: Dict[str, Any], metadata: Optional[Dict[str, str]]) -> Tup
         dtype = _to_st_dtype(t.dtype, name)
         if t.device.type != "cpu":
             t = t.cpu()
-        t = t.contiguous()
+        # A lazily conjugated or negated view's memory holds the values before the conj() or
+        # negation: resolved, the file holds the values the tensor shows.
+        t = t.resolve_conj().resolve_neg().contiguous()
         owners.append(t)
         items.append((name, dtype, list(t.shape), t.data_ptr(), t.numel() * t.element_size()))
     return items, owners

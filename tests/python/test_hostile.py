@@ -457,6 +457,62 @@ def test_buffer_misuse_raises_nvio_errors_that_are_value_errors(tmp_path):
         assert isinstance(info.value, nvio.InvalidArgument), what
 
 
+@pytest.mark.parametrize("view", ["conj", "neg"])
+def test_lazily_conjugated_or_negated_tensors_are_refused_where_bytes_would_lose_the_view(
+        tmp_path, view):
+    """A conj() or negated view's memory holds the values before the view: written as they are,
+    the file would hold other values than the tensor shows, and a read into one would show the
+    file's values conjugated or negated."""
+    base = torch.tensor([1 + 2j, 3 + 4j], dtype=torch.complex64) if view == "conj" \
+        else torch.tensor([1.0, 2.0])
+    lazy = base.conj() if view == "conj" else torch._neg_view(base)
+    assert lazy.is_conj() or lazy.is_neg()
+    path = tmp_path / "v.bin"
+    h = nvio.Handle()
+    with pytest.raises(nvio.InvalidArgument, match=f"resolve_{view}"):
+        h.write(lazy, str(path))
+    assert not path.exists()
+    h.write(lazy.resolve_conj().resolve_neg(), str(path))
+    with pytest.raises(nvio.InvalidArgument, match=f"resolve_{view}"):
+        h.read(lazy, str(path))
+    with pytest.raises(nvio.InvalidArgument, match=f"resolve_{view}"):
+        h.write_async(lazy, str(path))
+    with nvio.TensorSwapper(str(tmp_path / "swap"), budget_bytes=1 << 20) as swapper:
+        with pytest.raises(nvio.InvalidArgument, match=f"resolve_{view}"):
+            swapper.swap_out("t", lazy)
+    if view == "conj":
+        return  # safetensors has no complex dtypes
+    # safetensors resolves it: the file holds what the tensor shows, as torch prints it.
+    nvio.safetensors.save_file({"t": lazy}, str(tmp_path / "v.safetensors"))
+    back = nvio.safetensors.load_file(str(tmp_path / "v.safetensors"))["t"]
+    assert torch.equal(back, lazy.resolve_conj().resolve_neg())
+    assert not back.is_conj() and not back.is_neg()
+
+
+def test_a_future_keeps_the_tensors_memory_when_the_tensor_is_repointed(tmp_path):
+    """`t.data = other` (a ZeRO idiom to free a parameter) while a read into t runs: the future
+    holds t's storage, not only t, so the read ends in memory that is still there (before: EFAULT,
+    or a worker's copy into freed memory crashed the process)."""
+    n = 32 << 20
+    path = tmp_path / "big.bin"
+    np.ones(n, np.uint8).tofile(path)
+    nvio.evict(str(path))
+    # Page-aligned, so that each 4 KiB piece goes straight into it (no worker copy to crash in):
+    # a piece into freed, unmapped memory fails with EFAULT.
+    # A torch view would keep its base (and the memory) alive through autograd's view tracking:
+    # the tensor is made from numpy memory, which its storage alone holds.
+    raw = np.empty(n + 4096, np.uint8)
+    skip = -raw.ctypes.data % 4096
+    t = torch.from_numpy(raw[skip:skip + n])
+    del raw
+    assert t._base is None
+    h = nvio.Handle(engine="psync", queue_depth=1, intra_op_parallelism=1, block_size=4096)
+    future = h.read_async(t, str(path))
+    t.data = torch.empty(0, dtype=torch.uint8)  # frees the storage unless something holds it
+    assert not future.done(), "the read ended before the tensor was repointed: nothing tested"
+    assert future.wait() == n
+
+
 def test_read_only_file_system_is_its_own_error(tmp_path):
     if os.geteuid() != 0:
         pytest.skip("mounting a read-only tmpfs needs root")

@@ -254,6 +254,14 @@ class Handle {
   // system's block preallocation (ext4), as any open descriptor does: close_files() lets go of
   // every kept file (operations in flight finish with theirs). open_files() counts them.
   void close_files();
+  // Lets go of what the handle keeps of one file: the file open as the caller's descriptor `fd`
+  // (kept by name or as that descriptor), or the file `path` names now and whatever is kept under
+  // that name. For a caller about to remove a file it wrote through the handle (a failed save's
+  // temporary file), whose disk space would otherwise stay taken until the handle let go of it by
+  // itself (within a second). Operations in flight keep theirs; a file not kept is no error.
+  // Thread-safe.
+  void close_file(int fd);
+  void close_file(const std::string& path);
   std::size_t open_files() const;
 
   // The counters of everything this handle has done (see HandleStats). Cheap: each worker

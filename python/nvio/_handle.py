@@ -277,15 +277,20 @@ class Handle:
         """
         return self._pending.wait_all(Count.WAITED)
 
-    def close_files(self) -> None:
+    def close_files(self, file: Optional[PathOrFd] = None) -> None:
         """Closes the files this handle keeps open between operations (operations in flight keep
-        theirs until they finish).
+        theirs until they finish); with ``file`` (a path or an open descriptor), only what it
+        keeps of that file.
 
         A handle keeps the files it opened, so that the next operation on the same name costs one
         ``statx`` instead of two opens; a removed file it holds keeps its disk space. It lets go
         of a removed or unused file within about a second by itself; call this to free the space
-        of removed files at once (before checking free space, say)."""
-        self._core.close_files()
+        of removed files at once (before checking free space, or before removing a file written
+        through the handle, say)."""
+        if file is None:
+            self._core.close_files()
+        else:
+            self._core.close_file(_args.file_target(file))
 
     def open_files(self) -> int:
         """How many files the handle keeps open now (see close_files)."""

@@ -309,6 +309,16 @@ def _release_later(fd: int) -> None:
         threading.Thread(target=os.close, args=(fd,), name="nvio-free-old", daemon=True).start()
 
 
+def _let_go(h: Any, fd: int) -> None:
+    """Has the handle let go of the temporary file open as `fd`: kept, a removed temporary file
+    (a failed save's) would hold its disk space for up to a second, so that a retry after freeing
+    space would still find the disk full."""
+    try:
+        h.close_files(fd)
+    except Exception:  # an optimisation only: the handle lets go by itself within a second
+        pass
+
+
 def save(obj: Any, path: Any, *, pickle_protocol: int = 2, handle: Any = None) -> int:
     """Saves ``obj`` to ``path`` as ``torch.save`` would, durably and atomically; returns the file
     size.
@@ -365,6 +375,7 @@ def save(obj: Any, path: Any, *, pickle_protocol: int = 2, handle: Any = None) -
         os.pwrite(fd, _central_directory(entries, directory_offset), directory_offset)
         os.fdatasync(fd)
         size = os.fstat(fd).st_size
+        _let_go(h, fd)
         os.close(fd)
         fd = -1
         old = _hold(raw)
@@ -379,6 +390,7 @@ def save(obj: Any, path: Any, *, pickle_protocol: int = 2, handle: Any = None) -
         raise _typed(e, "save", text) from (None if isinstance(e, _nvio.Error) else e)
     finally:
         if fd >= 0:
+            _let_go(h, fd)
             os.close(fd)
         if tmp is not None:
             try:

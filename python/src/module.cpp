@@ -1169,6 +1169,9 @@ PYBIND11_MODULE(_nvio, m) {
       .def("pending", &nvio::Handle::pending)
       // Closing a descriptor can block (a network file system flushes on close).
       .def("close_files", [](nvio::Handle& h) { unlocked([&] { h.close_files(); }); })
+      .def("close_file", [](nvio::Handle& h, int fd) { unlocked([&] { h.close_file(fd); }); })
+      .def("close_file",
+           [](nvio::Handle& h, const std::string& path) { unlocked([&] { h.close_file(path); }); })
       .def("open_files", &nvio::Handle::open_files)
       .def("stats", [](const nvio::Handle& h) { return stats_dict(h.stats()); })
       .def("options", [](const nvio::Handle& h) { return options_dict(h.options()); })

@@ -13,7 +13,8 @@
 
 namespace nvio::detail {
 
-ReplacementFile::ReplacementFile(std::string path) : path_(std::move(path)) {
+ReplacementFile::ReplacementFile(std::string path, Handle* writer)
+    : path_(std::move(path)), writer_(writer) {
   int fd = -EEXIST;
   for (int attempt = 0; attempt < kUniqueNameAttempts && fd == -EEXIST; ++attempt) {
     temp_ = path_ + ".tmp." + unique_suffix();
@@ -25,13 +26,23 @@ ReplacementFile::ReplacementFile(std::string path) : path_(std::move(path)) {
 
 ReplacementFile::ReplacementFile(ReplacementFile&& other) noexcept
     : path_(std::move(other.path_)),
+      writer_(other.writer_),
       temp_(std::move(other.temp_)),
       fd_(std::exchange(other.fd_, -1)),
       committed_(std::exchange(other.committed_, true)) {}
 
 ReplacementFile::~ReplacementFile() { discard(); }
 
+void ReplacementFile::release_from_writer() noexcept {
+  if (writer_ == nullptr || fd_ < 0) return;
+  try {
+    writer_->close_file(fd_);
+  } catch (...) {  // an optimisation only: the handle lets go of the file within a second anyway
+  }
+}
+
 void ReplacementFile::discard() noexcept {
+  release_from_writer();
   if (fd_ >= 0) ::close(std::exchange(fd_, -1));
   if (!committed_) {
     ::unlink(temp_.c_str());
@@ -40,6 +51,7 @@ void ReplacementFile::discard() noexcept {
 }
 
 void ReplacementFile::commit(Durability durability) {
+  release_from_writer();
   // close(2) may report a write-back error of a network file system: a failed close is a failed
   // save.
   if (::close(std::exchange(fd_, -1)) != 0 && errno != EINTR) {

@@ -15,8 +15,12 @@ namespace nvio::detail {
 class ReplacementFile {
  public:
   // Creates "<path>.tmp.<unique suffix>" (O_EXCL, mode 0666 less the umask, as a new file made by
-  // open(2) or Python's open() gets). Throws the IoError of the failed open.
-  explicit ReplacementFile(std::string path);
+  // open(2) or Python's open() gets). Throws the IoError of the failed open. `writer`, the handle
+  // that writes through fd() (if any; it must outlive this object), is told to let go of the
+  // temporary file before its descriptor closes: kept by the handle, a discarded temporary file
+  // would hold its disk space for up to a second after a failed save (a retry then finds the
+  // disk still full).
+  explicit ReplacementFile(std::string path, Handle* writer = nullptr);
   ~ReplacementFile();
   ReplacementFile(ReplacementFile&& other) noexcept;
   ReplacementFile& operator=(ReplacementFile&&) = delete;
@@ -35,8 +39,10 @@ class ReplacementFile {
 
  private:
   void discard() noexcept;
+  void release_from_writer() noexcept;
 
   std::string path_;
+  Handle* writer_;
   std::string temp_;
   int fd_ = -1;
   bool committed_ = false;

@@ -168,6 +168,22 @@ void FileCache::clear() {
   drop_if([](const Entry&) { return true; });
 }
 
+void FileCache::clear_file(int fd) {
+  FileFacts facts;
+  if (file_facts(fd, facts) != 0) return;  // not open: an entry under its number is checked anyway
+  std::lock_guard lock(mutex_);
+  drop_if([&](const Entry& e) { return e.file->facts.same_file(facts); });
+}
+
+void FileCache::clear_file(const std::string& path) {
+  FileFacts facts;
+  const bool exists = path_facts(path, facts) == 0;
+  std::lock_guard lock(mutex_);
+  read_paths_.erase(path);
+  write_paths_.erase(path);
+  if (exists) drop_if([&](const Entry& e) { return e.file->facts.same_file(facts); });
+}
+
 bool FileCache::release_unused() {
   const Clock::time_point now = Clock::now();
   std::lock_guard lock(mutex_);

@@ -84,6 +84,10 @@ class FileCache {
   void adopt_fd(Operation& op, int fd);
   // Lets go of every file kept (operations in flight keep theirs until they finish).
   void clear();
+  // Lets go of the entries of the file open as `fd` (any table), or of the file `path` names now
+  // and of the entries kept under that name.
+  void clear_file(int fd);
+  void clear_file(const std::string& path);
   // Lets go of the files unused for kIdle and of the removed ones. Returns whether any is still
   // kept (then it wants to be called again after another kIdle).
   bool release_unused();

@@ -1005,6 +1005,10 @@ std::size_t Handle::pending() const {
 
 void Handle::close_files() { impl().files.clear(); }
 
+void Handle::close_file(int fd) { impl().files.clear_file(fd); }
+
+void Handle::close_file(const std::string& path) { impl().files.clear_file(path); }
+
 std::size_t Handle::open_files() const { return impl().files.size(); }
 
 HandleStats Handle::stats() const { return impl().counters.snapshot(); }

@@ -383,7 +383,7 @@ struct Swapper::Impl {
           "'{}': {}",
           directory, e.what()));
     }
-    detail::ReplacementFile file(join(directory, kIndexName));
+    detail::ReplacementFile file(join(directory, kIndexName), &handle);
     handle.write(text.data(), text.size(), file.fd(), 0,
                  WriteOptions{Truncate::No, Durability::Data, MemoryKind::Host});
     file.commit(Durability::Data);

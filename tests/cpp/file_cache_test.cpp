@@ -158,6 +158,33 @@ TEST_P(FileCache, Bounded) {
   EXPECT_EQ(h.open_files(), 0u);
 }
 
+// close_file lets go of one file only: by the caller's descriptor it was written through (kept
+// as that descriptor's O_DIRECT reopening) or by its name (also after the name was removed);
+// the other files stay kept, and a file never seen is no error.
+TEST_P(FileCache, CloseFileLetsGoOfOneFile) {
+  nvio::Handle h(base_options());
+  GuardedBuffer buf(64 * KiB, BufKind::Aligned);
+  buf.fill_pattern(0, 11);
+  const int before = deleted_fds();
+  h.write(buf.data(), buf.size(), file("kept.bin"), 0);
+  h.write(buf.data(), buf.size(), file("by_name.bin"), 0);
+  const int fd = ::open(file("by_fd.bin").c_str(), O_WRONLY | O_CREAT, 0644);
+  ASSERT_GE(fd, 0);
+  h.write(buf.data(), buf.size(), fd, 0);
+  const std::size_t kept = h.open_files();
+  ASSERT_EQ(::unlink(file("by_name.bin").c_str()), 0);
+  ASSERT_EQ(::unlink(file("by_fd.bin").c_str()), 0);
+  h.close_file(fd);
+  ::close(fd);
+  h.close_file(file("by_name.bin"));
+  EXPECT_EQ(deleted_fds(), before) << "a removed file is still held";
+  EXPECT_EQ(h.open_files(), 1u) << "kept before: " << kept;
+  h.close_file(file("never.bin"));
+  h.close_file(12345);
+  h.read(buf.data(), buf.size(), file("kept.bin"), 0);
+  EXPECT_TRUE(buffer_has_pattern(buf.data(), buf.size(), 0, 11));
+}
+
 // A removed file's descriptors are let go of: while the handle is busy with other files (within
 // about kIdle), and when it is idle (an idle worker closes what was unused for kIdle).
 TEST_P(FileCache, RemovedFileIsLetGoOf) {

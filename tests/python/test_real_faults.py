@@ -141,3 +141,53 @@ def test_read_only_mount_raises_read_only_file_system(ext4, engine):
     out = bytearray(len(data) - 17)
     h.read_async(out, ext4 / "data.bin", 17).wait()
     assert bytes(out) == data[17:]
+
+
+@pytest.mark.parametrize("how", ["nvio.save", "safetensors.save_file"])
+def test_a_failed_save_gives_its_space_back_at_once(ext4, how):
+    """The temporary file of a save that ran out of space is removed, and the handle that wrote it
+    lets go of it before: its blocks are free when the NoSpace is raised, so freeing space and
+    saving again works at once (before, the handle held the removed file for up to a second and
+    the retry failed too)."""
+    before = available(ext4)
+    too_big = torch.ones(before // 4 + (1 << 20), dtype=torch.float32)
+    target = ext4 / "ckpt"
+    save = (lambda t: nvio.save({"w": t}, str(target))) if how == "nvio.save" \
+        else (lambda t: nvio.safetensors.save_file({"w": t}, str(target)))
+    with pytest.raises(nvio.NoSpace):
+        save(too_big)
+    assert os.listdir(ext4) == ["lost+found"]
+    assert available(ext4) >= before - (64 << 10), "the failed save's blocks are still taken"
+    fits = torch.arange(before // 8, dtype=torch.float32)
+    save(fits)
+    back = nvio.load(str(target))["w"] if how == "nvio.save" \
+        else nvio.safetensors.load_file(str(target))["w"]
+    assert torch.equal(back, fits)
+
+
+@pytest.mark.parametrize("by", ["path", "fd"])
+def test_close_files_of_one_file_frees_a_removed_files_space(ext4, by):
+    h = nvio.Handle()
+    path = ext4 / "f.bin"
+    other = ext4 / "other.bin"
+    h.write(_array(4096, 5), str(other))
+    before = available(ext4)
+    data = _array(before // 2, 6)
+    if by == "path":
+        h.write(data, str(path))
+        assert h.open_files() == 2
+        os.unlink(path)
+        h.close_files(path)
+    else:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            h.write(data, fd)
+            h.close_files(fd)
+        finally:
+            os.close(fd)
+        os.unlink(path)
+    assert available(ext4) >= before - (64 << 10), "the removed file's blocks are still taken"
+    assert h.open_files() == 1, "only the other file stays kept"
+    # Names and descriptors the handle never saw are no error.
+    h.close_files(ext4 / "never")
+    h.close_files(1)

@@ -633,15 +633,21 @@ def _unpickle(torch, records: Any, map_location: Any, weights_only: bool) -> Any
 def _load_into(raw: bytes, text: str, into: Any, handle: Any) -> Any:
     """Reads the checkpoint's tensors straight into the tensors of ``into`` (matched by key).
 
-    The metadata (central directory, data.pkl) is read with plain preads; the pickle is loaded
-    with storages on the ``meta`` device to learn each tensor's record, offset, shape, stride and
-    dtype; then one ``read_batch`` moves each tensor's bytes from the file into the target's
-    memory. Every key of the checkpoint must be in ``into`` with the same shape and dtype (else
-    ``nvio.InvalidArgument`` naming the key, before anything is read); targets must be
-    contiguous CPU tensors, as must the saved tensors' layout. The pickle is unpickled as with
-    ``weights_only=True`` (no code from the file runs). Records' CRCs are not checked on this
-    path (the bytes never pass through memory nvio owns)."""
+    The metadata (central directory, data.pkl, with their CRC-32s checked) is read with plain
+    preads; the pickle is loaded with storages on the ``meta`` device to learn each tensor's
+    record, offset, shape, stride and dtype; then one ``read_batch`` moves each tensor's bytes from
+    the file into the target's memory. The checkpoint and ``into`` must hold the same tensors: the
+    same keys (nested dicts, such as {"model": ..., "optimizer": ...}, matched level by level),
+    shapes and dtypes, else ``nvio.InvalidArgument`` naming the key, before anything is read.
+    Targets must be contiguous CPU tensors, as must the saved tensors' layout. The checkpoint's
+    other values (a step count, an optimizer's param_groups) are set into ``into`` once the
+    tensors are read. The pickle is unpickled as with ``weights_only=True`` (no code from the
+    file runs). The tensor records' CRCs are not checked on this path (their bytes never pass
+    through memory nvio owns); each tensor must lie inside its record."""
     torch = _torch()
+    if not isinstance(into, dict):
+        raise _args.InvalidType(f"nvio.load(into=): into must be a dict of tensors (a "
+                                f"state_dict), got {type(into).__name__}")
     try:
         fd = os.open(raw, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as e:
@@ -651,7 +657,13 @@ def _load_into(raw: bytes, text: str, into: Any, handle: Any) -> Any:
         records = _MetaRecords(archive, torch)
         # Only tensors are taken from the file, so nothing else may run while unpickling: torch's
         # restricted unpickler, as with weights_only=True.
-        loaded = _unpickle(torch, records, lambda storage, location: storage, True)
+        try:
+            loaded = _unpickle(torch, records, lambda storage, location: storage, True)
+        except (_nvio.Error, pickle.UnpicklingError, OSError):
+            raise
+        except Exception as e:  # a data.pkl with a valid CRC that is not torch's pickle
+            raise archive._bad(f"its data.pkl does not unpickle as a checkpoint "
+                               f"({type(e).__name__}: {e})") from None
     except OSError as e:
         raise _typed(e, "load", text) from e
     finally:
@@ -659,34 +671,91 @@ def _load_into(raw: bytes, text: str, into: Any, handle: Any) -> Any:
     if not isinstance(loaded, dict):
         raise _nvio.InvalidArgument(f"nvio.load(into=): {text!r} holds a "
                                     f"{type(loaded).__name__}, not a dict of tensors")
-    items = []
-    for key, meta in loaded.items():
-        if not isinstance(meta, torch.Tensor):
-            continue
-        if key not in into:
-            raise _nvio.InvalidArgument(f"nvio.load(into=): key {key!r} of {text!r} is not in "
-                                        "into")
-        target = into[key]
+    plan = _IntoPlan(torch, records, text)
+    plan.match(loaded, into, ())
+    if plan.items:
+        (handle if handle is not None else shared_handle()).read_batch(plan.items, raw)
+    for target, key, value in plan.values:
+        target[key] = value
+    return into
+
+
+class _IntoPlan:
+    """What load(into=) does, worked out before any byte is read: the (target tensor, file
+    offset) reads, and the checkpoint's other values to set into the dicts."""
+
+    def __init__(self, torch, records: "_MetaRecords", text: str) -> None:
+        self.torch = torch
+        self.records = records
+        self.text = text
+        self.items: List[Tuple[Any, int]] = []
+        self.values: List[Tuple[dict, Any, Any]] = []
+
+    def _refuse(self, where: tuple, what: str) -> _nvio.InvalidArgument:
+        key = "".join(f"[{k!r}]" for k in where)
+        return _nvio.InvalidArgument(f"nvio.load(into=): key {key}: {what}")
+
+    def _holds_tensor(self, value: Any) -> bool:
+        if isinstance(value, self.torch.Tensor):
+            return True
+        if isinstance(value, dict):
+            return any(self._holds_tensor(v) for v in value.values())
+        if isinstance(value, (list, tuple)):
+            return any(self._holds_tensor(v) for v in value)
+        return False
+
+    def match(self, loaded: dict, into: dict, where: tuple) -> None:
+        torch = self.torch
+        for key, value in loaded.items():
+            at = where + (key,)
+            if isinstance(value, torch.Tensor):
+                self._tensor(value, into.get(key) if key in into else None, key in into, at)
+            elif isinstance(value, dict) and self._holds_tensor(value):
+                target = into.get(key)
+                if not isinstance(target, dict):
+                    have = "nothing" if key not in into else f"a {type(target).__name__}"
+                    raise self._refuse(at, f"{self.text!r} holds a dict of tensors there, into "
+                                           f"holds {have}")
+                self.match(value, target, at)
+            elif self._holds_tensor(value):
+                raise self._refuse(at, f"{self.text!r} holds a {type(value).__name__} of "
+                                       "tensors, which cannot be read in place (only dicts are "
+                                       "matched); load it with nvio.load(path)")
+            elif key in into and self._holds_tensor(into[key]):
+                raise self._refuse(at, f"{self.text!r} holds a value of type "
+                                       f"{type(value).__name__} there, into a tensor")
+            else:
+                self.values.append((into, key, value))
+        missing = [k for k, v in into.items() if k not in loaded and self._holds_tensor(v)]
+        if missing:
+            raise self._refuse(where + (missing[0],), f"{self.text!r} has no such tensor "
+                               f"({len(missing)} of into's keys are missing from it: "
+                               f"{missing[:5]}); pass a dict of the keys to load")
+
+    def _tensor(self, meta: Any, target: Any, present: bool, at: tuple) -> None:
+        torch = self.torch
+        if not present:
+            raise self._refuse(at, f"{self.text!r} holds a tensor there that into does not have")
         if not isinstance(target, torch.Tensor) or target.shape != meta.shape \
                 or target.dtype != meta.dtype:
             have = (f"{tuple(target.shape)} {target.dtype}" if isinstance(target, torch.Tensor)
                     else type(target).__name__)
-            raise _nvio.InvalidArgument(
-                f"nvio.load(into=): key {key!r}: the checkpoint {text!r} holds "
-                f"{tuple(meta.shape)} {meta.dtype}, into holds {have}")
+            raise self._refuse(at, f"the checkpoint {self.text!r} holds {tuple(meta.shape)} "
+                                   f"{meta.dtype}, into holds {have}")
         if target.device.type != "cpu" or not target.is_contiguous():
-            raise _nvio.InvalidArgument(f"nvio.load(into=): key {key!r}: the target must be a "
-                                        "contiguous CPU tensor")
+            raise self._refuse(at, "the target must be a contiguous CPU tensor")
         if not meta.is_contiguous():
-            raise _nvio.InvalidArgument(f"nvio.load(into=): key {key!r}: the saved tensor is "
-                                        "not contiguous in its storage")
+            raise self._refuse(at, "the saved tensor is not contiguous in its storage")
         if meta.numel() == 0:
-            continue
-        start = records.offsets[_buffers.untyped_storage(meta)._cdata]
-        items.append((target, start + meta.storage_offset() * meta.element_size()))
-    if items:
-        (handle if handle is not None else shared_handle()).read_batch(items, raw)
-    return into
+            return
+        start, size = self.records.offsets[_buffers.untyped_storage(meta)._cdata]
+        begin = meta.storage_offset() * meta.element_size()
+        end = begin + meta.numel() * meta.element_size()
+        if end > size:
+            raise self.records.archive._bad(
+                f"the tensor at key {''.join(f'[{k!r}]' for k in at)} spans bytes {begin} to "
+                f"{end} of a record of {size}")
+        self.items.append((target, start + begin))
 
 
 class _FileView:
@@ -711,12 +780,23 @@ class _MetaRecords(_Records):
 
     def __init__(self, archive: _Archive, torch) -> None:
         super().__init__(archive, torch)
-        self.offsets: Dict[int, int] = {}
+        self.offsets: Dict[int, Tuple[int, int]] = {}  # storage -> (record start, size)
 
     def get_storage_from_record(self, name: str, numel: int, kind: Any):
         start, size, _ = self.archive.record(name)
         if size != numel:
             raise self.archive._bad(f"record {name!r} holds {size} bytes, its tensor {numel}")
         t = self.torch.empty(numel, dtype=self.torch.uint8, device="meta")
-        self.offsets[_buffers.untyped_storage(t)._cdata] = start
+        self.offsets[_buffers.untyped_storage(t)._cdata] = (start, size)
         return t
+
+    def get_record(self, name: str) -> bytes:
+        """The record's bytes (data.pkl, version, ...), their CRC-32 checked: this path reads only
+        these, and a flipped bit in data.pkl must not become a wrong offset or shape."""
+        data = super().get_record(name)
+        stored = self.archive.record(name)[2]
+        computed = _nvio.crc32(data)
+        if computed != stored:
+            raise self.archive._bad(f"CRC-32 mismatch in record {self.archive.prefix + name!r} "
+                                    f"(stored {stored:#010x}, computed {computed:#010x})")
+        return data

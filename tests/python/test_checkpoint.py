@@ -327,11 +327,130 @@ def test_into_errors_name_the_key(tmp_path):
     cases = [({"w": torch.zeros(4, 5), "b": torch.zeros(4)}, "'w'"),
              ({"w": torch.zeros(4, 4), "b": torch.zeros(4, dtype=torch.float64)}, "'b'"),
              ({"w": torch.zeros(4, 4)}, "'b'"),
-             ({"w": torch.zeros(4, 8)[:, :4], "b": torch.zeros(4)}, "'w'")]
+             ({"w": torch.zeros(4, 8)[:, :4], "b": torch.zeros(4)}, "'w'"),
+             # A tensor of into that the checkpoint lacks would keep its old values unnoticed.
+             ({"w": torch.zeros(4, 4), "b": torch.zeros(4), "x": torch.zeros(2)}, "'x'"),
+             ({"w": torch.zeros(4, 4), "b": {"x": torch.zeros(4)}}, "'b'")]
     for target, key in cases:
         with pytest.raises(nvio.InvalidArgument, match=key):
             nvio.load(path, into=target)
-        assert all(not v.any() for v in target.values())  # nothing was read into the tensors
+        assert not any(t.any() for t in _tensors(target))  # nothing was read into the tensors
+
+
+def test_into_fills_a_nested_checkpoint_and_sets_its_other_values(tmp_path):
+    """A training checkpoint ({"model": ..., "optimizer": ..., "step": n}) is matched level by
+    level: its tensors are read in place, its other values are set. (No floats among the values:
+    torch 1.13's restricted unpickler, which into= uses, refuses them.)"""
+    model = torch.nn.Linear(6, 3)
+    moments = {i: {"exp_avg": _random(tuple(p.shape), torch.float32, 10 + i),
+                   "step": torch.tensor(3)} for i, p in enumerate(model.parameters())}
+    ckpt = {"model": model.state_dict(),
+            "optimizer": {"state": moments, "param_groups": [{"params": [0, 1], "name": "g"}]},
+            "step": 7}
+    path = tmp_path / "n.pt"
+    nvio.save(ckpt, path)
+    fresh = torch.nn.Linear(6, 3)
+    into = {"model": fresh.state_dict(),
+            "optimizer": {"state": {i: {k: torch.zeros_like(v) for k, v in m.items()}
+                                    for i, m in moments.items()}, "param_groups": []},
+            "step": 0}
+    ptrs = [t.data_ptr() for t in _tensors(into)]
+    assert nvio.load(path, into=into) is into
+    assert into["step"] == 7
+    assert into["optimizer"]["param_groups"] == ckpt["optimizer"]["param_groups"]
+    assert [t.data_ptr() for t in _tensors(into)] == ptrs
+    for k, v in ckpt["model"].items():
+        assert torch.equal(fresh.state_dict()[k], v), k
+    for i, m in moments.items():
+        for k, v in m.items():
+            assert torch.equal(into["optimizer"]["state"][i][k], v), (i, k)
+
+
+def test_into_refuses_what_it_cannot_fill_before_reading_anything(tmp_path):
+    path = tmp_path / "n.pt"
+    nvio.save({"model": {"w": torch.ones(3)}, "list": [torch.ones(2)], "step": 7}, path)
+    cases = [({"model": {"w": torch.zeros(3)}, "step": 0}, r"\['list'\].*cannot be read in place"),
+             ({"list": [torch.zeros(2)], "step": 0}, r"\['model'\]"),
+             ({"model": torch.zeros(3), "list": [], "step": 0}, r"\['model'\]"),
+             ]
+    for into, match in cases:
+        with pytest.raises(nvio.InvalidArgument, match=match):
+            nvio.load(path, into=into)
+        assert into.get("step") in (0, None) or isinstance(into["step"], torch.Tensor)
+        assert not any(t.any() for t in _tensors(into)), "bytes were read before the refusal"
+    with pytest.raises(nvio.InvalidType, match="Tensor"):
+        nvio.load(path, into=torch.zeros(3))
+    # A value where into holds a tensor would replace it.
+    nvio.save({"w": torch.ones(3), "step": 7}, path)
+    into = {"w": torch.zeros(3), "step": torch.zeros(1)}
+    with pytest.raises(nvio.InvalidArgument, match=r"\['step'\]: .* holds a value of type int "
+                                                   "there, into a tensor"):
+        nvio.load(path, into=into)
+    assert not into["w"].any() and isinstance(into["step"], torch.Tensor)
+
+
+def _tensors(value):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _tensors(v)
+
+
+def _rewritten(src, dst, change):
+    """The archive at `src` written again to `dst` with `change(name, data)` applied to each
+    record, the zip's CRCs made to match: a crafted file, not a corrupted one."""
+    import zipfile
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as zout:
+        for info in zin.infolist():
+            zout.writestr(info.filename, change(info.filename, zin.read(info)))
+
+
+def test_into_refuses_a_tensor_outside_its_record(tmp_path):
+    """A data.pkl (valid CRC) whose tensor starts 4 elements too late would read the next zip
+    header's bytes into the target: refused, as torch.load refuses it."""
+    s = torch.arange(10, dtype=torch.float32)
+    path, bad = tmp_path / "c.pt", tmp_path / "bad.pt"
+    nvio.save({"a": s[5:]}, path)
+
+    def later(name, data):
+        if not name.endswith("data.pkl"):
+            return data
+        assert data.count(b"QK\x05") == 1  # the storage offset, 5, before the size (5,)
+        return data.replace(b"QK\x05", b"QK\x09")
+
+    _rewritten(path, bad, later)
+    target = {"a": torch.zeros(5)}
+    with pytest.raises(nvio.CheckpointFormatError, match="spans bytes 36 to 56 of a record of 40"):
+        nvio.load(bad, into=target)
+    assert not target["a"].any()
+    nvio.load(path, into=target)
+    assert torch.equal(target["a"], s[5:])
+
+
+def test_into_checks_the_crc_of_data_pkl_and_types_every_failure(tmp_path):
+    """A flipped bit in data.pkl is a CheckpointFormatError naming the record (the CRC), and a
+    data.pkl with a valid CRC that is not torch's pickle is one too, never a UnicodeDecodeError or
+    KeyError from inside the unpickler."""
+    path = tmp_path / "c.pt"
+    nvio.save({"a": torch.arange(10, dtype=torch.float32)}, path)
+    raw = bytearray(path.read_bytes())
+    at = raw.index(b"\x80\x02}")  # data.pkl's first bytes
+    raw[at + 5] ^= 0x20
+    flipped = tmp_path / "flipped.pt"
+    flipped.write_bytes(bytes(raw))
+    with pytest.raises(nvio.CheckpointFormatError, match="CRC-32 mismatch in record .*data.pkl"):
+        nvio.load(flipped, into={"a": torch.zeros(10)})
+    crafted = tmp_path / "crafted.pt"
+    _rewritten(path, crafted,
+               lambda name, data: data.replace(b"X\x01\x00\x00\x000", b"X\x01\x00\x00\x00\xff")
+               if name.endswith("data.pkl") else data)
+    with pytest.raises(nvio.CheckpointFormatError, match="does not unpickle") as info:
+        nvio.load(crafted, into={"a": torch.zeros(10)})
+    assert info.value.path == str(crafted)
 
 
 def _files(tmp_path):

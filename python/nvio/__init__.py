@@ -148,15 +148,29 @@ def _empty_locked_owned(shape: Any, dtype: Any) -> "tuple[Any, Optional[Any]]":
         itemsize = torch.empty((), dtype=dtype).element_size()
         if count == 0:
             return torch.empty(dims, dtype=dtype), None
-        memory = _nvio.LockedMemory(count * itemsize)
+        memory = _nvio.LockedMemory(_locked_bytes(dims, count, itemsize, dtype))
         return torch.frombuffer(memory, dtype=dtype, count=count).view(dims), memory
     import numpy
 
-    dt = numpy.dtype(dtype)
+    try:
+        dt = numpy.dtype(dtype)
+    except TypeError as e:
+        raise InvalidType(f"empty_locked: {dtype!r} is neither a torch nor a numpy dtype "
+                          f"({e})") from None
+    if dt.hasobject:
+        raise InvalidType(f"empty_locked: dtype {dt} holds Python objects, not plain data")
     if count == 0:
         return numpy.empty(dims, dtype=dt), None
-    memory = _nvio.LockedMemory(count * dt.itemsize)
+    memory = _nvio.LockedMemory(_locked_bytes(dims, count, dt.itemsize, dt))
     return numpy.frombuffer(memory, dtype=dt, count=count).reshape(dims), memory
+
+
+def _locked_bytes(dims: tuple, count: int, itemsize: int, dtype: Any) -> int:
+    nbytes = count * itemsize
+    if nbytes >= 1 << 63:
+        raise InvalidArgument(f"empty_locked: shape {dims} of {dtype} is {nbytes} bytes, more "
+                              "than a process can address")
+    return nbytes
 
 
 def is_pinned(buf: Any) -> bool:

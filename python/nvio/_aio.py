@@ -254,7 +254,8 @@ class aio_handle:  # noqa: N801 - DeepSpeed's name
             raise TypeError("new_cpu_locked_tensor() missing required argument 'example_tensor'")
         from . import empty_locked
 
-        tensor = empty_locked(int(num_elem), dtype=example_tensor.dtype)
+        # Not int(num_elem): 2.7 would silently become 2 elements, "3" three.
+        tensor = empty_locked(_args.integer(num_elem, "num_elem"), dtype=example_tensor.dtype)
         with self._lock:
             self._locked[tensor.data_ptr()] = tensor
         return tensor

@@ -411,6 +411,25 @@ def test_empty_locked_refuses_non_integer_shapes(shape):
     assert isinstance(info.value, nvio.InvalidType)
 
 
+def test_empty_locked_refuses_object_dtypes_and_impossible_sizes():
+    with pytest.raises(nvio.InvalidType, match="Python objects"):
+        nvio.empty_locked(4, dtype=object)
+    with pytest.raises(nvio.InvalidType, match="neither a torch nor a numpy dtype"):
+        nvio.empty_locked(4, dtype="no such dtype")
+    with pytest.raises(nvio.InvalidArgument, match="more than a process can address"):
+        nvio.empty_locked(2**62, dtype=torch.float32)
+    with pytest.raises(nvio.InvalidArgument, match="more than a process can address"):
+        nvio.empty_locked((2**40, 2**40), dtype=np.uint8)
+
+
+@pytest.mark.parametrize("count", [2.7, "3", True, None])
+def test_new_cpu_locked_tensor_takes_an_integer_count_only(count):
+    h = nvio.aio_handle()
+    with pytest.raises(nvio.InvalidType, match="num_elem"):
+        h.new_cpu_locked_tensor(count, torch.empty(0, dtype=torch.float16))
+    assert h.new_cpu_locked_tensor(np.int64(3), torch.empty(0)).numel() == 3
+
+
 def test_empty_locked_takes_integer_shapes():
     assert tuple(nvio.empty_locked(np.int64(10)).shape) == (10,)
     assert tuple(nvio.empty_locked(torch.Size([2, 3])).shape) == (2, 3)

@@ -93,6 +93,10 @@ class _Spans:
             )
         # numpy arrays and torch tensors give plain ints (a float array gives floats: refused).
         self.offsets = offsets.tolist() if hasattr(offsets, "tolist") else list(offsets)
+        if not isinstance(self.offsets, list):  # a 0-d array or tensor: one number, not a list
+            raise _args.InvalidType(
+                f"nvio: offsets must be a sequence of integers, got a 0-d "
+                f"{type(offsets).__name__} ({self.offsets!r}); pass [offset]")
         self.ref = _buffers.resolve(buf, writable=writable)
         self.nbytes = len(self.offsets) * self.size
         if self.nbytes > self.ref.nbytes:

@@ -86,10 +86,20 @@ def _to_st_dtype(dtype: Any, name: str) -> str:
 
 
 def _device(device: Any) -> Any:
+    """The torch device tensors are loaded on: the CPU or a CUDA device (an int is a CUDA index,
+    as in the reference); any other is refused here, before a file is read."""
     torch = _torch()
-    if isinstance(device, int):
+    if isinstance(device, int) and not isinstance(device, bool):
         return torch.device("cuda", device)
-    return torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise _args.InvalidType(f"nvio.safetensors: device {device!r} is not a device ({e})") \
+            from None
+    if dev.type not in ("cpu", "cuda"):
+        raise _nvio.InvalidArgument(f"nvio.safetensors: tensors load on the CPU or a CUDA device, "
+                                    f"not {dev.type!r}")
+    return dev
 
 
 class _Entry:

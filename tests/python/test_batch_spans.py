@@ -179,6 +179,9 @@ def test_a_non_contiguous_tensor_is_refused(tmp_path):
     ({"offsets": [0], "size": 2.0}, nvio.InvalidType, "size must be an integer"),
     ({"offsets": 4096, "size": 16}, nvio.InvalidType, "offsets must be a sequence"),
     ({"offsets": "0", "size": 16}, nvio.InvalidType, "offsets must be a sequence"),
+    ({"offsets": torch.tensor(5), "size": 16}, nvio.InvalidType, "got a 0-d Tensor"),
+    ({"offsets": np.int64(5), "size": 16}, nvio.InvalidType, "offsets must be a sequence"),
+    ({"offsets": np.array(5), "size": 16}, nvio.InvalidType, "got a 0-d ndarray"),
 ])
 def test_spans_arguments_are_checked(tmp_path, kwargs, error, words):
     path = write_file(tmp_path / "k.bin", b"z" * 8192)

@@ -155,6 +155,20 @@ def test_unsupported_dtypes_and_arguments(tmp_path):
             st.load_file(tmp_path / "u.st")
 
 
+@pytest.mark.parametrize("device, error, words", [
+    ("meta", nvio.InvalidArgument, "not 'meta'"),
+    ("no-such-device", nvio.InvalidType, "is not a device"),
+    (True, nvio.InvalidType, "is not a device"),
+])
+def test_devices_other_than_cpu_and_cuda_are_refused(tmp_path, device, error, words):
+    path = tmp_path / "d.st"
+    st.save_file({"a": torch.ones(5)}, path)
+    with pytest.raises(error, match=words):
+        st.load_file(path, device=device)
+    with pytest.raises(error, match=words):
+        st.safe_open(path, framework="pt", device=device)
+
+
 def _file(tmp_path, json: bytes, data: bytes = b"", name="bad.safetensors"):
     path = tmp_path / name
     path.write_bytes(struct.pack("<Q", len(json)) + json + data)

@@ -21,6 +21,7 @@ their errors), so that no rank waits for ever for a peer that gave up.
 
 from __future__ import annotations
 
+import errno as _errno
 import json
 import os
 import re
@@ -28,6 +29,7 @@ import secrets
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
 
 from . import _args, _nvio
+from .checkpoint import _typed
 
 __all__ = ["save_sharded", "load_sharded", "INDEX_SUFFIX"]
 
@@ -165,7 +167,12 @@ def save_sharded(state_dict: Dict[str, Any], directory: Any, group: Any = None, 
     shard_names = [f"{prefix}-{r + 1:05d}-of-{world:05d}.{save_id}.safetensors"
                    for r in range(world)]
     try:
-        os.makedirs(text, exist_ok=True)
+        try:
+            os.makedirs(text, exist_ok=True)
+        except OSError as e:
+            if os.path.exists(text) and not os.path.isdir(text):
+                e = NotADirectoryError(_errno.ENOTDIR, os.strerror(_errno.ENOTDIR))
+            raise _typed(e, "save_sharded: creating the directory", text) from None
         own = {k: v for k, v in state_dict.items() if owner[k] == rank}
         safetensors.save_file(own, os.path.join(text, shard_names[rank]), metadata=metadata)
     except BaseException as e:  # every rank must hear of it (KeyboardInterrupt included)
@@ -271,6 +278,10 @@ def load_sharded(directory: Any, group: Any = None, *,
                         for d in sl.get_shape():
                             n *= d
                         sizes[k] = n
+        for k in sorted(weight_map):
+            if k not in sizes:
+                raise _nvio.FormatError(f"nvio.load_sharded: the index names {weight_map[k]!r} "
+                                        f"for {k!r}, which that file does not hold")
         wanted = _split(sorted(weight_map), sizes, rank, world)
     elif callable(keys):
         wanted = sorted(k for k in weight_map if keys(k))

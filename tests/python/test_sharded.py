@@ -1,5 +1,6 @@
 """nvio.save_sharded / nvio.load_sharded across processes (torch.distributed, gloo on the CPU)."""
 
+import errno
 import json
 import os
 import subprocess
@@ -119,9 +120,21 @@ def test_errors_are_typed(tmp_path):
         nvio.load_sharded(tmp_path / "bad")
     with pytest.raises(nvio.InvalidType):
         nvio.save_sharded({"x": [1, 2]}, tmp_path / "c")
+    (tmp_path / "file").write_bytes(b"x")
+    with pytest.raises(nvio.IOFailure, match="Not a directory") as info:
+        nvio.save_sharded({"x": torch.ones(3)}, tmp_path / "file")
+    assert info.value.errno == errno.ENOTDIR and info.value.path == str(tmp_path / "file")
     nvio.save_sharded({"x": torch.ones(3)}, tmp_path / "c")
     with pytest.raises(nvio.InvalidArgument, match="not in the checkpoint"):
         nvio.load_sharded(tmp_path / "c", keys=["y"])
+    # An index naming a tensor its shard lacks: the same FormatError for every form of keys.
+    index = tmp_path / "c" / "model.safetensors.index.json"
+    doc = json.loads(index.read_text())
+    doc["weight_map"]["ghost"] = doc["weight_map"]["x"]
+    index.write_text(json.dumps(doc))
+    for keys in (None, "split", ["ghost"]):
+        with pytest.raises(nvio.FormatError, match="'ghost', which that file does not hold"):
+            nvio.load_sharded(tmp_path / "c", keys=keys)
     # A name asked for twice is loaded once, and nothing else comes with it.
     nvio.save_sharded({"x": torch.ones(3), "y": torch.zeros(2)}, tmp_path / "d")
     assert_same({"x": torch.ones(3)}, nvio.load_sharded(tmp_path / "d", keys=["x", "x"]))

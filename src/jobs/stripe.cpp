@@ -192,7 +192,8 @@ struct StripedHandle::Impl {
     }
   }
   // Sets part i's size to part_size(i, end) where that grows it (Resize::Exact: also where it
-  // shrinks it), creating it when it must hold bytes, and records the layout in each part that
+  // shrinks it), creating it when it must hold bytes (the first part always: an empty striped file
+  // exists, as an empty file written by Handle does), and records the layout in each part that
   // lacks the record (`replacing`: a write that replaces the whole file, whose parts may hold
   // another layout's record); with Durability::Data the new sizes are synced. Serialised by
   // sizing_mutex and judged on each part's size under it (fstat of the open part), so that two
@@ -213,7 +214,7 @@ struct StripedHandle::Impl {
     try {
       for (std::size_t i = 0; i < parts.size(); ++i) {
         const auto want = static_cast<std::int64_t>(layout.part_size(i, end));
-        if (states[i].size < 0 && want == 0) continue;
+        if (states[i].size < 0 && want == 0 && i > 0) continue;
         detail::FileDescriptor fd(detail::open_file(parts[i], O_WRONLY | O_CREAT));
         if (!fd) {
           throw_io_error(IoOp::Open, parts[i], 0, 0, -fd.get(), "a part of a striped file");
@@ -363,10 +364,10 @@ StripedTransfer StripedHandle::write(const void* buf, std::size_t length, const 
   const std::uint64_t end = offset + length;
   // Parts grow before the data goes in; Truncate::AtEnd shrinks them only once it is in, so that a
   // failed write does not lose the file's tail.
-  if (length > 0 || at_end) {
-    impl_->size_parts(name, parts, end, Impl::Resize::Grow, at_end && offset == 0,
-                      write_options.durability);
-  }
+  // An empty write only makes the file exist (its first part), as pwrite of nothing grows no
+  // file.
+  impl_->size_parts(name, parts, length > 0 || at_end ? end : 0, Impl::Resize::Grow,
+                    at_end && offset == 0, write_options.durability);
   WriteOptions per_drive = write_options;
   per_drive.truncate = Truncate::No;  // the parts are sized here; batches refuse AtEnd
   StripedTransfer t = impl_->run(
@@ -407,14 +408,22 @@ std::uint64_t StripedHandle::size(const std::string& name) const {
     sizes.push_back(static_cast<std::uint64_t>(std::max<std::int64_t>(s.size, 0)));
   const std::uint64_t total = std::accumulate(sizes.begin(), sizes.end(), std::uint64_t{0});
   for (std::size_t i = 0; i < sizes.size(); ++i) {
-    const std::uint64_t want = impl_->layout.part_size(i, total);
-    if (sizes[i] != want) {
-      throw FormatError(impl_->display(name),
-                        fmt::format("part {} holds {} bytes where a striped file of {} bytes with "
-                                    "{}-byte stripes has {} there (other directories or stripe "
-                                    "size than it was written with?)",
-                                    parts[i], sizes[i], total, impl_->layout.stripe_size, want));
+    if (sizes[i] == impl_->layout.part_size(i, total)) continue;
+    // Which part is wrong cannot be told from the sizes alone (a truncated last part makes the
+    // first look too long): every part's size is named, the missing ones first.
+    std::vector<std::string> missing;
+    std::vector<std::string> held;
+    for (std::size_t k = 0; k < parts.size(); ++k) {
+      if (states[k].size < 0) missing.push_back(parts[k]);
+      held.push_back(states[k].size < 0 ? "missing" : fmt::format("{}", states[k].size));
     }
+    throw FormatError(
+        impl_->display(name),
+        fmt::format("{}its parts hold {} bytes, which no striped file with {}-byte stripes over "
+                    "these {} directories has (a part removed or truncated, or other directories "
+                    "or stripe size than it was written with?)",
+                    missing.empty() ? "" : fmt::format("{} missing; ", fmt::join(missing, ", ")),
+                    fmt::join(held, ", "), impl_->layout.stripe_size, parts.size()));
   }
   return total;
 }

@@ -241,10 +241,35 @@ TEST(StripedHandle, ErrorsNameWhatFailed) {
   } catch (const nvio::FormatError& e) {
     EXPECT_TRUE(contains(e.problem(), "stripe size"));
   }
-  // A lost part.
+  // A lost part is named as missing (the sizes alone would make the first part look too long).
   ASSERT_EQ(::unlink(h.part_path(1, "f").c_str()), 0);
-  EXPECT_THROW(h.size("f"), nvio::FormatError);
+  try {
+    h.size("f");
+    FAIL() << "a lost part";
+  } catch (const nvio::FormatError& e) {
+    EXPECT_TRUE(contains(e.problem(), h.part_path(1, "f") + " missing; its parts hold")) << e.what();
+  }
   EXPECT_THROW(h.read(buf.data(), 10, "f"), nvio::FormatError);
+}
+
+// An empty write makes an empty striped file, as Handle makes an empty file: its size is 0, it
+// reads as nothing, and it takes one part (the first); a write into it later grows it.
+TEST(StripedHandle, AnEmptyWriteMakesAnEmptyFile) {
+  auto dirs = make_dirs(3);
+  StripedHandle h(StripeLayout{dir_paths(dirs), kStripe});
+  h.write(nullptr, 0, "e", 0);
+  EXPECT_EQ(h.size("e"), 0u);
+  EXPECT_EQ(h.read(nullptr, 0, "e").bytes, 0u);
+  EXPECT_EQ(::access(h.part_path(0, "e").c_str(), F_OK), 0);
+  EXPECT_NE(::access(h.part_path(1, "e").c_str(), F_OK), 0);
+  // An empty write at an offset grows nothing (pwrite of nothing does not either).
+  h.write(nullptr, 0, "e", 5 * kStripe);
+  EXPECT_EQ(h.size("e"), 0u);
+  std::vector<unsigned char> buf(2 * kStripe + 7);
+  nvio::pattern::fill(buf.data(), buf.size(), 0, kSeed);
+  h.write(buf.data(), buf.size(), "e", 0);
+  EXPECT_EQ(h.size("e"), buf.size());
+  EXPECT_TRUE(parts_hold_pattern(h, "e", buf.size()));
 }
 
 // Parts whose sizes fit another layout too (equal halves) are still refused by it: each part

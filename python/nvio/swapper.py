@@ -37,30 +37,58 @@ def _describe(obj: Any) -> str:
     return json.dumps({"kind": "bytes"})
 
 
-def _rebuild(buf: Any, nbytes: int, meta: str) -> Any:
-    """A tensor (or array, or memoryview) over `buf`, a lent buffer of `nbytes` bytes."""
+def _rebuild(buf: Any, nbytes: int, meta: str, name: str) -> Any:
+    """A tensor (or array, or memoryview) over `buf`, a lent buffer of `nbytes` bytes. A
+    description that does not fit the bytes (an index edited or damaged: the index's checksums
+    cover the data, not the descriptions) raises nvio.FormatError naming the tensor."""
     try:
         desc = json.loads(meta) if meta else {"kind": "bytes"}
     except ValueError:
         desc = {"kind": "bytes"}
+    if not isinstance(desc, dict):
+        desc = {"kind": "bytes"}
     kind = desc.get("kind")
+    if kind not in ("torch", "numpy"):
+        return memoryview(buf) if nbytes else memoryview(b"")
+
+    def bad(what: str) -> _nvio.FormatError:
+        return _nvio.FormatError(f"nvio.TensorSwapper: the index describes {name!r} as {meta}: "
+                                 f"{what}")
+
+    shape = desc.get("shape")
+    if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise bad("its shape is not a list of sizes")
     if kind == "torch":
         import torch
 
-        dtype = getattr(torch, desc["dtype"])
-        shape = tuple(desc["shape"])
+        dtype = getattr(torch, desc.get("dtype"), None) if isinstance(desc.get("dtype"), str) \
+            else None
+        if not isinstance(dtype, torch.dtype):
+            raise bad("not a torch dtype")
+        itemsize = torch.empty((), dtype=dtype).element_size()
+    else:
+        import numpy
+
+        try:
+            dtype = numpy.dtype(desc.get("dtype"))
+        except TypeError:
+            raise bad("not a numpy dtype") from None
+        if dtype.hasobject:
+            raise bad("a dtype of Python objects")
+        itemsize = dtype.itemsize
+    count = 1
+    for d in shape:
+        count *= d
+    if count * itemsize != nbytes:
+        raise bad(f"{count} elements of {itemsize} bytes, where {nbytes} bytes were swapped out")
+    if kind == "torch":
         if nbytes == 0:
             return torch.empty(shape, dtype=dtype)
         return torch.frombuffer(buf, dtype=torch.uint8).view(dtype).view(shape)
-    if kind == "numpy":
-        import numpy
-
-        dtype = numpy.dtype(desc["dtype"])
-        shape = tuple(desc["shape"])
-        if nbytes == 0:
-            return numpy.empty(shape, dtype=dtype)
-        return numpy.frombuffer(buf, dtype=dtype).reshape(shape)
-    return memoryview(buf) if nbytes else memoryview(b"")
+    if nbytes == 0:
+        return numpy.empty(shape, dtype=dtype)
+    return numpy.frombuffer(buf, dtype=dtype).reshape(shape)
 
 
 class TensorSwapper:
@@ -122,7 +150,7 @@ class TensorSwapper:
         key = _name(name)
         if out is None:
             buf, meta = self._core.swap_in(key)
-            return _rebuild(buf, buf.nbytes, meta)
+            return _rebuild(buf, buf.nbytes, meta, key)
         ref = _buffers.resolve(out, writable=True)
         if ref.device and self._checksums:
             info = self._core.info(key)

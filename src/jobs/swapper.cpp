@@ -19,6 +19,7 @@
 #include <exception>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -298,10 +299,22 @@ struct Swapper::Impl {
       std::map<std::string, std::uint64_t> file_ids;
       for (const json& e : doc.at("entries")) {
         Entry entry;
-        entry.size = e.at("size").get<std::uint64_t>();
-        entry.offset = e.at("offset").get<std::uint64_t>();
+        // nlohmann converts -5 to 2^64 - 5 without a word: each count must be one already.
+        const auto count = [&](const char* key) {
+          const json& v = e.at(key);
+          if (!v.is_number_unsigned()) {
+            throw FormatError(path, fmt::format("entry {} {} is not a byte count", key, v.dump()));
+          }
+          return v.get<std::uint64_t>();
+        };
+        entry.size = count("size");
+        entry.offset = count("offset");
+        if (entry.offset > std::numeric_limits<std::uint64_t>::max() - entry.size) {
+          throw FormatError(path, fmt::format("entry offset {} + size {} overflows", entry.offset,
+                                              entry.size));
+        }
         entry.meta = e.at("meta").get<std::string>();
-        if (!e.at("checksum").is_null()) entry.checksum = e.at("checksum").get<std::uint64_t>();
+        if (!e.at("checksum").is_null()) entry.checksum = count("checksum");
         const std::string file = e.at("file").get<std::string>();
         if (entry.size > 0) {
           if (file.empty() || file.find('/') != std::string::npos) {

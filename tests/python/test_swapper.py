@@ -5,6 +5,7 @@ clean-up after a crashed owner (a SIGKILLed child); close; snapshots."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -380,3 +381,31 @@ def test_cuda_tensors(tmp_path):
         out2 = torch.empty_like(dev)
         sw.swap_in("h", out=out2)
         check(out2.cpu(), 77, "h")
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("meta", {"kind": "torch", "dtype": "float32", "shape": [3]}, "3 elements of 4 bytes"),
+    ("meta", {"kind": "torch", "dtype": "load", "shape": [10]}, "not a torch dtype"),
+    ("meta", {"kind": "torch", "shape": [10]}, "not a torch dtype"),
+    ("meta", {"kind": "torch", "dtype": "float32", "shape": [-10]}, "not a list of sizes"),
+    ("meta", {"kind": "numpy", "dtype": "zz", "shape": [10]}, "not a numpy dtype"),
+    ("meta", {"kind": "numpy", "dtype": "O", "shape": [10]}, "Python objects"),
+    ("offset", -5, "entry offset -5 is not a byte count"),
+    ("size", 4.5, "entry size 4.5 is not a byte count"),
+    ("offset", 2**64 - 8, "overflows"),
+])
+def test_an_edited_index_is_a_format_error_naming_the_tensor(tmp_path, field, value, words):
+    """The index's checksums cover the data, not the descriptions: an index edited or damaged
+    describes bytes that are not there. Each such entry is a FormatError, never a RuntimeError,
+    TypeError or KeyError, nor an offset read as 2^64 - 5."""
+    with nvio.TensorSwapper(tmp_path, 4 * MiB) as sw:
+        sw.swap_out("a", torch.arange(10, dtype=torch.float32)).wait()
+        sw.close(delete_files=False)
+    index = tmp_path / "nvio-swap.json"
+    doc = json.loads(index.read_text())
+    (entry,) = doc["entries"]
+    entry[field] = json.dumps(value) if field == "meta" else value
+    index.write_text(json.dumps(doc))
+    with pytest.raises(nvio.FormatError, match=words):
+        with nvio.TensorSwapper(tmp_path, 4 * MiB) as sw:
+            sw.swap_in("a")

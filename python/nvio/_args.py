@@ -47,6 +47,20 @@ def integer(value: Any, name: str) -> int:
         ) from None
 
 
+def utf8(value: Any, name: str) -> str:
+    """A str that UTF-8 encodes (names that go into JSON or C++ strings): not a surrogate-escaped
+    str, as os.fsdecode makes of bytes that are not UTF-8."""
+    if not isinstance(value, str):
+        raise InvalidType(f"nvio: {name} must be a str, got {_type_name(value)}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise _nvio.InvalidArgument(
+            f"nvio: {name} {value!r} is not UTF-8 text ({e.reason} at position {e.start})"
+        ) from None
+    return value
+
+
 def boolean(value: Any, name: str) -> bool:
     """True/False (also numpy's bool and the integers 0 and 1, which DeepSpeed's binding takes);
     never a string: ``'no'`` is truthy and would silently mean True."""

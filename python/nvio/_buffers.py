@@ -104,6 +104,8 @@ def _from_cuda_array_interface(obj: Any, writable: bool) -> BufferRef:
         raise InvalidType("nvio: the CUDA array holds Python objects, not plain data")
     itemsize = _typestr_itemsize(cai["typestr"])
     shape = tuple(int(d) for d in cai["shape"])
+    if any(d < 0 for d in shape):
+        raise _nvio.InvalidArgument(f"nvio: the CUDA array's shape {shape} has a negative size")
     strides = cai.get("strides")
     count = 1
     for d in shape:
@@ -169,6 +171,9 @@ def resolve(obj: Any, writable: bool) -> BufferRef:
                 f"nvio: DLPack device type {int(device_type)} is neither CPU nor CUDA memory"
             )
         capsule = obj.__dlpack__()
+        if type(capsule).__name__ != "PyCapsule":
+            raise InvalidType(f"nvio: the {type(obj).__name__}'s __dlpack__() returned a "
+                              f"{type(capsule).__name__}, not a DLPack capsule")
         address, nbytes, kind = _nvio.dlpack_address(capsule)
         device = kind in (_DLPACK_CUDA, _DLPACK_CUDA_MANAGED)
         # The capsule stays unconsumed, so the producer's memory lives as long as it does.

@@ -300,10 +300,14 @@ def _prepare(tensors: Dict[str, Any], metadata: Optional[Dict[str, str]]) -> Tup
         if not isinstance(metadata, dict) or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
             raise _args.InvalidType("nvio.safetensors: metadata must be a dict of str -> str")
+        for k, v in metadata.items():
+            _args.utf8(k, "a metadata key")
+            _args.utf8(v, f"metadata {k!r}")
     by_storage: Dict[Tuple[str, int], List[str]] = {}
     for name, t in tensors.items():
         if not isinstance(name, str):
             raise _args.InvalidType(f"nvio.safetensors: tensor names must be str, got {name!r}")
+        _args.utf8(name, "a tensor name")
         if not isinstance(t, torch.Tensor):
             raise _args.InvalidType(
                 f"nvio.safetensors: {name!r} is a {type(t).__name__}, not a torch tensor")
@@ -364,6 +368,9 @@ def save(tensors: Dict[str, Any], metadata: Optional[Dict[str, str]] = None) -> 
 def load(data: bytes) -> Dict[str, Any]:
     """The tensors of safetensors bytes held in memory, by name (sorted), as fresh CPU tensors."""
     torch = _torch()
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise _args.InvalidType(f"nvio.safetensors.load: data must be bytes, got "
+                                f"{type(data).__name__} (load_file reads a file)")
     data_offset, _, _, entries = _nvio.safetensors_parse(data, "<bytes>")
     result: Dict[str, Any] = {}
     for name, dtype, shape, begin, end in sorted(entries):

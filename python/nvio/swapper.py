@@ -259,6 +259,4 @@ class TensorSwapper:
 
 
 def _name(name: Any) -> str:
-    if not isinstance(name, str):
-        raise _args.InvalidType(f"nvio: a tensor's name must be a str, got {type(name).__name__}")
-    return name
+    return _args.utf8(name, "a tensor's name")

@@ -532,6 +532,38 @@ def test_a_future_keeps_the_tensors_memory_when_the_tensor_is_repointed(tmp_path
     assert future.wait() == n
 
 
+def test_names_that_are_not_utf8_and_odd_buffer_objects_raise_nvio_errors(tmp_path):
+    """Each of these reached pybind11's argument conversion, whose TypeError lists the overloads
+    and prints raw object addresses."""
+    bad = "w\udcff"  # what os.fsdecode makes of a byte that is not UTF-8
+    with nvio.TensorSwapper(str(tmp_path / "swap"), budget_bytes=1 << 20) as swapper:
+        with pytest.raises(nvio.InvalidArgument, match="is not UTF-8 text"):
+            swapper.swap_out(bad, torch.ones(3))
+    for tensors, metadata in (({bad: torch.ones(3)}, None), ({"w": torch.ones(3)}, {bad: "x"}),
+                              ({"w": torch.ones(3)}, {"k": bad})):
+        with pytest.raises(nvio.InvalidArgument, match="is not UTF-8 text"):
+            nvio.safetensors.save_file(tensors, str(tmp_path / "s.st"), metadata=metadata)
+    assert not (tmp_path / "s.st").exists()
+    with pytest.raises(nvio.InvalidType, match="data must be bytes"):
+        nvio.safetensors.load("abc")
+
+    class NotACapsule:
+        def __dlpack__(self, stream=None):
+            return 42
+
+        def __dlpack_device__(self):
+            return (1, 0)
+
+    class NegativeShape:
+        __cuda_array_interface__ = {"data": (4096, False), "shape": (-4,), "typestr": "<f4",
+                                    "version": 3}
+
+    with pytest.raises(nvio.InvalidType, match="not a DLPack capsule"):
+        nvio.Handle().write(NotACapsule(), str(tmp_path / "d.bin"))
+    with pytest.raises(nvio.InvalidArgument, match="negative size"):
+        nvio.Handle().write(NegativeShape(), str(tmp_path / "d.bin"))
+
+
 def test_read_only_file_system_is_its_own_error(tmp_path):
     if os.geteuid() != 0:
         pytest.skip("mounting a read-only tmpfs needs root")

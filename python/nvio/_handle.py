@@ -294,7 +294,7 @@ class Handle:
         if file is None:
             self._core.close_files()
         else:
-            self._core.close_file(_args.file_target(file))
+            self._core.close_file(file)
 
     def open_files(self) -> int:
         """How many files the handle keeps open now (see close_files)."""

@@ -1169,9 +1169,13 @@ PYBIND11_MODULE(_nvio, m) {
       .def("pending", &nvio::Handle::pending)
       // Closing a descriptor can block (a network file system flushes on close).
       .def("close_files", [](nvio::Handle& h) { unlocked([&] { h.close_files(); }); })
-      .def("close_file", [](nvio::Handle& h, int fd) { unlocked([&] { h.close_file(fd); }); })
-      .def("close_file",
-           [](nvio::Handle& h, const std::string& path) { unlocked([&] { h.close_file(path); }); })
+      .def(
+          "close_file",
+          [](nvio::Handle& h, py::handle file) {
+            const Target target = to_target(file, py::str("file"));
+            unlocked([&] { std::visit([&](const auto& f) { h.close_file(f); }, target); });
+          },
+          py::arg("file"))
       .def("open_files", &nvio::Handle::open_files)
       .def("stats", [](const nvio::Handle& h) { return stats_dict(h.stats()); })
       .def("options", [](const nvio::Handle& h) { return options_dict(h.options()); })

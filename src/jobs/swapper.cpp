@@ -310,8 +310,8 @@ struct Swapper::Impl {
         entry.size = count("size");
         entry.offset = count("offset");
         if (entry.offset > std::numeric_limits<std::uint64_t>::max() - entry.size) {
-          throw FormatError(path, fmt::format("entry offset {} + size {} overflows", entry.offset,
-                                              entry.size));
+          throw FormatError(
+              path, fmt::format("entry offset {} + size {} overflows", entry.offset, entry.size));
         }
         entry.meta = e.at("meta").get<std::string>();
         if (!e.at("checksum").is_null()) entry.checksum = count("checksum");

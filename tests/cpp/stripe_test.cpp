@@ -247,7 +247,8 @@ TEST(StripedHandle, ErrorsNameWhatFailed) {
     h.size("f");
     FAIL() << "a lost part";
   } catch (const nvio::FormatError& e) {
-    EXPECT_TRUE(contains(e.problem(), h.part_path(1, "f") + " missing; its parts hold")) << e.what();
+    EXPECT_TRUE(contains(e.problem(), h.part_path(1, "f") + " missing; its parts hold"))
+        << e.what();
   }
   EXPECT_THROW(h.read(buf.data(), 10, "f"), nvio::FormatError);
 }

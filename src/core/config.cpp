@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "core/json_excerpt.hpp"
 #include "core/posix.hpp"
 #include "core/replace_file.hpp"
 #include "core/retry.hpp"
@@ -85,7 +86,8 @@ void check_keys(const json& object, const std::vector<std::string>& known, const
 }
 
 std::string json_string(const json& v, const std::string& path, const std::string& where) {
-  if (!v.is_string()) malformed(path, fmt::format("{} must be a string, got {}", where, v.dump()));
+  if (!v.is_string())
+    malformed(path, fmt::format("{} must be a string, got {}", where, detail::json_excerpt(v)));
   return v.get<std::string>();
 }
 
@@ -119,7 +121,7 @@ OptionOverrides parse_options(const json& j, const std::string& path, const std:
       } else if (value.is_number_unsigned() && option_spec(name).type == OptionType::Integer) {
         o.set_text(name, value.dump(), at);  // past int64: out of range, reported as such
       } else {
-        reject_option_type(option_spec(name), value.dump(), at);
+        reject_option_type(option_spec(name), detail::json_excerpt(value), at);
       }
     } catch (const InvalidArgument& e) {
       malformed(path, e.what(), e.option());
@@ -150,7 +152,7 @@ ConfigFile parse_file(const std::string& text, const std::string& path) {
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number like 1e400
     malformed(path, fmt::format("not valid JSON ({})", e.what()));
   }
   if (!j.is_object()) malformed(path, "the top level must be a JSON object");

@@ -67,9 +67,16 @@ bool cachestat_sees_pages(int fd) {
 
 void evict_page_cache(const std::string& path) {
   {  // opened first on its own, so that a missing or unreadable file is reported as such
-    const int raw = detail::open_file(path, O_RDONLY);
+    // O_NONBLOCK: opening a FIFO for reading would otherwise wait for ever for a writer.
+    const int raw = detail::open_file(path, O_RDONLY | O_NONBLOCK);
     if (raw < 0) throw_io_error(IoOp::Open, path, 0, 0, -raw, "to evict it from the page cache");
     const detail::FileDescriptor fd(raw);
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0) throw_io_error(IoOp::Stat, path, 0, 0, errno);
+    if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) {
+      throw_io_error(IoOp::Stat, path, 0, 0, EINVAL,
+                     "not a regular file or block device: it has no page cache to evict");
+    }
   }
   const int rc = detail::evict_page_cache(path);
   if (rc < 0) {
@@ -80,7 +87,8 @@ void evict_page_cache(const std::string& path) {
 namespace detail {
 
 PageCacheState page_cache_state(const std::string& path, CacheProbe probe) {
-  const int raw = detail::open_file(path, O_RDONLY);
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for ever for a writer.
+  const int raw = detail::open_file(path, O_RDONLY | O_NONBLOCK);
   if (raw < 0) throw_io_error(IoOp::Open, path, 0, 0, -raw, "to see what of it is cached");
   const detail::FileDescriptor fd(raw);
   struct stat st {};

@@ -149,7 +149,8 @@ namespace {
 }  // namespace
 
 int evict_page_cache(const std::string& path, std::uint64_t offset, std::uint64_t length) noexcept {
-  const int raw = open_file(path, O_RDONLY);
+  // O_NONBLOCK: a FIFO opened for reading would wait for a writer (the callers refuse one).
+  const int raw = open_file(path, O_RDONLY | O_NONBLOCK);
   if (raw < 0) return raw;
   const FileDescriptor fd(raw);
   // Dirty pages cannot be dropped: write them back first (an already clean file costs nothing).

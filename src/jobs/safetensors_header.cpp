@@ -13,6 +13,7 @@
 #include <unordered_set>
 #include <utility>
 
+#include "core/json_excerpt.hpp"
 #include "nvio/errors.hpp"
 #include "nvio/safetensors.hpp"
 
@@ -108,7 +109,7 @@ std::uint64_t unsigned_member(const json& v, const std::string& name, const char
                               const std::string& path) {
   if (!v.is_number_unsigned()) {
     fail(path, fmt::format("tensor {}: {} must hold non-negative integers, found {}", shown(name),
-                           what, v.dump()));
+                           what, detail::json_excerpt(v)));
   }
   return v.get<std::uint64_t>();
 }
@@ -131,7 +132,9 @@ TensorInfo parse_entry(const std::string& name, const json& entry, std::uint64_t
   const json& dtype = member(entry, "dtype", name, path);
   const std::optional<Dtype> parsed =
       dtype.is_string() ? parse_dtype(dtype.get_ref<const std::string&>()) : std::nullopt;
-  if (!parsed) fail(path, fmt::format("tensor {}: unknown dtype {}", shown(name), dtype.dump()));
+  if (!parsed)
+    fail(path,
+         fmt::format("tensor {}: unknown dtype {}", shown(name), detail::json_excerpt(dtype)));
   t.dtype = *parsed;
 
   const json& shape = member(entry, "shape", name, path);
@@ -152,13 +155,13 @@ TensorInfo parse_entry(const std::string& name, const json& entry, std::uint64_t
   overflow = overflow || __builtin_mul_overflow(elements, row(t.dtype).size, &nbytes);
   if (overflow) {
     fail(path, fmt::format("tensor {}: shape {} of {} overflows 64 bits of bytes", shown(name),
-                           shape.dump(), row(t.dtype).name));
+                           detail::json_excerpt(shape), row(t.dtype).name));
   }
 
   const json& offsets = member(entry, "data_offsets", name, path);
   if (!offsets.is_array() || offsets.size() != 2) {
     fail(path, fmt::format("tensor {}: data_offsets must be [begin, end], found {}", shown(name),
-                           offsets.dump()));
+                           detail::json_excerpt(offsets)));
   }
   t.begin = unsigned_member(offsets[0], name, "data_offsets", path);
   t.end = unsigned_member(offsets[1], name, "data_offsets", path);
@@ -169,8 +172,8 @@ TensorInfo parse_entry(const std::string& name, const json& entry, std::uint64_t
   if (t.end - t.begin != nbytes) {
     fail(path, fmt::format("tensor {}: data_offsets [{}, {}] hold {} bytes, but shape {} of {} "
                            "needs {}",
-                           shown(name), t.begin, t.end, t.end - t.begin, shape.dump(),
-                           row(t.dtype).name, nbytes));
+                           shown(name), t.begin, t.end, t.end - t.begin,
+                           detail::json_excerpt(shape), row(t.dtype).name, nbytes));
   }
   if (t.end > data_size) {
     fail(path, fmt::format("tensor {}: data_offsets [{}, {}] reach past the data region of {} "

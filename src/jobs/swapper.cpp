@@ -28,6 +28,7 @@
 #include <utility>
 
 #include "core/align.hpp"
+#include "core/json_excerpt.hpp"
 #include "core/posix.hpp"
 #include "core/replace_file.hpp"
 #include "core/unique_name.hpp"
@@ -303,7 +304,8 @@ struct Swapper::Impl {
         const auto count = [&](const char* key) {
           const json& v = e.at(key);
           if (!v.is_number_unsigned()) {
-            throw FormatError(path, fmt::format("entry {} {} is not a byte count", key, v.dump()));
+            throw FormatError(
+                path, fmt::format("entry {} {} is not a byte count", key, detail::json_excerpt(v)));
           }
           return v.get<std::uint64_t>();
         };

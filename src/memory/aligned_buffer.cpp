@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <mutex>
 
@@ -64,6 +65,12 @@ void* map_huge_aligned(std::size_t size) {
 AlignedBuffer::AlignedBuffer(std::size_t size, LockMode lock) {
   if (size == 0) {
     throw InvalidArgument("AlignedBuffer size must be at least 1 byte, got 0");
+  }
+  // No address space holds more than half of it; and rounding a size within 2 MiB of 2^64 up to
+  // whole pages would wrap to a tiny mapping that the caller then fills with `size` bytes.
+  if (size > std::numeric_limits<std::size_t>::max() / 2) {
+    throw MemoryError(fmt::format("cannot map {} bytes: more than a process can address", size),
+                      ENOMEM);
   }
   // Small buffers are page-rounded; large ones use whole huge pages (see memory.hpp for why).
   const bool huge = size >= kHugePage;

@@ -220,10 +220,13 @@ TuneResult tune_directory(const TuneRequest& request) {
   struct statvfs vfs {};
   if (::statvfs(dir.c_str(), &vfs) == 0) {
     const std::uint64_t free_bytes = std::uint64_t{vfs.f_bavail} * vfs.f_frsize;
-    if (free_bytes < request.file_size + 64 * mib) {
+    // 64 MiB to spare, for the file system's own blocks and other writers. Compared without a
+    // sum that could wrap (a size near 2^64 passed as 0 + 64 MiB and filled the drive).
+    const std::uint64_t spare = 64 * mib;
+    if (free_bytes < spare || request.file_size > free_bytes - spare) {
       throw NoSpace(IoOp::Write, dir, 0, request.file_size, ENOSPC,
-                    fmt::format("only {} bytes are free; the tuning file needs {} (use a smaller "
-                                "size)",
+                    fmt::format("only {} bytes are free; the tuning file needs {} and 64 MiB to "
+                                "spare (use a smaller size)",
                                 free_bytes, request.file_size));
     }
   }

@@ -762,6 +762,63 @@ def test_evict_errors(tmp_path):
     assert r.returncode == 1 and "missing" in r.stderr
 
 
+def test_evict_and_report_cached_of_a_fifo_refuse_it_without_waiting_for_a_writer(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for args in (("evict", fifo), ("report", "--cached", fifo)):
+        r = nvio(*args, timeout=20)
+        line = assert_one_error_line(r, code=1)
+        assert str(fifo) in line and "not a regular file" in line
+
+
+# ---- sizes no run can have, and deeply nested JSON ----------------------------------------------
+
+
+@pytest.mark.parametrize("args", [
+    # Within a page of 2^64: rounding the buffer up wrapped to a tiny mapping, filled in full.
+    ("--op", "write", "--size", 2**64 - 1),
+    ("--op", "write", "--size", 2**64 - 4096),
+    # Sizes that fit memory but no disk: refused before a byte is written.
+    ("--op", "write", "--size", "16777215T"),
+    ("--pattern", "random", "--file-size", 2**64 - 4096, "--size", "4K", "--duration", "0.1"),
+])
+def test_sizes_no_run_can_have_are_refused_before_writing(tmp_path, args):
+    d = tmp_path / "d"
+    r = nvio("bench", "--dir", d, "--loops", 1, *args, timeout=60)
+    assert_one_error_line(r, code=1)
+    assert not d.exists() or list(d.iterdir()) == []
+
+
+def test_tune_refuses_a_size_that_wraps_its_free_space_check(tmp_path):
+    r = nvio("tune", "--dir", tmp_path, "--size", 2**64 - (64 << 20), "--budget", 2, timeout=60)
+    line = assert_one_error_line(r, code=1)
+    assert "bytes are free" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def _deep(n: int = 150_000) -> str:
+    return "[" * n + "]" * n
+
+
+# The texts are built in the test (DEEP stands for the nesting): pytest puts a test's id, which
+# holds its parameters, in the environment of the processes it starts, and 300 KB there is more
+# than exec takes.
+@pytest.mark.parametrize("text, words", [
+    ('{"version":1,"default":DEEP}', "default must be a string, got an array of 1 item"),
+    ('{"version":1,"profiles":{"x":{"options":{"engine":DEEP}}}}', "profiles.x.options.engine"),
+    ('{"version":1,"profiles":{"x":{"options":{"queue_depth":1e400}}}}', "number overflow"),
+], ids=["deep default", "deep option", "1e400"])
+def test_configuration_values_that_broke_the_error_message(tmp_path, text, words):
+    """A value nested 150,000 deep crashed (stack overflow) in the JSON dump meant to quote it;
+    a number past a double's range escaped as a bare json exception naming no file."""
+    config = tmp_path / "config.json"
+    config.write_text(text.replace("DEEP", _deep()))
+    r = nvio("report", "--dir", tmp_path, env=clean_env(NVIO_CONFIG=str(config)), timeout=30)
+    line = assert_one_error_line(r)
+    assert str(config) in line and words in line
+    assert len(line) < 400
+
+
 # ---- GPU ----------------------------------------------------------------------------------------
 
 

@@ -181,6 +181,20 @@ def test_ds_nvme_tune_bad_sweep_config(tmp_path, space, needle):
     assert needle in r.stderr
 
 
+@pytest.mark.parametrize("text, needle", [
+    ('{"block_size": DEEP}', '"block_size" holds an array of 1'),
+    ('{"queue_depth": [1e400]}', "not valid JSON ([json.exception.out_of_range.406] number"),
+], ids=["deep", "1e400"])  # a 300 KB id would go into the environment of the process started
+def test_ds_nvme_tune_sweep_config_values_that_broke_the_error_message(tmp_path, text, needle):
+    """Nested 150,000 deep: a stack overflow in the JSON dump that quoted the value; 1e400: said
+    "not a JSON object"."""
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(text.replace("DEEP", "[" * 150_000 + "]" * 150_000))
+    r = nvio("ds-nvme-tune", "--nvme_dir", tmp_path, "--io_size", SIZE, "--sweep_config", sweep)
+    line = assert_one_error_line(r)
+    assert needle in line and len(line) < 400
+
+
 def test_ds_nvme_tune_one_directory(tmp_path):
     r = nvio("ds-nvme-tune", "--nvme_dir", tmp_path, tmp_path / "x")
     assert_one_error_line(r)

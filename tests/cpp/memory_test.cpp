@@ -122,6 +122,19 @@ TEST(AlignedBuffer, AlignmentAndSize) {
   }
 }
 
+// Sizes within a page of 2^64 once rounded up to a tiny mapping (a segfault when it was filled).
+TEST(AlignedBuffer, SizesNoProcessCanAddressAreRefused) {
+  for (const std::size_t size :
+       {SIZE_MAX, SIZE_MAX - 4095, SIZE_MAX - (std::size_t{2} << 20) + 1, SIZE_MAX / 2 + 1}) {
+    try {
+      AlignedBuffer b(size);
+      ADD_FAILURE() << "mapped " << b.size() << " bytes for " << size;
+    } catch (const nvio::MemoryError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::to_string(size)), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(AlignedBuffer, ZeroSizeRejected) {
   EXPECT_THROW(AlignedBuffer(0), nvio::InvalidArgument);
   EXPECT_THROW(AlignedBuffer(0, LockMode::None), nvio::InvalidArgument);

@@ -10,6 +10,7 @@
 #include <fmt/core.h>
 #include <fmt/ranges.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -1501,6 +1502,29 @@ bool report_verification(const std::vector<OpResult>& results, const nvio::Handl
 
 }  // namespace
 
+// A run whose file cannot fit is refused before it writes a byte: filling the drive until ENOSPC
+// first (83 GB of a shared machine's disk for a mistyped --size) is harm that the error message
+// does not undo. Each part of a striped file needs its share. A file system that reports no
+// sizes (ramfs) is not judged.
+void check_free_space(const Plan& plan) {
+  const std::vector<std::string> paths = Target::paths(plan);
+  const std::uint64_t each = plan.end() / paths.size() + (plan.end() % paths.size() != 0);
+  for (const std::string& p : paths) {
+    const std::uint64_t have = file_size(p).value_or(0);
+    if (have >= each) continue;
+    struct statvfs vfs {};
+    const std::string dir = std::filesystem::path(p).parent_path().string();
+    if (::statvfs(dir.empty() ? "." : dir.c_str(), &vfs) != 0 || vfs.f_blocks == 0) continue;
+    const std::uint64_t free_bytes = std::uint64_t{vfs.f_bavail} * vfs.f_frsize;
+    if (each - have > free_bytes) {
+      throw nvio::NoSpace(nvio::IoOp::Write, p, have, each - have, ENOSPC,
+                          fmt::format("the run needs {} more bytes there and {} are free (use a "
+                                      "smaller --size or --file-size)",
+                                      each - have, free_bytes));
+    }
+  }
+}
+
 int run_bench(const BenchArgs& args) {
   if (wants_procs(args)) return run_bench_procs(args);
   Plan plan = make_plan(args);
@@ -1520,6 +1544,7 @@ int run_bench(const BenchArgs& args) {
     }
   }
   FileCleanup cleanup(Target::paths(plan), !plan.keep && (plan.scratch || !plan.existing_size));
+  check_free_space(plan);
 
   std::vector<OpResult> results =
       plan.pattern == Pattern::Random ? run_random(handle, plan) : run_ops(handle, plan);

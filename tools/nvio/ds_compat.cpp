@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cli.hpp"
+#include "core/json_excerpt.hpp"
 #include "nvio/errors.hpp"
 #include "nvio/options.hpp"
 #include "nvio/tune.hpp"
@@ -252,28 +253,31 @@ std::vector<T> list_of(const nlohmann::json& doc, const std::string& key, const 
 nvio::TuneSpace read_sweep_config(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw UsageError(fmt::format("--sweep_config {}: cannot be read", path));
-  const nlohmann::json doc = nlohmann::json::parse(in, nullptr, false);
-  if (doc.is_discarded() || !doc.is_object()) {
-    throw UsageError(fmt::format("--sweep_config {}: not a JSON object", path));
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {  // out_of_range too, for a number like 1e400
+    throw UsageError(fmt::format("--sweep_config {}: not valid JSON ({})", path, e.what()));
   }
+  if (!doc.is_object()) throw UsageError(fmt::format("--sweep_config {}: not a JSON object", path));
   const auto size = [&path](const nlohmann::json& v, const std::string& key) -> std::size_t {
     if (v.is_string()) return nvio::parse_size(v.get<std::string>(), "--sweep_config " + key);
     if (v.is_number_unsigned()) return v.get<std::size_t>();
-    throw UsageError(
-        fmt::format("--sweep_config {}: \"{}\" holds {}, not a size", path, key, v.dump()));
+    throw UsageError(fmt::format("--sweep_config {}: \"{}\" holds {}, not a size", path, key,
+                                 nvio::detail::json_excerpt(v)));
   };
   const auto count = [&path](const nlohmann::json& v, const std::string& key) -> unsigned {
     if (v.is_number_unsigned() && v.get<std::uint64_t>() > 0 &&
         v.get<std::uint64_t>() <= 1u << 20) {
       return v.get<unsigned>();
     }
-    throw UsageError(
-        fmt::format("--sweep_config {}: \"{}\" holds {}, not a count", path, key, v.dump()));
+    throw UsageError(fmt::format("--sweep_config {}: \"{}\" holds {}, not a count", path, key,
+                                 nvio::detail::json_excerpt(v)));
   };
   const auto boolean = [&path](const nlohmann::json& v, const std::string& key) -> bool {
     if (v.is_boolean()) return v.get<bool>();
-    throw UsageError(
-        fmt::format("--sweep_config {}: \"{}\" holds {}, not true or false", path, key, v.dump()));
+    throw UsageError(fmt::format("--sweep_config {}: \"{}\" holds {}, not true or false", path, key,
+                                 nvio::detail::json_excerpt(v)));
   };
   nvio::TuneSpace s = ds_default_space();
   // A key the file leaves out is held at ds_io's default, as ds_io runs without its flag.

@@ -937,18 +937,28 @@ def test_progress_only_on_a_terminal(tmp_path):
     assert tty_err.endswith("\r\x1b[K")  # the status line is cleared at the end
 
 
-def test_interrupted_run_removes_its_scratch_file(tmp_path):
-    proc = subprocess.Popen([BIN, "bench", "--dir", str(tmp_path), "--size", "16M", "--op",
-                             "write", "--loops", "1000000", "--direct", "off"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=clean_env())
+@pytest.mark.parametrize("command", [
+    ("bench", "--size", "16M", "--op", "write", "--loops", "1000000", "--direct", "off"),
+    ("tune", "--size", "64M", "--budget", "60"),
+])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_interrupted_run_removes_its_scratch_file(tmp_path, command, sig):
+    """Ctrl-C, a kill and a closed terminal: the run ends by the signal with no file left (tune's
+    file, the library's, went when its blocking calls stopped and unwound; before, tune left it
+    on every signal and bench on SIGHUP)."""
+    proc = subprocess.Popen([BIN, command[0], "--dir", str(tmp_path), *command[1:]],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=clean_env(),
+                            text=True)
     deadline = time.monotonic() + 20
     while not any(tmp_path.iterdir()) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert any(tmp_path.iterdir()), "the scratch file never appeared"
     time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=20) == -signal.SIGINT
+    proc.send_signal(sig)
+    assert proc.wait(timeout=20) == -sig
     assert list(tmp_path.iterdir()) == []
+    if command[0] == "tune":
+        assert f"stopped by {signal.Signals(sig).name}" in proc.stderr.read()
 
 
 # ---- several drives: --dir repeated ---------------------------------------------------------------

@@ -597,8 +597,9 @@ extern "C" void remove_and_reraise(int sig) {
   std::raise(sig);
 }
 
-// Removes the files at the end of the run (also on errors and SIGINT/SIGTERM) unless they must
-// stay: --keep, or a --file that existed before we started (it may be the user's data, not ours).
+// Removes the files at the end of the run (also on errors and SIGINT/SIGTERM/SIGHUP) unless they
+// must stay: --keep, or a --file that existed before we started (it may be the user's data, not
+// ours).
 class FileCleanup {
  public:
   FileCleanup(std::vector<std::string> paths, bool remove)
@@ -613,6 +614,7 @@ class FileCleanup {
     g_cleanup_count = static_cast<std::sig_atomic_t>(paths_.size());
     std::signal(SIGINT, remove_and_reraise);
     std::signal(SIGTERM, remove_and_reraise);
+    std::signal(SIGHUP, remove_and_reraise);  // the terminal closed
   }
   ~FileCleanup() {
     g_cleanup_count = 0;

@@ -186,6 +186,26 @@ bool wants_procs(const BenchArgs& args);
 std::string scratch_name(long pid);
 std::string scratch_path(const std::string& dir, long pid);
 
+// SIGINT, SIGTERM and SIGHUP stop the library's blocking calls on this thread while the object
+// lives: for runs whose scratch files the library owns (tune writes nvio-tune.*.dat). The handler
+// only records the signal; the calls ask every nvio::kInterruptPeriod (interrupt.hpp), then
+// cancel, wait for the kernel and throw nvio::Interrupted, so the file's owner removes it as the
+// exception unwinds. report_current_exception() then names the signal and the process ends by it
+// (status 128 + N, as a shell expects). One at a time, on the main thread.
+class StopOnSignals {
+ public:
+  StopOnSignals();
+  ~StopOnSignals();
+  StopOnSignals(const StopOnSignals&) = delete;
+  StopOnSignals& operator=(const StopOnSignals&) = delete;
+
+ private:
+  struct Saved;
+  Saved* saved_;
+};
+// The signal a StopOnSignals recorded (0 for none).
+int stop_signal() noexcept;
+
 // Prints the exception being handled as the one "nvio: error:" line and returns the exit code it
 // maps to (kExitUsage for UsageError and nvio::InvalidArgument, kExitFailure otherwise). Call it
 // only inside a catch block.

@@ -2,12 +2,15 @@
 #include <fmt/core.h>
 
 #include <CLI/CLI.hpp>
+#include <array>
+#include <csignal>
 #include <filesystem>
 #include <limits>
 #include <system_error>
 
 #include "cli.hpp"
 #include "nvio/gpu.hpp"
+#include "nvio/interrupt.hpp"
 #include "nvio/options.hpp"
 
 namespace nvio_cli {
@@ -43,5 +46,46 @@ void require_gpu(int device) {
         fmt::format("--device: {} is not a GPU here ({} found)", device, gpu.devices.size()));
   }
 }
+
+// ---- signals ------------------------------------------------------------------------------------
+
+namespace {
+
+constexpr std::array<int, 3> kStopSignals{SIGINT, SIGTERM, SIGHUP};
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+extern "C" void record_stop_signal(int sig) { g_stop_signal = sig; }
+
+class SignalRecorded final : public nvio::InterruptCheck {
+ public:
+  bool interrupted() noexcept override { return g_stop_signal != 0; }
+};
+SignalRecorded g_signal_recorded;
+
+}  // namespace
+
+struct StopOnSignals::Saved {
+  std::array<struct sigaction, kStopSignals.size()> actions{};
+  nvio::ScopedInterruptCheck check{g_signal_recorded};
+};
+
+StopOnSignals::StopOnSignals() : saved_(new Saved) {
+  g_stop_signal = 0;
+  struct sigaction act {};
+  act.sa_handler = record_stop_signal;
+  ::sigemptyset(&act.sa_mask);
+  for (std::size_t i = 0; i < kStopSignals.size(); ++i) {
+    ::sigaction(kStopSignals[i], &act, &saved_->actions[i]);
+  }
+}
+
+StopOnSignals::~StopOnSignals() {
+  for (std::size_t i = 0; i < kStopSignals.size(); ++i) {
+    ::sigaction(kStopSignals[i], &saved_->actions[i], nullptr);
+  }
+  delete saved_;
+}
+
+int stop_signal() noexcept { return g_stop_signal; }
 
 }  // namespace nvio_cli

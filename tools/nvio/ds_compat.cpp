@@ -358,6 +358,7 @@ int run_ds_nvme_tune(const DsTuneArgs& args) {
   }
   if (args.log_dir) std::filesystem::create_directories(*args.log_dir);
 
+  const StopOnSignals stop;  // Ctrl-C: the library removes its scratch file as it unwinds
   const nvio::TuneResult result = nvio::tune_directory(req);
   nlohmann::json doc = nlohmann::json::parse(nvio::to_json(result));
   // DeepSpeed's use_gds: whether the pick moves device memory through cuFile (never for host

@@ -2,8 +2,12 @@
 //
 // Exit codes: 0 success, 1 failure (I/O error, failed verification), 2 bad arguments. Every error
 // is one line on stderr starting "nvio: error:"; no exception escapes main, so nothing aborts.
+#include <fmt/format.h>
+
 #include <CLI/CLI.hpp>
+#include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <string>
 #include <vector>
@@ -105,6 +109,20 @@ int run(int argc, char** argv) {
 int nvio_cli::report_current_exception() {
   try {
     throw;
+  } catch (const nvio::Interrupted& e) {
+    const int sig = nvio_cli::stop_signal();
+    if (sig == 0) {
+      print_error(e.what());
+      return nvio_cli::kExitFailure;
+    }
+    print_error(fmt::format("stopped by {} before the end; its scratch files are removed",
+                            ::sigabbrev_np(sig) != nullptr
+                                ? std::string("SIG") + ::sigabbrev_np(sig)
+                                : fmt::format("signal {}", sig)));
+    // Ended by the signal, as it would have without a handler: the status a shell expects.
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+    return 128 + sig;
   } catch (const nvio_cli::UsageError& e) {
     print_error(e.what());
     return nvio_cli::kExitUsage;

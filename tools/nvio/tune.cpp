@@ -277,6 +277,8 @@ int run_tune_drives(const TuneArgs& args) {
   // 80 % of the budget is shared by the drives alone. The striped measurement is not a search and
   // is not held to the budget: three writes and reads of a --size file, which the user sized.
   const double share = first.settings.budget_s * 0.8 / static_cast<double>(args.dirs.size());
+  // Ctrl-C: the library removes its scratch files (each drive's, the striped one) as it unwinds.
+  const StopOnSignals stop;
   for (const std::string& dir : args.dirs) {
     make_directory(dir);
     nvio::TuneRequest req = make_tune_request(args, dir);
@@ -357,6 +359,7 @@ int run_tune(const TuneArgs& args) {
 
   ProgressLine progress;
   req.settings.progress = [&](const nvio::TuneProgress& p) { progress.update(p); };
+  const StopOnSignals stop;  // Ctrl-C: the library removes its scratch file as it unwinds
   const nvio::TuneResult result = nvio::tune_directory(req);
   progress.clear();
 

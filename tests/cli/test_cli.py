@@ -1078,3 +1078,17 @@ def test_sync_makes_the_timed_writes_durable(tmp_path):
 
     assert dirty_after("--sync") == 0
     assert dirty_after() > 0
+
+
+@pytest.mark.parametrize("args", [("bench", "--size", "1M", "--loops", 1, "--json"),
+                                  ("report", "--json"), ("bench", "--size", "1M", "--loops", 1)])
+def test_output_that_cannot_be_written_is_a_failure(tmp_path, args):
+    """Results written to a full disk (here /dev/full) are lost: the run fails, saying so, instead
+    of exiting 0 with an empty results file."""
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([BIN, args[0], "--dir", str(tmp_path), *map(str, args[1:])],
+                           stdout=full, stderr=subprocess.PIPE, text=True, env=clean_env(),
+                           timeout=60)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.strip().splitlines()[-1] == (
+        "nvio: error: writing the output failed: No space left on device")

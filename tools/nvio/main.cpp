@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -138,11 +139,22 @@ int nvio_cli::report_current_exception() {
   }
 }
 
+// The results went to stdout through stdio's buffer: a full disk or a closed pipe under it shows
+// only at the flush. A run whose output was lost has failed, whatever it measured.
+int check_output(int code) {
+  if (std::fflush(stdout) == 0 && std::ferror(stdout) == 0) return code;
+  const int err = errno;
+  print_error(fmt::format("writing the output failed: {}", std::strerror(err)));
+  return code == nvio_cli::kExitOk ? nvio_cli::kExitFailure : code;
+}
+
 int main(int argc, char** argv) {
   install_warning_sink();
+  int code = nvio_cli::kExitOk;
   try {
-    return run(argc, argv);
+    code = run(argc, argv);
   } catch (...) {
-    return nvio_cli::report_current_exception();
+    code = nvio_cli::report_current_exception();
   }
+  return check_output(code);
 }

@@ -1112,3 +1112,14 @@ def test_every_rate_printed_is_its_rows_bytes_over_its_seconds(tmp_path):
     assert len(procs["aggregate"]) == 2
     for row in procs["aggregate"]:
         check(row)
+
+
+def test_file_that_is_a_dangling_link_is_refused_and_left_alone(tmp_path):
+    """Before: the run wrote the link's missing target, then removed the link (the user's) and
+    left the 1 MiB target behind."""
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "missing")
+    r = nvio("bench", "--file", link, "--size", "1M", "--loops", 1, "--op", "write")
+    line = assert_one_error_line(r)
+    assert "symbolic link to a file that does not exist" in line
+    assert link.is_symlink() and sorted(p.name for p in tmp_path.iterdir()) == ["link"]

@@ -382,8 +382,16 @@ const char* kind_of(mode_t mode) {
 void check_existing_file(const BenchArgs& args, Plan& plan) {
   struct stat st {};
   if (::stat(plan.path.c_str(), &st) != 0) {
-    if (errno == ENOENT) return;  // the run creates it (and removes it unless --keep)
-    nvio::throw_io_error(nvio::IoOp::Stat, plan.path, 0, 0, errno);
+    if (errno != ENOENT) nvio::throw_io_error(nvio::IoOp::Stat, plan.path, 0, 0, errno);
+    // A link to a missing file: the run would create its target and then remove the link, the
+    // user's, instead of the file it made.
+    if (::lstat(plan.path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+      throw UsageError(fmt::format(
+          "--file {} is a symbolic link to a file that does not exist: give the path of the file "
+          "itself",
+          plan.path));
+    }
+    return;  // the run creates it (and removes it unless --keep)
   }
   if (!S_ISREG(st.st_mode)) {
     throw UsageError(fmt::format(

@@ -1079,13 +1079,13 @@ void check_file(nvio::Handle& handle, int fd, const Plan& plan, OpResult& result
 }
 
 // The p-quantile (nearest rank) of `v`, in microseconds; reorders v.
-double percentile_us(std::vector<std::uint32_t>& v, std::size_t n, double p) {
+double percentile_us(std::vector<std::uint64_t>& v, std::size_t n, double p) {
   if (n == 0) return 0;
   auto rank = static_cast<std::size_t>(std::ceil(p * static_cast<double>(n)));
   rank = std::clamp<std::size_t>(rank, 1, n) - 1;
   std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(rank),
                    v.begin() + static_cast<std::ptrdiff_t>(n));
-  return v[rank] / 1e3;
+  return static_cast<double>(v[rank]) / 1e3;
 }
 
 // Everything a random loop uses, allocated before the timed part: one buffer slot of --size bytes
@@ -1124,7 +1124,9 @@ struct RandomState {
   std::vector<nvio::ReadExtent> reads;
   std::vector<nvio::WriteExtent> writes;
   std::vector<std::uint64_t> offsets;
-  std::vector<std::uint32_t> latency_ns;  // saturates at 4.29 s
+  // 64 bits: 32 saturated at 4.29 s, which a deep queue on a slow drive exceeds (and the
+  // percentiles then printed 4294967.3 us as if measured).
+  std::vector<std::uint64_t> latency_ns;
   InFlight inflight;
 };
 
@@ -1194,8 +1196,7 @@ Sample random_loop(nvio::Handle& handle, int fd, RandomState& st, const Plan& pl
       const RandomState::Group& group = st.groups[g];
       const auto ns =
           std::chrono::duration_cast<std::chrono::nanoseconds>(now - group.submitted).count();
-      const auto latency = static_cast<std::uint32_t>(
-          std::min<std::int64_t>(ns, std::numeric_limits<std::uint32_t>::max()));
+      const auto latency = static_cast<std::uint64_t>(std::max<std::int64_t>(ns, 0));
       const std::size_t first = g * rp.batch;
       for (std::size_t k = first; k < first + group.count; ++k) {
         st.latency_ns[done++] = latency;

@@ -1123,3 +1123,13 @@ def test_file_that_is_a_dangling_link_is_refused_and_left_alone(tmp_path):
     line = assert_one_error_line(r)
     assert "symbolic link to a file that does not exist" in line
     assert link.is_symlink() and sorted(p.name for p in tmp_path.iterdir()) == ["link"]
+
+
+@pytest.mark.parametrize("flags", [("--no-single-submit", "--single-submit"),
+                                   ("--overlap-events", "--no-overlap-events")])
+def test_a_boolean_flag_and_its_negation_together_are_refused(tmp_path, flags):
+    """Both were accepted and --no-X won whatever the order (CLI11 runs callbacks in definition
+    order)."""
+    r = nvio("bench", "--dir", tmp_path, "--size", "1M", "--loops", 1, *flags)
+    line = assert_one_error_line(r)
+    assert "excludes" in line

@@ -73,19 +73,22 @@ void add_option_flags(CLI::App& app, std::map<std::string, BenchArgs::OptionFlag
     const std::string name = spec.name;
     const std::string env = fmt::format(" [env {}]", spec.environment);
     if (spec.type == nvio::OptionType::Boolean) {
-      app.add_flag_callback(
+      CLI::Option* on = app.add_flag_callback(
           names,
           [&options, name, flag] {
             options[name] = {flag, "true"};
           },
           spec.description + env);
       const std::string off = "--no-" + flag.substr(2);
-      app.add_flag_callback(
+      CLI::Option* no = app.add_flag_callback(
           off,
           [&options, name, off] {
             options[name] = {off, "false"};
           },
           fmt::format("Do not: {}{}", spec.description, env));
+      // Both given: CLI11 runs the callbacks in the order they were defined, not as typed, so
+      // --no-NAME would win whichever came last. Refused instead.
+      on->excludes(no);
       continue;
     }
     const bool choice = spec.type == nvio::OptionType::Choice;

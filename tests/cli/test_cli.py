@@ -1125,6 +1125,17 @@ def test_file_that_is_a_dangling_link_is_refused_and_left_alone(tmp_path):
     assert link.is_symlink() and sorted(p.name for p in tmp_path.iterdir()) == ["link"]
 
 
+@pytest.mark.parametrize("args, words", [
+    (("--device", "3"), "--device applies with --gpu only"),
+    (("--op", "read", "--sync"), "--sync applies to writes"),
+])
+def test_bench_options_that_were_silently_ignored_are_refused(tmp_path, args, words):
+    r = nvio("bench", "--dir", tmp_path, "--size", "1M", "--loops", 1, *args)
+    assert words in assert_one_error_line(r)
+    r = nvio("bench", "--dir", "", "--size", "1M", "--loops", 1)  # ran in the current directory
+    assert "--dir: the directory name is empty" in assert_one_error_line(r)
+
+
 @pytest.mark.parametrize("flags", [("--no-single-submit", "--single-submit"),
                                    ("--overlap-events", "--no-overlap-events")])
 def test_a_boolean_flag_and_its_negation_together_are_refused(tmp_path, flags):

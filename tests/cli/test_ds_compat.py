@@ -195,6 +195,11 @@ def test_ds_nvme_tune_sweep_config_values_that_broke_the_error_message(tmp_path,
     assert needle in line and len(line) < 400
 
 
+def test_ds_nvme_tune_io_size_too_small_to_time_is_refused(tmp_path):
+    r = nvio("ds-nvme-tune", "--nvme_dir", tmp_path, "--io_size", "0")  # became 16 MiB silently
+    assert "--io_size: 0 is below 1 MiB" in assert_one_error_line(r)
+
+
 def test_ds_nvme_tune_one_directory(tmp_path):
     r = nvio("ds-nvme-tune", "--nvme_dir", tmp_path, tmp_path / "x")
     assert_one_error_line(r)

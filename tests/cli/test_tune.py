@@ -146,6 +146,13 @@ def test_argument_errors(tmp_path):
         (("--engines", "psync,psync"), "twice"),
         (("--read-only", "--write-only"), "excludes"),
         (("--trial-size", "64M", "--size", "32M"), "trial size"),
+        # Options that were silently ignored or replaced.
+        (("--trial-size", "0"), "below 1 MiB"),
+        (("--trial-size", "1"), "below 1 MiB"),
+        (("--grid", "--budget", "2"), "--budget does not apply with --grid"),
+        (("--engines", "psync,"), "empty item"),
+        (("--engines", ",psync"), "empty item"),
+        (("--device", "3"), "--device applies with --gpu only"),
     ]
     for args, needle in cases:
         line = assert_one_error_line(nvio("tune", "--dir", tmp_path, *args))

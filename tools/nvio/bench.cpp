@@ -199,7 +199,7 @@ void add_bench_options(CLI::App& app, BenchArgs& args) {
   app.add_flag("--h2d-only", args.h2d_only,
                "With --gpu: time only copies between locked host memory and the GPU (no file), "
                "the PCIe bound the device path is measured against");
-  add_device_option(app, args.device);
+  add_device_option(app, args.device, args.device_given);
   add_procs_options(app, args);
 }
 
@@ -515,6 +515,10 @@ namespace {
 Plan make_plan(const BenchArgs& args) {
   if ((args.gds || args.h2d_only) && !args.gpu) throw UsageError("--gds and --h2d-only need --gpu");
   if (args.gds && args.h2d_only) throw UsageError("--gds and --h2d-only exclude each other");
+  if (args.device_given && !args.gpu) throw UsageError("--device applies with --gpu only");
+  for (const std::string& d : args.dirs) {
+    if (d.empty()) throw UsageError("--dir: the directory name is empty");
+  }
   const bool needs_file = !args.h2d_only;
   if (needs_file && args.dirs.empty() && !args.file) {
     throw UsageError("bench: --dir DIR or --file PATH is required");
@@ -534,6 +538,8 @@ Plan make_plan(const BenchArgs& args) {
   if (plan.size == 0) throw UsageError("--size: must be at least 1 byte");
   check_pattern_flags(args, plan);
   plan.op = parse_op(args.op.value_or("both"));
+  if (args.sync && plan.op == Op::Read)
+    throw UsageError("--sync applies to writes: --op read writes nothing");
   plan.loops = parse_unsigned(args.loops, "--loops");
   if (plan.loops == 0) throw UsageError("--loops: must be at least 1");
   plan.seed = args.seed ? parse_seed(*args.seed) : default_seed();

@@ -6,6 +6,7 @@
 // is reported with the same wording as an NVIO_* environment variable would be.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <nlohmann/json_fwd.hpp>
 #include <optional>
@@ -71,6 +72,7 @@ struct BenchArgs {
   bool gds = false;
   bool h2d_only = false;
   std::string device = "0";
+  bool device_given = false;  // --device typed: refused without --gpu, which alone uses it
   // Several processes (procs.cpp): --procs N, and --device-map DIR:ORDINAL (one process each).
   std::optional<std::string> procs;
   std::vector<std::string> device_map;
@@ -91,6 +93,7 @@ struct TuneArgs {
   std::optional<std::string> stripe_size;  // several --dir: default 1M
   std::string size = "1G";
   std::string budget = "60";
+  bool budget_given = false;  // --budget typed: refused with --grid, which ignores it
   std::optional<std::string> trial_size;
   std::optional<std::string> engines;
   bool read_only = false;
@@ -104,6 +107,7 @@ struct TuneArgs {
   bool gpu = false;
   bool gds = false;
   std::string device = "0";
+  bool device_given = false;  // --device typed: refused without --gpu, which alone uses it
 };
 
 struct ReportArgs {
@@ -211,6 +215,10 @@ int stop_signal() noexcept;
 // only inside a catch block.
 int report_current_exception();
 
+// The smallest trial `nvio tune --trial-size` and `ds-nvme-tune --io_size` take: below it a trial
+// times little but the calls themselves.
+inline constexpr std::uint64_t kMinTrialBytes = std::uint64_t{1} << 20;
+
 // The tune request that `nvio tune` runs for `args` on directory `dir` (flags parsed and checked).
 nvio::TuneRequest make_tune_request(const TuneArgs& args, const std::string& dir);
 // --gpu/--gds/--device of a tune: the device ordinal (0 without --gpu), once the GPU and, for
@@ -238,7 +246,7 @@ std::string human_bytes(unsigned long long bytes);
 void make_directory(const std::string& dir);
 
 // --device N, for the subcommands that take --gpu.
-void add_device_option(CLI::App& app, std::string& device);
+void add_device_option(CLI::App& app, std::string& device, bool& given);
 
 // The CUDA device ordinal that --device names; throws nvio::InvalidArgument / UsageError for text
 // that is not one.

@@ -24,10 +24,11 @@ void make_directory(const std::string& dir) {
   if (ec) throw std::filesystem::filesystem_error("--dir: cannot create the directory", dir, ec);
 }
 
-void add_device_option(CLI::App& app, std::string& device) {
+void add_device_option(CLI::App& app, std::string& device, bool& given) {
   app.add_option("--device", device, "With --gpu: the CUDA device ordinal")
       ->type_name("N")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->each([&given](const std::string&) { given = true; });
 }
 
 int parse_device(const std::string& text) {

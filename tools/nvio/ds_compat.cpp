@@ -330,6 +330,10 @@ int run_ds_nvme_tune(const DsTuneArgs& args) {
         args.nvme_dir.size()));
   }
   const std::size_t io_size = nvio::parse_size(args.io_size, "--io_size");
+  if (io_size < kMinTrialBytes) {  // 0 became 16 MiB without a word
+    throw UsageError(
+        fmt::format("--io_size: {} is below 1 MiB, too little to time each trial", args.io_size));
+  }
   TuneArgs t;
   t.dirs = {args.nvme_dir.front()};
   t.size = std::to_string(std::max<std::size_t>(io_size, std::size_t{16} << 20));

@@ -44,6 +44,7 @@ void add_tune_options(CLI::App& app, TuneArgs& args) {
       ->type_name("BYTES")
       ->capture_default_str();
   app.add_option("--budget", args.budget, "Seconds to spend, setup included (not with --grid)")
+      ->each([&args](const std::string&) { args.budget_given = true; })
       ->type_name("SECONDS")
       ->capture_default_str();
   app.add_option("--trial-size", args.trial_size,
@@ -66,7 +67,7 @@ void add_tune_options(CLI::App& app, TuneArgs& args) {
   app.add_flag("--gds", args.gds,
                "With --gpu: also try cuFile / GPUDirect Storage (gpu_direct=on) and pick between "
                "the two");
-  add_device_option(app, args.device);
+  add_device_option(app, args.device, args.device_given);
 }
 
 namespace {
@@ -86,6 +87,10 @@ double parse_budget(const std::string& text) {
 }
 
 std::vector<nvio::EngineKind> parse_engines(const std::string& list) {
+  if (!list.empty() &&
+      (list.front() == ',' || list.back() == ',' || list.find(",,") != std::string::npos)) {
+    throw UsageError(fmt::format("--engines: '{}' has an empty item", list));
+  }
   std::vector<nvio::EngineKind> out;
   std::stringstream in(list);
   std::string item;
@@ -202,6 +207,7 @@ class ProgressLine {
 
 int check_tune_gpu_flags(const TuneArgs& args) {
   if (args.gds && !args.gpu) throw UsageError("--gds needs --gpu");
+  if (args.device_given && !args.gpu) throw UsageError("--device applies with --gpu only");
   if (!args.gpu) return 0;
   const int device = parse_device(args.device);
   require_gpu(device);
@@ -232,7 +238,19 @@ nvio::TuneRequest make_tune_request(const TuneArgs& args, const std::string& dir
   nvio::TuneRequest req;
   req.directory = dir;
   req.file_size = nvio::parse_size(args.size, "--size");
-  if (args.trial_size) req.trial_bytes = nvio::parse_size(*args.trial_size, "--trial-size");
+  if (args.trial_size) {
+    req.trial_bytes = nvio::parse_size(*args.trial_size, "--trial-size");
+    // 0 meant the automatic size, and a trial of a few bytes times nothing but the calls.
+    if (req.trial_bytes < kMinTrialBytes) {
+      throw UsageError(fmt::format(
+          "--trial-size: {} is below 1 MiB, too little to time (leave it out for the automatic "
+          "size)",
+          *args.trial_size));
+    }
+  }
+  if (args.grid && args.budget_given) {
+    throw UsageError("--budget does not apply with --grid, which measures every combination");
+  }
   req.settings.budget_s = parse_budget(args.budget);
   req.settings.strategy = args.grid ? nvio::TuneStrategy::Grid : nvio::TuneStrategy::Search;
   if (args.read_only) req.settings.modes = {nvio::TuneMode::Read};

@@ -81,7 +81,7 @@ def test_table_names_the_units(tmp_path):
         (["--use_fast_io"], "--use_fast_io: not supported by nvio"),
         (["--fast_io_size", "1M"], "--fast_io_size: not supported by nvio"),
         (["--use_gds"], "--use_gds needs --gpu"),
-        (["--multi_process", "0"], "--procs: expected 1 to"),
+        (["--multi_process", "0"], "--multi_process: expected 1 to 1024 processes"),
         (["--block_size", "1Q"], "--block_size"),
     ],
 )
@@ -193,6 +193,17 @@ def test_ds_nvme_tune_sweep_config_values_that_broke_the_error_message(tmp_path,
     r = nvio("ds-nvme-tune", "--nvme_dir", tmp_path, "--io_size", SIZE, "--sweep_config", sweep)
     line = assert_one_error_line(r)
     assert needle in line and len(line) < 400
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--io_size", "0"], "--io_size: must be at least 1 byte"),
+    (["--io_size", "1X"], "for --io_size"),
+    (["--io_size", "1M", "--multi_process", "2000"], "--multi_process: expected 1 to 1024"),
+])
+def test_ds_io_errors_name_the_flags_typed(tmp_path, args, words):
+    """Not bench's --size and --procs, which ds-io maps them to."""
+    r = nvio("ds-io", "--folder", tmp_path, *args)
+    assert words in assert_one_error_line(r)
 
 
 def test_ds_nvme_tune_io_size_too_small_to_time_is_refused(tmp_path):

@@ -6,6 +6,7 @@
 // is reported with the same wording as an NVIO_* environment variable would be.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <nlohmann/json_fwd.hpp>
@@ -214,6 +215,10 @@ int stop_signal() noexcept;
 // maps to (kExitUsage for UsageError and nvio::InvalidArgument, kExitFailure otherwise). Call it
 // only inside a catch block.
 int report_current_exception();
+
+// The most processes `nvio bench --procs` (ds-io --multi_process) starts: more is a typo, not a
+// benchmark (each holds a buffer of --size bytes).
+inline constexpr std::size_t kMaxProcs = 1024;
 
 // The smallest trial `nvio tune --trial-size` and `ds-nvme-tune --io_size` take: below it a trial
 // times little but the calls themselves.

@@ -42,9 +42,6 @@ namespace nvio_cli {
 
 namespace {
 
-// More processes than this is a typo, not a benchmark (each holds a buffer of --size bytes).
-constexpr std::size_t kMaxProcs = 1024;
-
 constexpr char kReady = 'R';
 constexpr char kGo = 'G';
 

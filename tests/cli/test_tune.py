@@ -269,3 +269,26 @@ def test_several_dirs_argument_errors(tmp_path, args, needle):
     args = [str(tmp_path / "b") if x == "B" else str(a) if x == "A" else x for x in args]
     line = assert_one_error_line(nvio("tune", "--dir", a, *TINY, *args))
     assert needle in line
+
+
+def test_save_where_the_file_cannot_be_written_fails_before_measuring(tmp_path):
+    """It spent the whole budget, then failed on the lock file."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a read-only tmpfs needs root")
+    import subprocess
+    import time
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)]).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        config = ro / "sub" / "config.json"
+        start = time.monotonic()
+        r = nvio("tune", "--dir", tmp_path / "d", "--size", "32M", "--budget", "30", "--save",
+                 env=clean_env(NVIO_CONFIG=str(config)), timeout=120)
+        line = assert_one_error_line(r, code=1)
+        assert str(config) in line and "does not take new files" in line
+        assert time.monotonic() - start < 10
+    finally:
+        subprocess.run(["umount", str(ro)])

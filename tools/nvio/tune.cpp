@@ -9,6 +9,7 @@
 
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <filesystem>
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -270,6 +271,17 @@ std::string save_path(const TuneArgs& args) {
     throw UsageError("--save: no configuration file: NVIO_CONFIG is 'none', or HOME is not set");
   }
   nvio::load_config(config);  // a malformed file is reported now, not after
+  // The file is replaced through a temporary file and a lock file beside it: its directory (or
+  // the nearest existing one above it, where the missing ones would be made) must take new files.
+  // Found now, not after the whole budget was spent measuring.
+  std::filesystem::path dir = std::filesystem::path(config).parent_path();
+  std::error_code ec;
+  while (!dir.empty() && !std::filesystem::exists(dir, ec)) dir = dir.parent_path();
+  const std::string where = dir.empty() ? "." : dir.string();
+  if (::access(where.c_str(), W_OK) != 0) {
+    throw nvio::IoError(nvio::IoOp::Open, config, 0, 0, errno,
+                        fmt::format("--save: {} does not take new files", where));
+  }
   return config;
 }
 

@@ -39,13 +39,16 @@ def bundled_command() -> Path:
 
 def run(args: Sequence[str]) -> NoReturn:
     """Replaces this process with ``nvio ARGS``; exits with status 1 and one line on stderr when
-    the program is missing."""
+    the program is missing or cannot be run."""
     try:
         program = bundled_command()
     except BundledCommandMissing as e:
         sys.exit(f"nvio: error: {e}")
     # argv[0] "nvio": what the user knows the command as, whichever script ran.
-    os.execv(program, ["nvio", *args])
+    try:
+        os.execv(program, ["nvio", *args])
+    except OSError as e:  # a damaged or foreign file there (exec format error), a directory
+        sys.exit(f"nvio: error: cannot run {program}: {e.strerror or e}")
 
 
 def main() -> NoReturn:

@@ -23,20 +23,43 @@ object). The order of nvio and torch alternates between rounds, so that a drive'
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 # Bytes of one parameter in the checkpoint: its bf16 weight and two fp32 Adam moments.
 _BYTES_PER_PARAM = 2 + 4 + 4
+# Bytes of one optimizer step counter (an fp32 scalar per parameter tensor).
+_BYTES_PER_STEP = 4
+# More layers than any transformer has; beyond it the tensor count, not --size, would decide the
+# memory and the time a run takes (each layer is ten tensors, each with three more in the
+# optimizer state, however small --size makes them).
+_MAX_LAYERS = 1024
+
+# Peak memory of a run, in copies of the checkpoint's bytes: the checkpoint, which this process
+# holds to the end, and one loaded copy beside it (the untimed check loads in this process; each
+# timed load is a child process; `nvio bench` holds a buffer of the same size), plus what the
+# allocator keeps of the temporaries made while building the checkpoint (measured: 2.3 copies in
+# all with torch 1.13 and glibc).
+_PEAK_COPIES = 2.5
+# What the interpreters take besides: this one and a load's child, each with torch imported
+# (measured: 230 MiB each).
+_INTERPRETER_BYTES = 2 * (256 << 20)
+# Peak bytes in the scratch directory, in copies of the checkpoint: nvio's file and torch's, and
+# a third file of the same size (nvio.save's new file before it replaces the last round's, or
+# `nvio bench`'s file); the archives' headers are a small fraction of a copy on top.
+_DISK_COPIES = 3.1
 
 
 def parse_size(text: str) -> int:
@@ -53,10 +76,8 @@ def parse_size(text: str) -> int:
     return size
 
 
-def synthetic_checkpoint(torch: Any, total: int, layers: int, seed: int = 0) -> Dict[str, Any]:
-    """A transformer's training checkpoint of about `total` bytes: per layer four attention
-    matrices (h x h), two MLP matrices (4h x h, h x 4h) and four norm vectors (h), plus an
-    embedding (8h x h); the weights bf16, each with fp32 exp_avg and exp_avg_sq and a step."""
+def checkpoint_shapes(total: int, layers: int) -> Dict[str, Tuple[int, ...]]:
+    """The weights' shapes of synthetic_checkpoint(total, layers), by name; nothing allocated."""
     params = max(1, total // _BYTES_PER_PARAM)
     hidden = max(8, int(math.sqrt(params / (12 * layers + 8))) // 8 * 8)
     shapes = {"embed.weight": (8 * hidden, hidden)}
@@ -69,6 +90,20 @@ def synthetic_checkpoint(torch: Any, total: int, layers: int, seed: int = 0) -> 
         for name in ("norm1", "norm2"):
             shapes[f"{p}{name}.weight"] = (hidden,)
             shapes[f"{p}{name}.bias"] = (hidden,)
+    return shapes
+
+
+def checkpoint_bytes(shapes: Dict[str, Tuple[int, ...]]) -> int:
+    """The tensor bytes of a checkpoint with weights of these shapes (the smallest hidden size
+    can make them more than --size asked for)."""
+    return sum(_BYTES_PER_PARAM * math.prod(s) + _BYTES_PER_STEP for s in shapes.values())
+
+
+def synthetic_checkpoint(torch: Any, total: int, layers: int, seed: int = 0) -> Dict[str, Any]:
+    """A transformer's training checkpoint of about `total` bytes: per layer four attention
+    matrices (h x h), two MLP matrices (4h x h, h x 4h) and four norm vectors (h), plus an
+    embedding (8h x h); the weights bf16, each with fp32 exp_avg and exp_avg_sq and a step."""
+    shapes = checkpoint_shapes(total, layers)
     g = torch.Generator().manual_seed(seed)
     model = {k: torch.randn(s, generator=g).to(torch.bfloat16) for k, s in shapes.items()}
     state = {
@@ -197,19 +232,193 @@ def timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - t0
 
 
-def run(args: argparse.Namespace, out: Any = None) -> Dict[str, Any]:
-    """Runs the rounds args asks for and prints the result to `out` (default: stdout)."""
+def _human(n: float) -> str:
+    """Bytes as "1.5 GiB (1610612736 bytes)": the unit to read, the count to check."""
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit} ({int(n)} bytes)"
+    return f"{int(n)} bytes"
+
+
+def available_memory() -> Optional[int]:
+    """The kernel's estimate of the memory a new allocation can get without swapping
+    (MemAvailable in /proc/meminfo); None where it does not say."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # the kernel writes kB meaning KiB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def free_space(path: Path) -> Optional[int]:
+    """Bytes an unprivileged writer can still put on the file system of `path`; None where it
+    cannot be asked."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def existing_ancestor(path: Path) -> Path:
+    """`path` itself, or its nearest ancestor that exists (a dangling link counts: it is there)."""
+    while not os.path.lexists(path) and path.parent != path:
+        path = path.parent
+    return path
+
+
+def check_dir(directory: Path) -> Optional[str]:
+    """None when --dir is a directory, or can be made one; else why not."""
+    there = existing_ancestor(directory)
+    if not there.is_dir():
+        if there == directory:
+            return f"--dir {directory}: not a directory"
+        return f"--dir {directory}: {there} is not a directory"
+    return None
+
+
+def check_resources(args: argparse.Namespace, nbytes: int) -> Optional[str]:
+    """None when the machine has the memory, and --dir the space, for a checkpoint of `nbytes`;
+    else what is missing (run before anything is allocated: more than the memory there is ends
+    in the kernel's OOM killer, which may pick another process than this one)."""
+    what = f"--size {_human(args.size)}"
+    if nbytes > args.size * 1.1:  # the smallest hidden size makes a bigger checkpoint
+        what += f" with --layers {args.layers} (a checkpoint of {_human(nbytes)})"
+    need = int(_PEAK_COPIES * nbytes) + _INTERPRETER_BYTES
+    have = available_memory()
+    if have is not None and need > have:
+        return (f"{what} needs about {_human(need)} of memory ({_PEAK_COPIES} times the "
+                f"checkpoint: it, a loaded copy and allocator slack; and two Python processes) "
+                f"and {_human(have)} is available (MemAvailable in /proc/meminfo); use a smaller "
+                f"--size")
+    need = int(_DISK_COPIES * nbytes)
+    where = existing_ancestor(args.dir)
+    have = free_space(where)
+    if have is not None and need > have:
+        return (f"{what} needs about {_human(need)} free in --dir {args.dir} (nvio's file, "
+                f"torch's and a third of the same size) and {_human(have)} is free on {where}'s "
+                f"file system; use a smaller --size or another --dir")
+    return None
+
+
+def make_dirs(directory: Path, made: List[Path]) -> None:
+    """Makes `directory` and its missing parents, appending each one made to `made` (outermost
+    first) as it is made, so that a failure part way still leaves the list to remove."""
+    missing = []
+    path = directory
+    while not os.path.lexists(path) and path.parent != path:
+        missing.append(path)
+        path = path.parent
+    for path in reversed(missing):
+        try:
+            path.mkdir()
+        except OSError as e:
+            raise RuntimeError(f"--dir {directory}: cannot make {path}: "
+                               f"{e.strerror or e}") from None
+        made.append(path)
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT, SIGTERM or SIGHUP arrived while a run was in progress (a KeyboardInterrupt, so
+    that the code it passes through cancels and cleans up as it does for Ctrl-C)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+# The signals that end a run with its scratch directory removed (a terminal closed, a job
+# scheduler's or `timeout`'s TERM); their default action would end the process on the spot.
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class SignalGuard:
+    """While entered (in the main thread), SIGINT, SIGTERM and SIGHUP raise Interrupted;
+    ``held()`` puts one that arrives off to the end of the block, and once one was raised the
+    others are ignored, so that the cleanup they start runs to its end. A signal ignored when
+    the guard is entered (nohup's SIGHUP) stays ignored; the previous handlers are restored on
+    exit."""
+
+    def __init__(self) -> None:
+        self.previous: Dict[int, Any] = {}
+        self.pending: Optional[int] = None
+        self.holding = 0
+        self.fired = False
+
+    def __enter__(self) -> "SignalGuard":
+        if threading.current_thread() is threading.main_thread():
+            for signum in _SIGNALS:
+                old = signal.getsignal(signum)
+                if old is signal.SIG_IGN:
+                    continue
+                self.previous[signum] = signal.SIG_DFL if old is None else old
+                signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for signum, old in self.previous.items():
+            signal.signal(signum, old)
+        self.previous.clear()
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.fired:
+            return
+        if self.holding:
+            self.pending = signum
+            return
+        self.fired = True
+        raise Interrupted(signum)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        self.holding += 1
+        try:
+            yield
+        finally:
+            self.holding -= 1
+            if not self.holding and self.pending is not None and not self.fired:
+                self.fired = True
+                raise Interrupted(self.pending)
+
+
+def run(args: argparse.Namespace, out: Any = None,
+        signals: Optional[SignalGuard] = None) -> Dict[str, Any]:
+    """Runs the rounds args asks for and prints the result to `out` (default: stdout).
+    `signals`: the guard main() runs it under, whose held() keeps the making and removing of the
+    scratch directory whole."""
     import torch
 
     import nvio
 
+    held = signals.held if signals is not None else contextlib.nullcontext
     ckpt = synthetic_checkpoint(torch, args.size, args.layers)
     tensors = tensors_of(ckpt)
     nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
     command = None if args.no_bench else find_nvio(args.nvio)
-    args.dir.mkdir(parents=True, exist_ok=True)
-    # A directory of its own inside --dir, the only thing removed at the end.
-    work = Path(tempfile.mkdtemp(prefix="nvio-ckpt-bench-", dir=args.dir))
+    made: List[Path] = []  # --dir and the parents it lacked: removed at the end when empty
+    work: Optional[Path] = None
+
+    def clean_up() -> None:
+        with held():
+            if work is not None:
+                shutil.rmtree(work, ignore_errors=True)
+            for path in reversed(made):
+                try:
+                    path.rmdir()
+                except OSError:
+                    break  # something was put there meanwhile: it stays, and so do its parents
+
+    try:
+        with held():
+            make_dirs(args.dir, made)
+            # A directory of its own inside --dir, the only thing removed at the end.
+            work = Path(tempfile.mkdtemp(prefix="nvio-ckpt-bench-", dir=args.dir))
+    except BaseException:
+        clean_up()
+        raise
     mine, theirs = work / "nvio.pt", work / "torch.pt"
 
     def torch_save() -> None:
@@ -239,7 +448,7 @@ def run(args: argparse.Namespace, out: Any = None) -> Dict[str, Any]:
                 times["bench write"].append(nvio_bench(command, "write", nbytes, work))
                 times["bench read"].append(nvio_bench(command, "read", nbytes, work))
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        clean_up()
 
     out = out if out is not None else sys.stdout
     med = {k: statistics.median(v) for k, v in times.items() if v}
@@ -280,10 +489,13 @@ def parser() -> argparse.ArgumentParser:
                     "(cold cache) and print both with the ratios.")
     p.add_argument("--dir", type=Path, required=True,
                    help="directory on the drive to measure (a scratch directory is made in it "
-                        "and removed)")
+                        "and removed; a missing DIR is made, and removed again at the end)")
     p.add_argument("--size", type=parse_size, default=1 << 30,
-                   help="bytes of tensors (default 1G; the figures mean most from 1G up)")
-    p.add_argument("--layers", type=int, default=12, help="transformer layers (default 12)")
+                   help="bytes of tensors (default 1G; the figures mean most from 1G up); a run "
+                        "needs about 2.5 times this in memory and 3 times in DIR, and is refused "
+                        "without them")
+    p.add_argument("--layers", type=int, default=12,
+                   help=f"transformer layers (default 12, at most {_MAX_LAYERS})")
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
     p.add_argument("--nvio", help="the nvio command for the `nvio bench` reference")
     p.add_argument("--no-bench", action="store_true", help="skip the `nvio bench` reference")
@@ -291,19 +503,42 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _refuse(message: str) -> int:
+    """One line on stderr and the exit status of bad arguments (argparse's error, without the
+    usage it prints first)."""
+    print(f"nvio ckpt-bench: error: {message}", file=sys.stderr)
+    return 2
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Exit status: 0, 1 on a failure (one line on stderr), 2 on bad arguments."""
+    """Exit status: 0, 1 on a failure (one line on stderr), 2 on bad arguments, 128 + the signal
+    number when SIGINT, SIGTERM or SIGHUP ended the run (its scratch directory removed)."""
     args = parser().parse_args(argv)
     if args.layers < 1 or args.rounds < 1:
         parser().error("--layers and --rounds must be at least 1")
+    if args.layers > _MAX_LAYERS:
+        return _refuse(f"--layers {args.layers}: at most {_MAX_LAYERS}")
+    if args.nvio and not args.no_bench:
+        found = shutil.which(args.nvio)
+        if found is None:
+            return _refuse(f"--nvio {args.nvio}: no such executable")
+        args.nvio = found
+    problem = check_dir(args.dir) or check_resources(
+        args, checkpoint_bytes(checkpoint_shapes(args.size, args.layers)))
+    if problem:
+        return _refuse(problem)
     try:
-        import torch  # noqa: F401
-    except ImportError as e:
-        print(f"nvio ckpt-bench: error: PyTorch is needed and cannot be imported: {e}",
-              file=sys.stderr)
-        return 1
-    try:
-        run(args)
+        with SignalGuard() as signals:
+            try:
+                import torch  # noqa: F401
+            except ImportError as e:
+                print(f"nvio ckpt-bench: error: PyTorch is needed and cannot be imported: {e}",
+                      file=sys.stderr)
+                return 1
+            run(args, signals=signals)
+    except Interrupted as e:
+        print(f"nvio ckpt-bench: interrupted by {signal.Signals(e.signum).name}", file=sys.stderr)
+        return 128 + e.signum
     except KeyboardInterrupt:
         print("nvio ckpt-bench: interrupted", file=sys.stderr)
         return 130

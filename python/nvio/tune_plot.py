@@ -29,6 +29,14 @@ MODES = ("read", "write")
 FORMATS = {".png": "png", ".svg": "svg"}
 # Known engines first, in the order the docs list them; anything else after, by name.
 ENGINE_ORDER = ("io_uring", "libaio", "psync")
+# Larger than any `nvio tune --json` result (a grid over the whole space is a few MiB); json
+# reads a whole file into memory, so a bigger one (a wrong file, /dev/zero) is refused unread.
+MAX_RESULT_BYTES = 64 << 20
+# Panels side by side: three engines exist; past this the figure is wider than Agg can draw.
+MAX_ENGINES = 16
+# Block sizes and queue depths beyond this are not measurements (nvio allows at most 1 GiB and
+# 4096) and would not fit the float and int64 arithmetic of the log axes.
+MAX_COUNT = 1 << 50
 
 
 class TunePlotError(ValueError):
@@ -40,6 +48,12 @@ def _human_bytes(n: int) -> str:
         if n >= scale and n % scale == 0:
             return f"{n // scale}{unit}"
     return f"{n}B"
+
+
+def _plain(text: str) -> str:
+    """`text` drawn as it is: matplotlib reads text between two "$" as mathtext, which a name
+    in the result could break (a parse error) or garble."""
+    return text.replace("$", r"\$")
 
 
 def _direct(value: Any) -> str:
@@ -69,10 +83,13 @@ def _points(result: Dict[str, Any]) -> List[Dict[str, Any]]:
                 "queue_depth": int(o["queue_depth"]),
                 "gbps": None if median is None else float(median),
             }
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, OverflowError) as e:
+            # OverflowError: an infinite block size or queue depth (json reads Infinity).
             raise TunePlotError(f"point {i} is malformed ({type(e).__name__}: {e})") from None
         if point["queue_depth"] < 1 or point["block_size"] < 1:
             raise TunePlotError(f"point {i} has a non-positive block size or queue depth")
+        if point["queue_depth"] > MAX_COUNT or point["block_size"] > MAX_COUNT:
+            raise TunePlotError(f"point {i} has a block size or queue depth over 2^50")
         # A configuration that failed to run has no median; it has nothing to draw.
         if point["gbps"] is not None and math.isfinite(point["gbps"]):
             out.append(point)
@@ -99,13 +116,19 @@ def _best_options(result: Dict[str, Any], mode: str) -> Optional[Dict[str, Any]]
         return None
     o = entry["options"]
     try:
-        return {"engine": str(o["engine"]), "direct": _direct(o.get("direct", "on")),
-                "block_size": int(o["block_size"]), "queue_depth": int(o["queue_depth"]),
-                "intra_op_parallelism": o.get("intra_op_parallelism"),
-                "single_submit": o.get("single_submit"), "overlap_events": o.get("overlap_events"),
-                "gbps": entry.get("median_gbps")}
-    except (KeyError, TypeError, ValueError):
+        chosen = {"engine": str(o["engine"]), "direct": _direct(o.get("direct", "on")),
+                  "block_size": int(o["block_size"]), "queue_depth": int(o["queue_depth"]),
+                  "intra_op_parallelism": o.get("intra_op_parallelism"),
+                  "single_submit": o.get("single_submit"),
+                  "overlap_events": o.get("overlap_events"), "gbps": entry.get("median_gbps")}
+    except (KeyError, TypeError, ValueError, OverflowError):
         return None
+    # A choice no point could be is not starred (it would be off the axes, or overflow them).
+    if not all(1 <= chosen[k] <= MAX_COUNT for k in ("block_size", "queue_depth")):
+        return None
+    if isinstance(chosen["gbps"], float) and not math.isfinite(chosen["gbps"]):
+        chosen["gbps"] = None  # the measured point's value is drawn instead
+    return chosen
 
 
 def _title(result: Dict[str, Any]) -> str:
@@ -147,6 +170,9 @@ def plot(result: Dict[str, Any], path: str, mode: Optional[str] = None) -> None:
     points = [p for p in points if p["mode"] in modes]
     if not points:
         raise TunePlotError(f"the result has no {mode} points")
+    if len(_engines(points)) > MAX_ENGINES:
+        raise TunePlotError(f"the result has {len(_engines(points))} engines; at most "
+                            f"{MAX_ENGINES} panels fit side by side")
 
     from matplotlib import colormaps
     from matplotlib.figure import Figure
@@ -208,7 +234,7 @@ def plot(result: Dict[str, Any], path: str, mode: Optional[str] = None) -> None:
                     if best["overlap_events"] is False:
                         title += ", no overlap_events"
                     title += f": {y:.2f} GB/s"
-            ax.set_title(title, fontsize=9)
+            ax.set_title(_plain(title), fontsize=9)
             ax.set_xscale("log", base=2)
             ax.xaxis.set_major_locator(FixedLocator(qds))
             ax.xaxis.set_minor_locator(NullLocator())
@@ -224,29 +250,46 @@ def plot(result: Dict[str, Any], path: str, mode: Optional[str] = None) -> None:
     handles = [Line2D([], [], color=colour[b], marker="o", markersize=4, label=_human_bytes(b))
                for b in blocks]
     handles += [Line2D([], [], color="0.3", linestyle=style[d], marker="o", markersize=4,
-                       markerfacecolor="0.3" if d == "on" else "white", label=f"direct {d}")
+                       markerfacecolor="0.3" if d == "on" else "white",
+                       label=_plain(f"direct {d}"))
                 for d in directs]
     handles.append(Line2D([], [], color="crimson", marker="*", markersize=12, linestyle="none",
                           markeredgecolor="black", label="chosen"))
     # On the top-right panel, outside it: constrained layout makes room for an axes legend.
     axes[0][-1].legend(handles=handles, title="block size", loc="upper left",
                        bbox_to_anchor=(1.02, 1.0), fontsize=8, title_fontsize=8)
-    fig.suptitle(_title(result), fontsize=10)
+    fig.suptitle(_plain(_title(result)), fontsize=10)
     fig.savefig(path, format=FORMATS[ext], dpi=110)
 
 
 def load(path: str) -> Dict[str, Any]:
     """Reads a tune result; raises TunePlotError with the reason for a missing or bad file."""
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+        with open(path, "rb") as f:
+            raw = f.read(MAX_RESULT_BYTES + 1)
     except OSError as e:
         raise TunePlotError(f"{path}: {e.strerror or e}") from None
+    if len(raw) > MAX_RESULT_BYTES:
+        raise TunePlotError(f"{path}: over {MAX_RESULT_BYTES >> 20} MiB, too large for a tune "
+                            "result (is it `nvio tune --json` output?)")
+    try:
+        data = json.loads(raw.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
         raise TunePlotError(f"{path}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise TunePlotError(f"{path}: JSON nested too deeply to read (is it `nvio tune --json` "
+                            "output?)") from None
     if not isinstance(data, dict):
         raise TunePlotError(f"{path}: not a JSON object (is it `nvio tune --json` output?)")
     return data
+
+
+def _remove_unfinished(path: str, existed: bool) -> None:
+    if not existed and os.path.isfile(path) and not os.path.islink(path):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -261,8 +304,15 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="image to write; the format comes from the extension (.png or .svg)")
     ap.add_argument("--mode", choices=MODES, help="plot only this mode (default: all measured)")
     args = ap.parse_args(argv)
+    # An image this run started and did not finish (an error or Ctrl-C inside savefig) is removed;
+    # one that was there before is the user's.
+    existed = os.path.lexists(args.output)
     try:
         plot(load(args.result), args.output, args.mode)
+    except KeyboardInterrupt:
+        _remove_unfinished(args.output, existed)
+        print("nvio.tune_plot: interrupted", file=sys.stderr)
+        return 130
     except TunePlotError as e:
         print(f"nvio.tune_plot: error: {e}", file=sys.stderr)
         return 1
@@ -271,7 +321,13 @@ def main(argv: Optional[List[str]] = None) -> int:
               "apt-get install python3-matplotlib", file=sys.stderr)
         return 1
     except OSError as e:
+        _remove_unfinished(args.output, existed)
         print(f"nvio.tune_plot: error: {args.output}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # noqa: BLE001 (a command: one line, never a traceback)
+        _remove_unfinished(args.output, existed)
+        print(f"nvio.tune_plot: error: {args.output}: cannot draw the result "
+              f"({type(e).__name__}: {e})", file=sys.stderr)
         return 1
     return 0
 

@@ -79,12 +79,16 @@ def test_bad_arguments_exit_2(tmp_path, argv, needle, capsys):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_failure_is_one_line_and_exit_1(tmp_path, capsys):
-    not_a_dir = tmp_path / "file"
-    not_a_dir.write_text("")
-    assert ckpt_bench.main(["--dir", str(not_a_dir), "--size", "1M", "--no-bench"]) == 1
+def test_a_failure_is_one_line_and_exit_1(tmp_path, capsys, monkeypatch):
+    # A --dir that is a file is refused before the run (exit 2, test_cli_hardening.py); a failure
+    # in the run is exit 1.
+    monkeypatch.setattr(ckpt_bench, "same_checkpoint", lambda a, b: "a planted difference")
+    argv = ["--dir", str(tmp_path), "--size", "1M", "--layers", "1", "--no-bench"]
+    assert ckpt_bench.main(argv) == 1
     err = capsys.readouterr().err
     assert err.startswith("nvio ckpt-bench: error:") and err.count("\n") == 1, err
+    assert "a planted difference" in err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_failing_bench_reference_is_reported(tmp_path, capsys):

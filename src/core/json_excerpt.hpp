@@ -21,8 +21,8 @@ inline std::string json_excerpt(const nlohmann::json& v) {
     for (const auto& item : v) {
       if (item.is_structured()) {
         const char* what = v.is_array() ? "item" : "key";
-        return fmt::format("{} of {} {}{}", v.is_array() ? "an array" : "an object", v.size(),
-                           what, v.size() == 1 ? "" : "s");
+        return fmt::format("{} of {} {}{}", v.is_array() ? "an array" : "an object", v.size(), what,
+                           v.size() == 1 ? "" : "s");
       }
     }
   }

@@ -63,7 +63,7 @@ def _file_bytes(target: Any, offset: int, nbytes: int) -> bytes:
 def _buffer_bytes(ref: _buffers.BufferRef) -> bytes:
     if ref.device:
         # Device memory cannot be read from the host directly: copy it through torch.
-        owner = ref.owner
+        owner = _buffers.source(ref)
         if type(owner).__module__.startswith("torch"):
             return owner.detach().reshape(-1).view(-1).cpu().numpy().view("uint8").tobytes()
         raise _nvio.InvalidArgument(

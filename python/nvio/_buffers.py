@@ -40,8 +40,16 @@ def untyped_storage(t: Any) -> Any:
 class BufferRef(NamedTuple):
     address: int
     nbytes: int
-    owner: Any  # keeps the memory alive while an operation may touch it
+    # Keeps the memory alive while an operation may touch it: the object itself, or a tuple of it
+    # and what holds its memory (a torch tensor's storage, a DLPack capsule); source() gives the
+    # object.
+    owner: Any
     device: bool = False  # CUDA device (or managed) memory
+
+
+def source(ref: BufferRef) -> Any:
+    """The object the buffer was resolved from."""
+    return ref.owner[0] if isinstance(ref.owner, tuple) else ref.owner
 
 
 def _from_torch(t: Any, writable: bool) -> BufferRef:

@@ -723,7 +723,7 @@ class _IntoPlan:
                                        "matched); load it with nvio.load(path)")
             elif key in into and self._holds_tensor(into[key]):
                 raise self._refuse(at, f"{self.text!r} holds a value of type "
-                                       f"{type(value).__name__} there, into a tensor")
+                                       f"{type(value).__name__} there, into tensors")
             else:
                 self.values.append((into, key, value))
         missing = [k for k, v in into.items() if k not in loaded and self._holds_tensor(v)]

@@ -260,6 +260,8 @@ def free_space(path: Path) -> Optional[int]:
         st = os.statvfs(path)
     except OSError:
         return None
+    if st.f_blocks == 0:  # ramfs, tmpfs with size=0: no size to judge by
+        return None
     return st.f_bavail * st.f_frsize
 
 

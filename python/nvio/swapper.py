@@ -70,9 +70,11 @@ def _rebuild(buf: Any, nbytes: int, meta: str, name: str) -> Any:
     else:
         import numpy
 
+        if desc.get("dtype") is None:  # numpy.dtype(None) is float64
+            raise bad("not a numpy dtype")
         try:
             dtype = numpy.dtype(desc.get("dtype"))
-        except TypeError:
+        except (TypeError, ValueError):
             raise bad("not a numpy dtype") from None
         if dtype.hasobject:
             raise bad("a dtype of Python objects")

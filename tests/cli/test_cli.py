@@ -1144,3 +1144,26 @@ def test_a_boolean_flag_and_its_negation_together_are_refused(tmp_path, flags):
     r = nvio("bench", "--dir", tmp_path, "--size", "1M", "--loops", 1, *flags)
     line = assert_one_error_line(r)
     assert "excludes" in line
+
+
+@pytest.mark.parametrize("command", [
+    ("bench", "--size", "16M", "--op", "write", "--loops", "1000000", "--direct", "off"),
+    ("tune", "--size", "64M", "--budget", "60"),
+])
+def test_a_signal_ignored_at_start_stays_ignored(tmp_path, command):
+    """`nohup nvio tune ... &`: a closed terminal's SIGHUP must not stop the run (its handler for
+    SIGHUP took over the inherited SIG_IGN); Ctrl-C still does, and removes the file."""
+    proc = subprocess.Popen([BIN, command[0], "--dir", str(tmp_path), *command[1:]],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=clean_env(),
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    deadline = time.monotonic() + 20
+    while not any(tmp_path.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert any(tmp_path.iterdir()), "the scratch file never appeared"
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGHUP)
+    time.sleep(1.0)
+    assert proc.poll() is None, "SIGHUP, ignored when the run started, stopped it"
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=20) == -signal.SIGINT
+    assert list(tmp_path.iterdir()) == []

@@ -529,3 +529,15 @@ def test_read_from_non_file_descriptor_raises(engine_name):
     except subprocess.TimeoutExpired:
         pytest.fail(f"{engine_name}: the read never returned")
     assert r.returncode == 0 and "raised" in r.stdout, r.stderr
+
+
+def test_validate_of_device_memory_reads_the_tensor_it_came_from():
+    """Device memory is compared through torch (.cpu()): the buffer's owner became (tensor,
+    storage), and validate=True of a CUDA tensor then said it needed a torch tensor. Without a GPU
+    the same path runs on a CPU tensor marked as device memory."""
+    import torch
+    from nvio import _aio, _buffers
+
+    t = torch.arange(100, dtype=torch.int32)
+    ref = _buffers.resolve(t, writable=False)._replace(device=True)
+    assert _aio._buffer_bytes(ref) == t.numpy().tobytes()

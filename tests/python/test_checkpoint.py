@@ -384,7 +384,7 @@ def test_into_refuses_what_it_cannot_fill_before_reading_anything(tmp_path):
     nvio.save({"w": torch.ones(3), "step": 7}, path)
     into = {"w": torch.zeros(3), "step": torch.zeros(1)}
     with pytest.raises(nvio.InvalidArgument, match=r"\['step'\]: .* holds a value of type int "
-                                                   "there, into a tensor"):
+                                                   "there, into tensors"):
         nvio.load(path, into=into)
     assert not into["w"].any() and isinstance(into["step"], torch.Tensor)
 

@@ -409,3 +409,20 @@ def test_a_bundled_program_that_cannot_run_is_one_line(tmp_path, monkeypatch):
     message = exit_.value.code
     assert isinstance(message, str) and "\n" not in message
     assert message == f"nvio: error: cannot run {program}: Exec format error"
+
+
+def test_free_space_of_a_file_system_that_reports_no_size_is_not_judged(tmp_path):
+    """ramfs (and tmpfs with size=0) report 0 blocks and 0 free: every run was refused there."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting ramfs needs root")
+    from nvio import ckpt_bench
+
+    mnt = tmp_path / "ram"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "ramfs", "ramfs", str(mnt)]).returncode != 0:
+        pytest.skip("cannot mount ramfs here")
+    try:
+        assert ckpt_bench.free_space(mnt) is None
+        assert ckpt_bench.free_space(tmp_path) is not None
+    finally:
+        subprocess.run(["umount", str(mnt)])

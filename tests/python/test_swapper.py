@@ -390,6 +390,7 @@ def test_cuda_tensors(tmp_path):
     ("meta", {"kind": "torch", "dtype": "float32", "shape": [-10]}, "not a list of sizes"),
     ("meta", {"kind": "numpy", "dtype": "zz", "shape": [10]}, "not a numpy dtype"),
     ("meta", {"kind": "numpy", "dtype": "O", "shape": [10]}, "Python objects"),
+    ("meta", {"kind": "numpy", "shape": [5]}, "not a numpy dtype"),  # dtype(None): float64
     ("offset", -5, "entry offset -5 is not a byte count"),
     ("size", 4.5, "entry size 4.5 is not a byte count"),
     ("offset", 2**64 - 8, "overflows"),

@@ -629,9 +629,10 @@ class FileCleanup {
       std::memcpy(g_cleanup_paths[i], paths_[i].c_str(), paths_[i].size() + 1);
     }
     g_cleanup_count = static_cast<std::sig_atomic_t>(paths_.size());
-    std::signal(SIGINT, remove_and_reraise);
-    std::signal(SIGTERM, remove_and_reraise);
-    std::signal(SIGHUP, remove_and_reraise);  // the terminal closed
+    for (const int sig : {SIGINT, SIGTERM, SIGHUP}) {  // SIGHUP: the terminal closed
+      // One the process was started with ignored (nohup's SIGHUP) stays ignored.
+      if (std::signal(sig, remove_and_reraise) == SIG_IGN) std::signal(sig, SIG_IGN);
+    }
   }
   ~FileCleanup() {
     g_cleanup_count = 0;
@@ -1532,8 +1533,10 @@ void check_free_space(const Plan& plan) {
     const std::uint64_t have = file_size(p).value_or(0);
     if (have >= each) continue;
     struct statvfs vfs {};
-    const std::string dir = std::filesystem::path(p).parent_path().string();
-    if (::statvfs(dir.empty() ? "." : dir.c_str(), &vfs) != 0 || vfs.f_blocks == 0) continue;
+    // The file's own file system where it exists (a --file may be a link to another one).
+    std::string where = std::filesystem::path(p).parent_path().string();
+    if (have > 0 || ::access(p.c_str(), F_OK) == 0) where = p;
+    if (::statvfs(where.empty() ? "." : where.c_str(), &vfs) != 0 || vfs.f_blocks == 0) continue;
     const std::uint64_t free_bytes = std::uint64_t{vfs.f_bavail} * vfs.f_frsize;
     if (each - have > free_bytes) {
       throw nvio::NoSpace(nvio::IoOp::Write, p, have, each - have, ENOSPC,

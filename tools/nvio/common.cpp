@@ -3,7 +3,10 @@
 
 #include <CLI/CLI.hpp>
 #include <array>
+#include <atomic>
 #include <csignal>
+#include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <limits>
 #include <system_error>
@@ -53,13 +56,16 @@ void require_gpu(int device) {
 namespace {
 
 constexpr std::array<int, 3> kStopSignals{SIGINT, SIGTERM, SIGHUP};
-volatile std::sig_atomic_t g_stop_signal = 0;
+// Written by the handler, read by the waiting threads' checks: a lock-free atomic is both
+// async-signal-safe and free of data races.
+std::atomic<int> g_stop_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free);
 
-extern "C" void record_stop_signal(int sig) { g_stop_signal = sig; }
+extern "C" void record_stop_signal(int sig) { g_stop_signal.store(sig); }
 
 class SignalRecorded final : public nvio::InterruptCheck {
  public:
-  bool interrupted() noexcept override { return g_stop_signal != 0; }
+  bool interrupted() noexcept override { return g_stop_signal.load() != 0; }
 };
 SignalRecorded g_signal_recorded;
 
@@ -67,26 +73,43 @@ SignalRecorded g_signal_recorded;
 
 struct StopOnSignals::Saved {
   std::array<struct sigaction, kStopSignals.size()> actions{};
+  std::array<bool, kStopSignals.size()> installed{};
   nvio::ScopedInterruptCheck check{g_signal_recorded};
 };
 
 StopOnSignals::StopOnSignals() : saved_(new Saved) {
-  g_stop_signal = 0;
+  g_stop_signal.store(0);
   struct sigaction act {};
   act.sa_handler = record_stop_signal;
+  // SA_RESETHAND: a second signal acts at once (kills), should the stop itself hang on a dead
+  // drive. SA_RESTART: the main thread's other system calls go on; the waits ask the check anyway.
+  act.sa_flags = SA_RESETHAND | SA_RESTART;
   ::sigemptyset(&act.sa_mask);
   for (std::size_t i = 0; i < kStopSignals.size(); ++i) {
-    ::sigaction(kStopSignals[i], &act, &saved_->actions[i]);
+    struct sigaction old {};
+    // A signal the process was started with ignored (nohup's SIGHUP, SIGINT of a background
+    // job) stays ignored.
+    if (::sigaction(kStopSignals[i], nullptr, &old) != 0 || old.sa_handler == SIG_IGN) continue;
+    saved_->installed[i] = ::sigaction(kStopSignals[i], &act, &saved_->actions[i]) == 0;
   }
 }
 
 StopOnSignals::~StopOnSignals() {
   for (std::size_t i = 0; i < kStopSignals.size(); ++i) {
-    ::sigaction(kStopSignals[i], &saved_->actions[i], nullptr);
+    if (saved_->installed[i]) ::sigaction(kStopSignals[i], &saved_->actions[i], nullptr);
   }
   delete saved_;
+  // A signal after the library's last wait (while the results were printed) stopped nothing: it
+  // still ends the process, as it would have without the handler. During unwinding from the
+  // Interrupted it caused, report_current_exception() does that, after its message.
+  const int sig = g_stop_signal.load();
+  if (sig != 0 && std::uncaught_exceptions() == 0) {
+    std::fflush(stdout);
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+  }
 }
 
-int stop_signal() noexcept { return g_stop_signal; }
+int stop_signal() noexcept { return g_stop_signal.load(); }
 
 }  // namespace nvio_cli

@@ -142,9 +142,13 @@ int nvio_cli::report_current_exception() {
 // The results went to stdout through stdio's buffer: a full disk or a closed pipe under it shows
 // only at the flush. A run whose output was lost has failed, whatever it measured.
 int check_output(int code) {
-  if (std::fflush(stdout) == 0 && std::ferror(stdout) == 0) return code;
+  errno = 0;
+  const bool flushed = std::fflush(stdout) == 0;
   const int err = errno;
-  print_error(fmt::format("writing the output failed: {}", std::strerror(err)));
+  if (flushed && std::ferror(stdout) == 0) return code;
+  // An earlier write may have failed with the flush succeeding: its errno is gone by now.
+  print_error(fmt::format("writing the output failed: {}",
+                          !flushed && err != 0 ? std::strerror(err) : "a write to stdout failed"));
   return code == nvio_cli::kExitOk ? nvio_cli::kExitFailure : code;
 }
 

@@ -691,9 +691,12 @@ class _IntoPlan:
         self.items: List[Tuple[Any, int]] = []
         self.values: List[Tuple[dict, Any, Any]] = []
 
+    @staticmethod
+    def _key(where: tuple) -> str:
+        return "".join(f"[{k!r}]" for k in where)
+
     def _refuse(self, where: tuple, what: str) -> _nvio.InvalidArgument:
-        key = "".join(f"[{k!r}]" for k in where)
-        return _nvio.InvalidArgument(f"nvio.load(into=): key {key}: {what}")
+        return _nvio.InvalidArgument(f"nvio.load(into=): key {self._key(where)}: {what}")
 
     def _holds_tensor(self, value: Any) -> bool:
         if isinstance(value, self.torch.Tensor):
@@ -753,7 +756,7 @@ class _IntoPlan:
         end = begin + meta.numel() * meta.element_size()
         if end > size:
             raise self.records.archive._bad(
-                f"the tensor at key {''.join(f'[{k!r}]' for k in at)} spans bytes {begin} to "
+                f"the tensor at key {self._key(at)} spans bytes {begin} to "
                 f"{end} of a record of {size}")
         self.items.append((target, start + begin))
 

@@ -7,6 +7,7 @@
 #include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -93,6 +94,12 @@ int basic_facts(int dirfd, const char* path, int flags, unsigned mask, struct st
 }
 
 }  // namespace
+
+std::optional<std::uint64_t> free_space(const std::string& path) noexcept {
+  struct statvfs vfs {};
+  if (::statvfs(path.c_str(), &vfs) != 0 || vfs.f_blocks == 0) return std::nullopt;
+  return std::uint64_t{vfs.f_bavail} * vfs.f_frsize;
+}
 
 int path_facts(const std::string& path, FileFacts& facts) noexcept {
   struct statx stx {};

@@ -8,6 +8,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "nvio/system.hpp"
@@ -64,6 +65,11 @@ std::int64_t block_device_size(int fd) noexcept;
 
 // Fills `facts` for the file open as `fd`. Returns 0, or -errno when statx failed.
 int file_facts(int fd, FileFacts& facts);
+
+// The bytes an unprivileged writer can still put on the file system of `path` (statvfs's f_bavail),
+// or nullopt where it cannot be told: statvfs failed, or the file system reports no size at all
+// (ramfs, tmpfs mounted with size=0: 0 blocks, 0 free), which no free-space check may judge.
+std::optional<std::uint64_t> free_space(const std::string& path) noexcept;
 
 // What a file's name refers to now, from one statx of `path` (following symbolic links, as open
 // does): its type, mode, size (0 for a block device: ask its descriptor), device and inode. The

@@ -1,7 +1,6 @@
 // The tuner's real measurer: trials that read and write a scratch file with nvio::Handle.
 #include <fmt/format.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <sys/sysmacros.h>
 #include <sys/vfs.h>
 #include <unistd.h>
@@ -217,9 +216,8 @@ TuneResult tune_directory(const TuneRequest& request) {
     throw InvalidArgument(fmt::format("trial size {} is larger than the file size {}",
                                       request.trial_bytes, request.file_size));
   }
-  struct statvfs vfs {};
-  if (::statvfs(dir.c_str(), &vfs) == 0) {
-    const std::uint64_t free_bytes = std::uint64_t{vfs.f_bavail} * vfs.f_frsize;
+  if (const std::optional<std::uint64_t> free = detail::free_space(dir)) {
+    const std::uint64_t free_bytes = *free;
     // 64 MiB to spare, for the file system's own blocks and other writers. Compared without a
     // sum that could wrap (a size near 2^64 passed as 0 + 64 MiB and filled the drive).
     const std::uint64_t spare = 64 * mib;

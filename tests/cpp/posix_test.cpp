@@ -5,12 +5,17 @@
 
 #include <fcntl.h>
 #include <linux/magic.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/vfs.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -77,6 +82,27 @@ TEST(Posix, FileFactsOfDirectory) {
   const FileFacts facts = facts_of(fd.get());
   EXPECT_EQ(facts.type, FileType::Directory);
   EXPECT_TRUE(S_ISDIR(facts.mode)) << std::oct << facts.mode;
+}
+
+// What bench and tune judge a run's file by: statvfs's free bytes, and nothing where the file
+// system reports no size (ramfs: 0 blocks, 0 free, which refused every tune there).
+TEST(Posix, FreeSpaceIsNotToldWhereTheFileSystemHasNoSize) {
+  TempDir d;
+  const std::optional<std::uint64_t> here = nvio::detail::free_space(d.path());
+  ASSERT_TRUE(here.has_value());
+  struct statvfs vfs {};
+  ASSERT_EQ(::statvfs(d.path().c_str(), &vfs), 0);
+  EXPECT_NEAR(static_cast<double>(*here), static_cast<double>(vfs.f_bavail) * vfs.f_frsize,
+              64.0 * 1024 * 1024);
+  EXPECT_FALSE(nvio::detail::free_space(d.file("missing/dir")).has_value());
+  if (::geteuid() != 0) GTEST_SKIP() << "mounting ramfs needs root";
+  const std::string mnt = d.file("ram");
+  ASSERT_EQ(::mkdir(mnt.c_str(), 0755), 0);
+  if (::mount("ramfs", mnt.c_str(), "ramfs", 0, nullptr) != 0) {
+    GTEST_SKIP() << "cannot mount ramfs here: " << std::strerror(errno);
+  }
+  EXPECT_FALSE(nvio::detail::free_space(mnt).has_value());
+  ::umount(mnt.c_str());
 }
 
 TEST(Posix, FileFactsOfCharacterDevice) {

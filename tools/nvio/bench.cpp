@@ -10,7 +10,6 @@
 #include <fmt/core.h>
 #include <fmt/ranges.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -1524,25 +1523,22 @@ bool report_verification(const std::vector<OpResult>& results, const nvio::Handl
 
 // A run whose file cannot fit is refused before it writes a byte: filling the drive until ENOSPC
 // first (83 GB of a shared machine's disk for a mistyped --size) is harm that the error message
-// does not undo. Each part of a striped file needs its share. A file system that reports no
-// sizes (ramfs) is not judged.
+// does not undo. Each part of a striped file needs its share (free_space: ramfs is not judged).
 void check_free_space(const Plan& plan) {
   const std::vector<std::string> paths = Target::paths(plan);
   const std::uint64_t each = plan.end() / paths.size() + (plan.end() % paths.size() != 0);
   for (const std::string& p : paths) {
     const std::uint64_t have = file_size(p).value_or(0);
     if (have >= each) continue;
-    struct statvfs vfs {};
     // The file's own file system where it exists (a --file may be a link to another one).
     std::string where = std::filesystem::path(p).parent_path().string();
     if (have > 0 || ::access(p.c_str(), F_OK) == 0) where = p;
-    if (::statvfs(where.empty() ? "." : where.c_str(), &vfs) != 0 || vfs.f_blocks == 0) continue;
-    const std::uint64_t free_bytes = std::uint64_t{vfs.f_bavail} * vfs.f_frsize;
-    if (each - have > free_bytes) {
+    const std::optional<std::uint64_t> free = nvio::detail::free_space(where.empty() ? "." : where);
+    if (free && each - have > *free) {
       throw nvio::NoSpace(nvio::IoOp::Write, p, have, each - have, ENOSPC,
                           fmt::format("the run needs {} more bytes there and {} are free (use a "
                                       "smaller --size or --file-size)",
-                                      each - have, free_bytes));
+                                      each - have, *free));
     }
   }
 }

@@ -210,6 +210,9 @@ class StopOnSignals {
 };
 // The signal a StopOnSignals recorded (0 for none).
 int stop_signal() noexcept;
+// Ends the process by `sig`, as it would have ended without a handler: the status a shell
+// expects (128 + N). stdout is flushed first.
+void end_by_signal(int sig);
 
 // Prints the exception being handled as the one "nvio: error:" line and returns the exit code it
 // maps to (kExitUsage for UsageError and nvio::InvalidArgument, kExitFailure otherwise). Call it

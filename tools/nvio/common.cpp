@@ -103,13 +103,15 @@ StopOnSignals::~StopOnSignals() {
   // still ends the process, as it would have without the handler. During unwinding from the
   // Interrupted it caused, report_current_exception() does that, after its message.
   const int sig = g_stop_signal.load();
-  if (sig != 0 && std::uncaught_exceptions() == 0) {
-    std::fflush(stdout);
-    std::signal(sig, SIG_DFL);
-    std::raise(sig);
-  }
+  if (sig != 0 && std::uncaught_exceptions() == 0) end_by_signal(sig);
 }
 
 int stop_signal() noexcept { return g_stop_signal.load(); }
+
+void end_by_signal(int sig) {
+  std::fflush(stdout);
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
+}
 
 }  // namespace nvio_cli

@@ -6,7 +6,6 @@
 
 #include <CLI/CLI.hpp>
 #include <cerrno>
-#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -120,10 +119,8 @@ int nvio_cli::report_current_exception() {
                             ::sigabbrev_np(sig) != nullptr
                                 ? std::string("SIG") + ::sigabbrev_np(sig)
                                 : fmt::format("signal {}", sig)));
-    // Ended by the signal, as it would have without a handler: the status a shell expects.
-    std::signal(sig, SIG_DFL);
-    std::raise(sig);
-    return 128 + sig;
+    nvio_cli::end_by_signal(sig);
+    return 128 + sig;  // only if the signal is blocked
   } catch (const nvio_cli::UsageError& e) {
     print_error(e.what());
     return nvio_cli::kExitUsage;

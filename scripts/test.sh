@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# One command that installs what is missing, builds, and runs the whole test suite: the C++
-# conformance suite against every engine, the CLI tests and the Python tests, then the C++ and CLI
-# suites again under ASan+UBSan and under TSan (scripts/sanitize.sh), and a 20 s libFuzzer run of
+# One command that installs what is missing (Debian packages, then the project virtual environment
+# .venv with the pinned Python packages of requirements.txt), builds, installs the package into
+# .venv, and runs the whole test suite: the C++ conformance suite against every engine, the CLI
+# tests and the Python tests (on .venv's torch 2, plus a short pass on Debian's torch 1.13:
+# tests/python/legacy_torch.py), then the C++ and CLI suites again under ASan+UBSan and under TSan (scripts/sanitize.sh), and a 20 s libFuzzer run of
 # the safetensors header parser. NVIO_TEST_QUICK=1 skips the sanitizer and fuzzer passes. Extra
 # arguments go to ctest (e.g. -R Conformance). The builds are unity builds
 # (CMAKE_UNITY_BUILD): about half the compile time on CI's two cores; the usual build of a
@@ -11,9 +13,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/deps.sh
+scripts/venv.sh
+py=$PWD/.venv/bin/python
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
-  -DNVIO_WERROR=ON -DCMAKE_UNITY_BUILD=ON >/dev/null
+  -DNVIO_WERROR=ON -DCMAKE_UNITY_BUILD=ON -DPython3_EXECUTABLE="$py" -DNVIO_TEST_PYTHON="$py" >/dev/null
 cmake --build build -j"$(nproc)"
+# The package into the project environment as a user installs it, packaging what this build
+# compiled (setup.py's NVIO_PREBUILT_BUILD_DIR) instead of compiling it again.
+NVIO_PREBUILT_BUILD_DIR=$PWD/build "$py" -m pip install -q --disable-pip-version-check \
+  --no-build-isolation --no-deps . 2>&1 | { grep -v "^WARNING: Location" || true; }
+"$py" -c 'import sys, torch, nvio; print(f"nvio: Python suite on torch {torch.__version__}, "
+  f"{sys.executable} {sys.version.split()[0]}; torch 1.13 pass (python_torch1) on /usr/bin/python3")'
 ctest --test-dir build --output-on-failure -j"$(nproc)" "$@"
 
 if [ "${NVIO_TEST_QUICK:-0}" != "1" ]; then

@@ -52,6 +52,13 @@ def source(ref: BufferRef) -> Any:
     return ref.owner[0] if isinstance(ref.owner, tuple) else ref.owner
 
 
+def _unsupported_layout(t: Any) -> InvalidType:
+    return InvalidType(
+        f"nvio: {t.layout} tensors are not supported: they have no plain memory to read or "
+        "write; pass t.to_dense()"
+    )
+
+
 def _from_torch(t: Any, writable: bool) -> BufferRef:
     # is_cuda / is_cpu rather than t.device.type: building the device object costs more than
     # the rest of a small read's Python path.
@@ -71,11 +78,11 @@ def _from_torch(t: Any, writable: bool) -> BufferRef:
         if str(t.layout) == "torch.strided":
             raise InvalidType(f"nvio: this tensor has no plain memory to read or write ({e})") \
                 from None
-        raise InvalidType(
-            f"nvio: {t.layout} tensors are not supported: they have no plain memory to read or "
-            "write; pass t.to_dense()"
-        ) from None
+        raise _unsupported_layout(t) from None
     if not contiguous:
+        # torch 2 answers is_contiguous() of a sparse COO tensor with False instead of refusing.
+        if str(t.layout) != "torch.strided":
+            raise _unsupported_layout(t)
         raise _nvio.InvalidArgument(
             "nvio: the tensor is not contiguous; pass t.contiguous() "
             "(and copy the result back after a read)"

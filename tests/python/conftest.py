@@ -43,6 +43,19 @@ if not _built:
 
 import numpy as np
 
+
+def pytest_report_header(config):
+    """Which interpreter, torch and nvio the suite ran on (the suite's first lines)."""
+    try:
+        import torch
+
+        torch_text = f"torch {torch.__version__}"
+    except ImportError:
+        torch_text = "no torch"
+    return (f"nvio {nvio.__version__} from {os.path.dirname(nvio.__file__)}; {torch_text}; "
+            f"numpy {np.__version__}; {sys.executable} {sys.version.split()[0]}")
+
+
 ENGINES = ("psync", "libaio", "io_uring")
 
 # Sizes that are not multiples of any block size, page or sector, and offsets likewise.

@@ -1602,12 +1602,12 @@ int run_bench(const BenchArgs& args) {
     }
     return report_verification(results, handle) ? kExitOk : kExitFailure;
   }
+  if (plan.pattern == Pattern::Random) check_random_memory(plan);  // before any file or directory
   if (plan.scratch) {
     for (const std::string& p : Target::paths(plan)) {
       make_directory(std::filesystem::path(p).parent_path().string());
     }
   }
-  if (plan.pattern == Pattern::Random) check_random_memory(plan);
   FileCleanup cleanup(Target::paths(plan), !plan.keep && (plan.scratch || !plan.existing_size));
   check_free_space(plan);
 

@@ -520,7 +520,8 @@ def test_random_buffers_beyond_memory_are_refused_naming_the_flags(tmp_path):
              "--file-size", "1G", "--outstanding", 1024, "--ops", 1)
     line = assert_one_error_line(r, code=1)
     assert "--outstanding 1024 x --size 1 GiB = 1024.0 GiB" in line, line
-    assert re.search(r"(at most \d+ operations|not even 1 operation) of this --size fit", line), line
+    fits = r"(at most \d+ operations|not even 1 operation) of this --size fit"
+    assert re.search(fits, line), line
     assert "MemAvailable" in line or "RLIMIT_AS" in line or "memory.max" in line, line
     assert list(tmp_path.iterdir()) == []  # not even the --dir was made
 

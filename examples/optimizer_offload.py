@@ -21,6 +21,7 @@ hides, and the step time against in-memory states.
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 from typing import Callable, List, Optional, Sequence
@@ -119,7 +120,7 @@ def backward(model: torch.nn.Module, width: int, step: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dir", default=None, help="swap directory (default: a temporary one)")
+    ap.add_argument("--dir", default=None, help="where the swap directory goes (made when missing; default: the system's temporary directory)")
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--width", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=3)
@@ -131,6 +132,8 @@ def main() -> None:
     groups = [list(m.parameters()) for m in offloaded if list(m.parameters())]
     group_bytes = max(sum(p.numel() * p.element_size() for p in g) for g in groups)
     budget = 2 * 4 * group_bytes  # two moments, for four groups (stepping, read, written, spare)
+    if args.dir:
+        os.makedirs(args.dir, exist_ok=True)  # made when missing, as `nvio bench --dir` does
     with tempfile.TemporaryDirectory(dir=args.dir) as d, \
             nvio.TensorSwapper(d, budget_bytes=budget) as swapper:
         opt = OffloadedAdam(groups, swapper, lr=1e-3)

@@ -513,6 +513,44 @@ def test_random_read_only_run_of_a_short_existing_file_is_refused(tmp_path):
     assert fingerprint(f) == before
 
 
+def test_random_buffers_beyond_memory_are_refused_naming_the_flags(tmp_path):
+    """Issue 28: a large --size failed as a bare "mmap of 34359738368 bytes failed"."""
+    # 1024 x 1 GiB: more than any machine running this has; nothing is written.
+    r = nvio("bench", "--dir", tmp_path / "made", "--pattern", "random", "--size", "1G",
+             "--file-size", "1G", "--outstanding", 1024, "--ops", 1)
+    line = assert_one_error_line(r, code=1)
+    assert "--outstanding 1024 x --size 1 GiB = 1024.0 GiB" in line, line
+    fits = r"(at most \d+ operations|not even 1 operation) of this --size fit"
+    assert re.search(fits, line), line
+    assert "MemAvailable" in line or "RLIMIT_AS" in line or "memory.max" in line, line
+    assert list(tmp_path.iterdir()) == []  # not even the --dir was made
+
+
+def test_random_buffers_beyond_the_address_space_limit_name_it(tmp_path):
+    import resource
+
+    def limit():  # 3 GiB of address space, and a run asking for 4 GiB of buffers
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+    r = subprocess.run([BIN, "bench", "--dir", str(tmp_path), "--pattern", "random", "--size",
+                        "64M", "--file-size", "64M", "--outstanding", "64", "--ops", "1"],
+                       capture_output=True, text=True, env=clean_env(), timeout=60,
+                       preexec_fn=limit)
+    line = assert_one_error_line(r, code=1)
+    assert "--outstanding 64 x --size 64 MiB = 4.0 GiB" in line, line
+    # Fewer than 48 fit under 3 GiB, whichever bound (this limit or MemAvailable) is lower.
+    fit = int(re.search(r"at most (\d+) operations", line).group(1))
+    assert fit < 48, line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_random_default_outstanding_is_named_when_it_makes_the_memory(tmp_path):
+    r = nvio("bench", "--dir", tmp_path, "--pattern", "random", "--size", "1G", "--file-size",
+             "1G", "--queue-depth", 512, "--parallelism", 2, "--ops", 1)
+    line = assert_one_error_line(r, code=1)
+    assert "--outstanding 1024 (default: queue_depth x parallelism) x --size 1 GiB" in line, line
+
+
 def test_random_human_output(tmp_path):
     r = nvio("bench", "--dir", tmp_path, *RANDOM, "--ops", 64, "--loops", 1, "--batch", 2,
              "--outstanding", 4)

@@ -241,7 +241,13 @@ def test_several_dirs_tune_each_then_measure_them_together(tmp_path):
     for m in s["modes"]:
         assert m["gb_per_s"] > 0 and len(m["gb_per_s_all"]) == 3
         assert len(m["drive_gb_per_s"]) == 2 and all(g > 0 for g in m["drive_gb_per_s"])
-    # Both directories are on one device here: one profile, and a note saying so.
+    # Both directories are on one device here: a warning (issue 28: none was given), one profile
+    # and a note saying so.
+    assert len(doc["drive_of_directory"]) == 2
+    assert doc["drive_of_directory"][0] == doc["drive_of_directory"][1]
+    assert len(doc["warnings"]) == 1 and "are on one drive" in doc["warnings"][0]
+    assert f"--dir {dirs[0]} and --dir {dirs[1]}" in doc["warnings"][0]
+    assert "nvio: warning: " + doc["warnings"][0] in r.stderr
     saved = json.loads(cfg.read_text())
     assert len(saved["profiles"]) == 1
     assert "like an earlier --dir" in r.stderr
@@ -249,13 +255,35 @@ def test_several_dirs_tune_each_then_measure_them_together(tmp_path):
     assert list(dirs[0].iterdir()) == [] and list(dirs[1].iterdir()) == []
 
 
-def test_several_dirs_text_output(tmp_path):
+def test_several_dirs_on_one_drive_text_output_says_so(tmp_path):
+    """Issue 28: two --dir on one drive gave no warning and "37% of the sum of the drives"."""
     r = nvio("tune", "--dir", tmp_path / "a", "--dir", tmp_path / "b", *TINY, "--read-only",
              timeout=120)
     assert r.returncode == 0, r.stderr
+    together = "All 2 directories (1 drive) together"
+    assert together in r.stdout
+    assert "% of the sum of the 1 distinct drive alone, directories on one drive counted once" \
+        in r.stdout
+    assert "of the sum of the drives alone" not in r.stdout
+    assert f"warning: --dir {tmp_path / 'a'} and --dir {tmp_path / 'b'} are on one drive" \
+        in r.stdout
+    assert "write " not in r.stdout.split(together)[1]
+
+
+def test_several_dirs_on_distinct_drives_give_no_warning(tmp_path):
+    other = "/dev/shm"
+    if not os.access(other, os.W_OK) or os.stat(other).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip(f"{other} is not a writable second file system here")
+    b = os.path.join(other, f"nvio-tune-test-{os.getpid()}")
+    try:
+        r = nvio("tune", "--dir", tmp_path / "a", "--dir", b, *TINY, "--read-only", timeout=120)
+    finally:
+        if os.path.isdir(b):
+            os.rmdir(b)
+    assert r.returncode == 0, r.stderr
     assert "All 2 drives together" in r.stdout
     assert "% of the sum of the drives alone" in r.stdout
-    assert "write " not in r.stdout.split("All 2 drives together")[1]
+    assert "warning" not in r.stdout + r.stderr
 
 
 @pytest.mark.parametrize("args,needle", [

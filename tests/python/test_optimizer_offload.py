@@ -3,6 +3,8 @@ with its states in memory, with and without prefetch, under a budget of a few gr
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -47,3 +49,17 @@ def test_offloaded_adam_is_bit_exact(tmp_path, prefetch):
                 k, i = k + 1, 0
         # Nothing stays in memory between steps but the step counts.
         assert all(set(o.state[p]) == {"step"} for o in opt.optimizers for p in o.state)
+
+
+def test_the_example_makes_a_missing_dir(tmp_path):
+    """Issue 28: run as its docstring says, with a --dir that did not exist, it ended in
+    FileNotFoundError."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "optimizer_offload.py"
+    missing = tmp_path / "not" / "yet"
+    env = dict(os.environ, PYTHONPATH=str(Path(nvio.__file__).resolve().parents[1]))
+    r = subprocess.run([sys.executable, str(example), "--dir", str(missing), "--layers", "2",
+                        "--width", "64", "--steps", "1"], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "parameters bit-exact against in-memory Adam: True" in r.stdout
+    assert missing.is_dir() and list(missing.iterdir()) == []  # the swap files went with it

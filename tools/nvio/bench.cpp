@@ -219,6 +219,7 @@ struct RandomPlan {
   std::optional<double> duration;    // seconds per loop
   std::uint64_t capacity = 0;        // the most operations a loop records
   unsigned outstanding = 0;
+  bool outstanding_given = false;  // else queue_depth x parallelism
   unsigned batch = 1;
 };
 
@@ -492,6 +493,7 @@ void plan_random(const BenchArgs& args, Plan& plan) {
   const nvio::Options& o = plan.options.values;
   r.outstanding = args.outstanding ? parse_unsigned(*args.outstanding, "--outstanding")
                                    : o.queue_depth * o.intra_op_parallelism;
+  r.outstanding_given = args.outstanding.has_value();
   r.batch = args.batch ? parse_unsigned(*args.batch, "--batch") : 1;
   if (r.outstanding == 0) throw UsageError("--outstanding: must be at least 1");
   if (r.batch == 0) throw UsageError("--batch: must be at least 1");
@@ -1097,12 +1099,56 @@ double percentile_us(std::vector<std::uint64_t>& v, std::size_t n, double p) {
   return static_cast<double>(v[rank]) / 1e3;
 }
 
+// A random run keeps one --size buffer per operation in flight: --outstanding 8192 of 4 MiB is
+// 32 GiB. The messages about that memory name the flags that make it.
+std::string random_memory_text(const Plan& plan) {
+  const RandomPlan& r = plan.random;
+  return fmt::format(
+      "--pattern random keeps one --size buffer per operation in flight: --outstanding {}{} x "
+      "--size {} = {:.1f} GiB",
+      r.outstanding, r.outstanding_given ? "" : " (default: queue_depth x parallelism)",
+      human_bytes(plan.size),
+      static_cast<double>(r.outstanding) * static_cast<double>(plan.size) / (1ULL << 30));
+}
+
+// More than the memory there is is refused before anything is written, with how many operations
+// fit, rather than as a bare failed mmap (or a run that swaps).
+void check_random_memory(const Plan& plan) {
+  const RandomPlan& r = plan.random;
+  const std::optional<MemoryRoom> room = memory_room();
+  if (!room || plan.size <= room->bytes / r.outstanding) return;
+  // Whole batches: --outstanding must stay a multiple of --batch.
+  const std::uint64_t fit = room->bytes / plan.size / r.batch * r.batch;
+  const std::string advice =
+      fit == 0 ? fmt::format("not even {} operation{} of this --size fit{}; lower --size", r.batch,
+                             r.batch == 1 ? "" : "s", r.batch == 1 ? "s" : "")
+               : fmt::format("at most {} operations of this --size fit; lower --outstanding or "
+                             "--size",
+                             fit);
+  throw nvio::MemoryError(fmt::format("{}, more than the {:.1f} GiB that fit ({}): {}",
+                                      random_memory_text(plan),
+                                      static_cast<double>(room->bytes) / (1ULL << 30),
+                                      room->source, advice),
+                          ENOMEM);
+}
+
+// The buffer slots; a refused allocation (the check above passed: overcommit, a limit it does not
+// read) is still reported with the flags that asked for it.
+nvio::AlignedBuffer random_slots(const Plan& plan) {
+  try {
+    return nvio::AlignedBuffer(std::size_t{plan.random.outstanding} * plan.size);
+  } catch (const nvio::MemoryError& e) {
+    throw nvio::MemoryError(fmt::format("{}: {}", random_memory_text(plan), e.what()),
+                            e.error_code());
+  }
+}
+
 // Everything a random loop uses, allocated before the timed part: one buffer slot of --size bytes
 // per operation in flight, the extents of each group (a group is the `batch` operations submitted
 // together), the offsets in flight (for --verify) and one latency per operation.
 struct RandomState {
   RandomState(const Plan& plan, int fd)
-      : slots(std::size_t{plan.random.outstanding} * plan.size),
+      : slots(random_slots(plan)),
         groups(plan.random.outstanding / plan.random.batch),
         reads(plan.random.outstanding),
         writes(plan.random.outstanding),
@@ -1556,6 +1602,7 @@ int run_bench(const BenchArgs& args) {
     }
     return report_verification(results, handle) ? kExitOk : kExitFailure;
   }
+  if (plan.pattern == Pattern::Random) check_random_memory(plan);  // before any file or directory
   if (plan.scratch) {
     for (const std::string& p : Target::paths(plan)) {
       make_directory(std::filesystem::path(p).parent_path().string());

@@ -24,6 +24,12 @@ constexpr const char* kDefaultPython = NVIO_DEFAULT_PYTHON;
 #else
 constexpr const char* kDefaultPython = "python3";
 #endif
+// Where `cmake --install` puts the package, relative to the installed program (python/CMakeLists).
+#ifdef NVIO_INSTALLED_PYTHON
+constexpr const char* kInstalledPython = NVIO_INSTALLED_PYTHON;
+#else
+constexpr const char* kInstalledPython = "";
+#endif
 
 // Which Python runs the module, and what it needs on PYTHONPATH, by where this program lies:
 // - in a build tree (build/bin/nvio): the Python of the build, with build/python, where the
@@ -32,7 +38,10 @@ constexpr const char* kDefaultPython = "python3";
 //   interpreter of that installation (…/bin/pythonX.Y: a venv's own), which has the package on
 //   its path already (putting site-packages on PYTHONPATH would put it ahead of the standard
 //   library); that interpreter missing, the Python of the build with site-packages on PYTHONPATH;
-// - anywhere else (installed by cmake): the Python of the build, finding the package itself.
+// - installed by cmake (PREFIX/bin/nvio): the Python of the build, with the package that
+//   cmake --install put under PREFIX/lib/pythonX.Y/site-packages (NVIO_INSTALLED_PYTHON, relative
+//   to the program) when it is there;
+// - anywhere else: the Python of the build, finding the package itself.
 // NVIO_PYTHON names the interpreter in every case.
 struct PythonChoice {
   std::string interpreter = kDefaultPython;
@@ -59,6 +68,10 @@ PythonChoice choose_python() {
       } else {
         choice.path = site.string();
       }
+    } else if (*kInstalledPython != '\0' &&
+               std::filesystem::is_regular_file(dir / kInstalledPython / "nvio" / "ckpt_bench.py",
+                                                ec)) {
+      choice.path = (dir / kInstalledPython).lexically_normal().string();
     }
   }
   if (const char* named = std::getenv("NVIO_PYTHON"); named != nullptr && *named != '\0') {

@@ -249,6 +249,15 @@ std::string configured_names(const nvio::EffectiveOptions& options);
 // Renders a byte count for people: "1 GiB", "4 KiB", or plain bytes when not a whole unit.
 std::string human_bytes(unsigned long long bytes);
 
+// The most memory a run can take for its buffers, and what sets it: MemAvailable of
+// /proc/meminfo, or the address-space limit (RLIMIT_AS) or the cgroup's memory.max (less what the
+// cgroup holds) where lower. nullopt when none of them can be read.
+struct MemoryRoom {
+  std::uint64_t bytes = 0;
+  std::string source;  // "MemAvailable in /proc/meminfo", "RLIMIT_AS (ulimit -v)", ...
+};
+std::optional<MemoryRoom> memory_room();
+
 // Creates a --dir that does not exist yet, with its parents (as mkdir -p). Throws
 // std::filesystem::filesystem_error naming the directory when that fails.
 void make_directory(const std::string& dir);

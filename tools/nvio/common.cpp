@@ -1,14 +1,18 @@
 // Helpers that more than one subcommand uses.
 #include <fmt/core.h>
+#include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <limits>
+#include <sstream>
 #include <system_error>
 
 #include "cli.hpp"
@@ -25,6 +29,67 @@ void make_directory(const std::string& dir) {
   if (dir.empty() || std::filesystem::exists(std::filesystem::symlink_status(dir, ec))) return;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw std::filesystem::filesystem_error("--dir: cannot create the directory", dir, ec);
+}
+
+namespace {
+
+// The first number of a one-line file such as memory.max; nullopt for "max" or an unreadable file.
+std::optional<std::uint64_t> read_number(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::uint64_t value = 0;
+  if (in >> value) return value;
+  return std::nullopt;
+}
+
+// The least memory.max of the cgroup (v2) of this process and the ones above it; nullopt where no
+// level sets one. Not less memory.current: that counts page cache the kernel would reclaim.
+std::optional<std::uint64_t> cgroup_limit() {
+  std::ifstream in("/proc/self/cgroup");
+  std::string line;
+  std::optional<std::uint64_t> limit;
+  while (std::getline(in, line)) {
+    if (line.rfind("0::", 0) != 0) continue;
+    for (std::filesystem::path dir = "/sys/fs/cgroup" + line.substr(3);; dir = dir.parent_path()) {
+      if (const auto max = read_number(dir / "memory.max")) {
+        limit = limit ? std::min(*limit, *max) : *max;
+      }
+      if (dir == "/sys/fs/cgroup" || dir == dir.parent_path()) break;
+    }
+  }
+  return limit;
+}
+
+// A "Key:   N kB" line of a /proc file, in bytes.
+std::optional<std::uint64_t> proc_kib(const char* file, const std::string& key) {
+  std::ifstream in(file);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(key + ":", 0) != 0) continue;
+    std::istringstream fields(line.substr(key.size() + 1));
+    std::uint64_t kib = 0;
+    if (fields >> kib) return kib * 1024;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<MemoryRoom> memory_room() {
+  std::optional<MemoryRoom> room;
+  auto consider = [&room](std::uint64_t bytes, const char* source) {
+    if (!room || bytes < room->bytes) room = MemoryRoom{bytes, source};
+  };
+  if (const auto available = proc_kib("/proc/meminfo", "MemAvailable")) {
+    consider(*available, "MemAvailable in /proc/meminfo");
+  }
+  struct rlimit lim {};
+  if (::getrlimit(RLIMIT_AS, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY) {
+    const std::uint64_t mapped = proc_kib("/proc/self/status", "VmSize").value_or(0);
+    consider(lim.rlim_cur > mapped ? lim.rlim_cur - mapped : 0,
+             "the address-space limit RLIMIT_AS (ulimit -v) less what is mapped");
+  }
+  if (const auto cgroup = cgroup_limit()) consider(*cgroup, "the cgroup's limit memory.max");
+  return room;
 }
 
 void add_device_option(CLI::App& app, std::string& device, bool& given) {

@@ -8,10 +8,12 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -294,6 +296,88 @@ void save_result(const nvio::TuneResult& result, const std::string& config, bool
                config.c_str(), profile.key.c_str());
 }
 
+// The drive behind a directory: its file system's device ("dev:MAJOR:MINOR", the profile key),
+// or for a partition the whole disk it is on (sysfs: a partition's directory sits in its disk's),
+// so that two partitions of one NVMe drive are one drive too.
+std::string drive_of(const std::string& dir) {
+  const std::string key = nvio::device_key(dir);
+  std::error_code ec;
+  const std::filesystem::path sys = std::filesystem::canonical(
+      "/sys/dev/block/" + key.substr(key.find(':') + 1), ec);
+  if (ec) return key;
+  if (std::filesystem::exists(sys / "partition", ec)) return sys.parent_path().filename().string();
+  return sys.filename().string();
+}
+
+// Directories on one drive: striping over them does not add a drive, and adding up their figures
+// alone counts that drive more than once. One warning per directory that shares an earlier one's.
+std::vector<std::string> shared_drive_warnings(const std::vector<std::string>& dirs,
+                                               const std::vector<std::string>& drives) {
+  std::vector<std::string> warnings;
+  for (std::size_t i = 1; i < dirs.size(); ++i) {
+    for (std::size_t j = 0; j < i; ++j) {
+      if (drives[i] != drives[j]) continue;
+      warnings.push_back(fmt::format(
+          "--dir {} and --dir {} are on one drive ({}): the striped figure is that drive's, not "
+          "of separate drives, and the sum of the drives alone counts it once",
+          dirs[j], dirs[i], drives[i]));
+      break;
+    }
+  }
+  return warnings;
+}
+
+// The text report of several --dir: each directory's table, then all of them together against
+// the sum of the drives alone (directories on one drive counted once).
+void print_striped(const std::vector<nvio::TuneResult>& results,
+                   const nvio::StripedTuneResult& together, const std::vector<std::string>& drives,
+                   const std::vector<std::string>& warnings) {
+  for (const nvio::TuneResult& r : results) {
+    print_table(r, "host memory");
+    fmt::print("\n");
+  }
+  const std::set<std::string> distinct(drives.begin(), drives.end());
+  const std::string all =
+      distinct.size() == drives.size()
+          ? fmt::format("All {} drives", drives.size())
+          : fmt::format("All {} directories ({} drive{})", drives.size(), distinct.size(),
+                        distinct.size() == 1 ? "" : "s");
+  fmt::print(
+      "{} together: a {} file striped in {} stripes, each directory with its pick (median of "
+      "3):\n",
+      all, human_bytes(together.file_size), human_bytes(together.stripe_size));
+  for (const nvio::StripedModeResult& m : together.modes) {
+    // What the drives reached alone, each with its pick for this mode; directories on one drive
+    // count once, at the best of them.
+    std::map<std::string, double> best;
+    for (std::size_t i = 0; i < results.size(); ++i) {
+      const auto& pick = m.mode == nvio::TuneMode::Read ? results[i].read : results[i].write;
+      if (pick) best[drives[i]] = std::max(best[drives[i]], pick->gbps);
+    }
+    double alone = 0;
+    for (const auto& [drive, gbps] : best) alone += gbps;
+    std::string per_dir;
+    for (std::size_t d = 0; d < m.drive_gbps.size(); ++d) {
+      per_dir +=
+          fmt::format("{}{} {:.3f}", d ? ", " : "", together.directories[d], m.drive_gbps[d]);
+    }
+    const std::string of_what =
+        distinct.size() == drives.size()
+            ? std::string("the drives alone")
+            : fmt::format("the {} distinct drive{} alone, directories on one drive counted once",
+                          distinct.size(), distinct.size() == 1 ? "" : "s");
+    fmt::print("{:<6} {:7.3f} GB/s ({:.3f} GiB/s); {:.0f}% of the sum of {} ({:.3f} GB/s); per "
+               "directory: {}\n",
+               nvio::to_string(m.mode), m.gbps, m.gbps * 1e9 / (1 << 30),
+               alone > 0 ? 100 * m.gbps / alone : 0.0, of_what, alone, per_dir);
+  }
+  for (const std::string& w : warnings) fmt::print("warning: {}\n", w);
+  fmt::print(
+      "(GB/s = 1e9 bytes/s. Below the sum: a slow drive holds the stripe back, or the "
+      "drives share a bus, a controller or the CPUs; nvio bench --dir A --dir B shows "
+      "each drive's share.)\n");
+}
+
 // Several --dir: each drive tuned alone, then all measured together on a striped file.
 int run_tune_drives(const TuneArgs& args) {
   if (args.gpu) throw UsageError("--gpu tunes one --dir at a time");
@@ -307,10 +391,17 @@ int run_tune_drives(const TuneArgs& args) {
   // 80 % of the budget is shared by the drives alone. The striped measurement is not a search and
   // is not held to the budget: three writes and reads of a --size file, which the user sized.
   const double share = first.settings.budget_s * 0.8 / static_cast<double>(args.dirs.size());
+  std::vector<std::string> drives;
+  for (const std::string& dir : args.dirs) {
+    make_directory(dir);
+    drives.push_back(drive_of(dir));
+  }
+  // Said before the minutes of measuring, and again with the results.
+  const std::vector<std::string> warnings = shared_drive_warnings(args.dirs, drives);
+  for (const std::string& w : warnings) std::fprintf(stderr, "nvio: warning: %s\n", w.c_str());
   // Ctrl-C: the library removes its scratch files (each drive's, the striped one) as it unwinds.
   const StopOnSignals stop;
   for (const std::string& dir : args.dirs) {
-    make_directory(dir);
     nvio::TuneRequest req = make_tune_request(args, dir);
     req.settings.budget_s = share;
     ProgressLine progress;
@@ -323,41 +414,15 @@ int run_tune_drives(const TuneArgs& args) {
   const nvio::StripedTuneResult together = nvio::measure_striped(striped);
 
   if (args.json) {
-    json doc = {{"drives", json::array()}, {"striped", json::parse(nvio::to_json(together))}};
+    json doc = {{"drives", json::array()},
+                {"striped", json::parse(nvio::to_json(together))},
+                {"drive_of_directory", drives},
+                {"warnings", warnings}};
     for (const nvio::TuneResult& r : results)
       doc["drives"].push_back(json::parse(nvio::to_json(r)));
     fmt::print("{}\n", doc.dump(2));
   } else {
-    for (const nvio::TuneResult& r : results) {
-      print_table(r, "host memory");
-      fmt::print("\n");
-    }
-    fmt::print(
-        "All {} drives together: a {} file striped in {} stripes, each drive with its pick "
-        "(median of 3):\n",
-        results.size(), human_bytes(together.file_size), human_bytes(together.stripe_size));
-    for (const nvio::StripedModeResult& m : together.modes) {
-      // What the drives reached alone, each with its pick for this mode.
-      double alone = 0;
-      for (const nvio::TuneResult& r : results) {
-        const auto& pick = m.mode == nvio::TuneMode::Read ? r.read : r.write;
-        if (pick) alone += pick->gbps;
-      }
-      std::string drives;
-      for (std::size_t d = 0; d < m.drive_gbps.size(); ++d) {
-        drives +=
-            fmt::format("{}{} {:.3f}", d ? ", " : "", together.directories[d], m.drive_gbps[d]);
-      }
-      fmt::print(
-          "{:<6} {:7.3f} GB/s ({:.3f} GiB/s); {:.0f}% of the sum of the drives alone "
-          "({:.3f} GB/s); per drive: {}\n",
-          nvio::to_string(m.mode), m.gbps, m.gbps * 1e9 / (1 << 30),
-          alone > 0 ? 100 * m.gbps / alone : 0.0, alone, drives);
-    }
-    fmt::print(
-        "(GB/s = 1e9 bytes/s. Below the sum: a slow drive holds the stripe back, or the "
-        "drives share a bus, a controller or the CPUs; nvio bench --dir A --dir B shows "
-        "each drive's share.)\n");
+    print_striped(results, together, drives, warnings);
   }
   if (args.save) {
     std::set<std::string> keys;

@@ -1122,14 +1122,14 @@ void check_random_memory(const Plan& plan) {
   const std::string advice =
       fit == 0 ? fmt::format("not even {} operation{} of this --size fit{}; lower --size", r.batch,
                              r.batch == 1 ? "" : "s", r.batch == 1 ? "s" : "")
-               : fmt::format("at most {} operations of this --size fit; lower --outstanding or "
-                             "--size",
-                             fit);
-  throw nvio::MemoryError(fmt::format("{}, more than the {:.1f} GiB that fit ({}): {}",
-                                      random_memory_text(plan),
-                                      static_cast<double>(room->bytes) / (1ULL << 30),
-                                      room->source, advice),
-                          ENOMEM);
+               : fmt::format(
+                     "at most {} operations of this --size fit; lower --outstanding or "
+                     "--size",
+                     fit);
+  throw nvio::MemoryError(
+      fmt::format("{}, more than the {:.1f} GiB that fit ({}): {}", random_memory_text(plan),
+                  static_cast<double>(room->bytes) / (1ULL << 30), room->source, advice),
+      ENOMEM);
 }
 
 // The buffer slots; a refused allocation (the check above passed: overcommit, a limit it does not

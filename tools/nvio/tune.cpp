@@ -302,8 +302,8 @@ void save_result(const nvio::TuneResult& result, const std::string& config, bool
 std::string drive_of(const std::string& dir) {
   const std::string key = nvio::device_key(dir);
   std::error_code ec;
-  const std::filesystem::path sys = std::filesystem::canonical(
-      "/sys/dev/block/" + key.substr(key.find(':') + 1), ec);
+  const std::filesystem::path sys =
+      std::filesystem::canonical("/sys/dev/block/" + key.substr(key.find(':') + 1), ec);
   if (ec) return key;
   if (std::filesystem::exists(sys / "partition", ec)) return sys.parent_path().filename().string();
   return sys.filename().string();
@@ -337,11 +337,10 @@ void print_striped(const std::vector<nvio::TuneResult>& results,
     fmt::print("\n");
   }
   const std::set<std::string> distinct(drives.begin(), drives.end());
-  const std::string all =
-      distinct.size() == drives.size()
-          ? fmt::format("All {} drives", drives.size())
-          : fmt::format("All {} directories ({} drive{})", drives.size(), distinct.size(),
-                        distinct.size() == 1 ? "" : "s");
+  const std::string all = distinct.size() == drives.size()
+                              ? fmt::format("All {} drives", drives.size())
+                              : fmt::format("All {} directories ({} drive{})", drives.size(),
+                                            distinct.size(), distinct.size() == 1 ? "" : "s");
   fmt::print(
       "{} together: a {} file striped in {} stripes, each directory with its pick (median of "
       "3):\n",
@@ -366,10 +365,11 @@ void print_striped(const std::vector<nvio::TuneResult>& results,
             ? std::string("the drives alone")
             : fmt::format("the {} distinct drive{} alone, directories on one drive counted once",
                           distinct.size(), distinct.size() == 1 ? "" : "s");
-    fmt::print("{:<6} {:7.3f} GB/s ({:.3f} GiB/s); {:.0f}% of the sum of {} ({:.3f} GB/s); per "
-               "directory: {}\n",
-               nvio::to_string(m.mode), m.gbps, m.gbps * 1e9 / (1 << 30),
-               alone > 0 ? 100 * m.gbps / alone : 0.0, of_what, alone, per_dir);
+    fmt::print(
+        "{:<6} {:7.3f} GB/s ({:.3f} GiB/s); {:.0f}% of the sum of {} ({:.3f} GB/s); per "
+        "directory: {}\n",
+        nvio::to_string(m.mode), m.gbps, m.gbps * 1e9 / (1 << 30),
+        alone > 0 ? 100 * m.gbps / alone : 0.0, of_what, alone, per_dir);
   }
   for (const std::string& w : warnings) fmt::print("warning: {}\n", w);
   fmt::print(

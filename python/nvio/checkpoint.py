@@ -519,6 +519,9 @@ class _Records:
     def get_record_offset(self, name: str) -> int:
         return self.archive.record(name)[0]
 
+    def get_record_size(self, name: str) -> int:  # torch 2.13's reader has it
+        return self.archive.record(name)[1]
+
     def get_record_header_offset(self, name: str) -> int:
         self.archive.record(name)  # a missing record raises CheckpointFormatError
         return self.archive.headers[self.archive.prefix + name]
@@ -610,6 +613,13 @@ def _torch_weights_only_default(torch) -> bool:
     return True
 
 
+def _torch_major(torch) -> int:
+    try:
+        return int(str(torch.__version__).split(".")[0])
+    except ValueError:
+        return 2
+
+
 def _unpickle(torch, records: Any, map_location: Any, weights_only: bool) -> Any:
     """torch.serialization._load over our records: the same unpickler, storage handling,
     map_location and weights_only checks as torch.load."""
@@ -618,10 +628,15 @@ def _unpickle(torch, records: Any, map_location: Any, weights_only: bool) -> Any
     if weights_only:
         from torch import _weights_only_unpickler
 
+        # The exception that torch.load itself turns into its "weights only" refusal: the
+        # restricted unpickler raises UnpicklingError on torch 2, RuntimeError on 1.13 (where
+        # torch.load also wraps a bad map_location that way). Anything else passes through, as
+        # in torch.load.
+        refused = (pickle.UnpicklingError,) if _torch_major(torch) >= 2 else (RuntimeError,)
         try:
             return serialization._load(records, map_location, _weights_only_unpickler,
                                        encoding="utf-8")
-        except RuntimeError as e:
+        except refused as e:
             raise pickle.UnpicklingError("nvio.load(weights_only=True) refused the file: "
                                          + str(e)) from None
     return serialization._load(records, map_location, pickle, encoding="utf-8")

@@ -170,8 +170,12 @@ class aio_handle:  # noqa: N801 - DeepSpeed's name
     def _io(self, is_read: bool, buffer: Any, file: Any, validate: bool, is_async: bool,
             file_offset: int) -> int:
         ref = _buffers.resolve(buffer, writable=is_read)
-        validate = _args.boolean(validate, "validate")
-        is_async = _args.boolean(is_async, "async")
+        # Checked unless already a bool (the per-operation path of small reads; the helpers
+        # pass bools).
+        if type(validate) is not bool:
+            validate = _args.boolean(validate, "validate")
+        if type(is_async) is not bool:
+            is_async = _args.boolean(is_async, "async")
         check = None
         if validate:  # the check reads the file again: it needs the file and offset checked here
             file = _args.file_target(file, "filename")
@@ -213,6 +217,9 @@ class aio_handle:  # noqa: N801 - DeepSpeed's name
                         b["file_offset"])
 
     def _simple(self, name: str, is_read: bool, is_async: bool, args: tuple, kwargs: dict) -> int:
+        if not kwargs and 2 <= len(args) <= 3:  # (buffer, filename[, file_offset]): no binding
+            return self._io(is_read, args[0], args[1], False, is_async,
+                            args[2] if len(args) == 3 else 0)
         b = _bind(name, _SYNC_PARAMS, args, kwargs, {"file_offset": 0})
         return self._io(is_read, b["buffer"], b["filename"], False, is_async, b["file_offset"])
 

@@ -97,7 +97,11 @@ def _from_torch(t: Any, writable: bool) -> BufferRef:
         )
     # The storage as well as the tensor: `t.data = other` or `t.set_()` while an operation runs
     # would otherwise free the memory the kernel or a worker is moving bytes into.
-    return BufferRef(address, t.numel() * t.element_size(), (t, untyped_storage(t)), cuda)
+    try:  # untyped_storage(), inlined: the per-operation path of every small read
+        storage = t.untyped_storage()
+    except AttributeError:  # torch 1.13
+        storage = t.storage().untyped()
+    return BufferRef(address, t.numel() * t.element_size(), (t, storage), cuda)
 
 
 def _typestr_itemsize(typestr: str) -> int:

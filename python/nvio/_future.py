@@ -37,6 +37,36 @@ class Interrupt(enum.Enum):
     NEVER = "never"  # do not run the handlers while waiting (a finalizer's drain)
 
 
+class _Collectors:
+    """One lock for the ``_collector`` field of every future, and the condition a thread waits
+    on while another thread collects a future it also waits for. A lock and a condition per
+    future cost more than the rest of a small read's Python path; two threads waiting for one
+    future are rare, so the condition is notified only when a thread waits on it (any collector
+    finishing wakes every such waiter, each rechecks its own future). Reset in a forked child,
+    where a parent's thread may have held the lock at the fork."""
+
+    def __init__(self) -> None:
+        self._after_fork_in_child()
+        _fork.track(self)
+
+    def _after_fork_in_child(self) -> None:
+        self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)
+        self.waiting = 0  # threads in wait(); guarded by lock
+
+    def wait(self) -> None:
+        """Waits (lock held) until some collector finishes."""
+        self.waiting += 1
+        try:
+            self.changed.wait()
+        finally:
+            self.waiting -= 1
+
+
+_collectors = _Collectors()
+get_ident = threading.get_ident
+
+
 class Future:
     """One asynchronous read or write. Keeps its buffer alive until it has been waited for.
 
@@ -47,7 +77,7 @@ class Future:
     """
 
     __slots__ = ("_core", "_ticket", "_nbytes", "_keep_alive", "_then", "_pending", "_taken",
-                 "_finished", "_error", "_cond", "_collector", "_outcome", "_pid")
+                 "_finished", "_error", "_collector", "_outcome", "_pid")
 
     def __init__(self, core: "_nvio.Handle", ticket: int, nbytes: int, keep_alive: Any,
                  then: Optional[Callable[[], None]] = None) -> None:
@@ -62,20 +92,23 @@ class Future:
         self._taken = False  # a wait_all has taken it (guarded by the pending set's lock)
         self._finished = False  # set once, by the collector, before it lets the others look
         self._error: Optional[BaseException] = None
-        self._cond = threading.Condition(threading.Lock())  # guards _collector
-        self._collector: Optional[int] = None  # the thread collecting the ticket now
+        self._collector: Optional[int] = None  # the thread collecting the ticket now (_collectors)
         # Set by the core (collect_into) when it has collected the ticket: (error or None,).
         self._outcome: Optional[tuple] = None
         self._pid = _fork.pid
 
     def _check_process(self) -> None:
-        # Checked before taking the lock, which a thread of the parent may have held at the fork.
+        # Checked before taking a lock (the lock of _collectors is a fresh one in a child, but
+        # the operation is not the child's to wait for). Inlined in _wait, the hot path.
         if _fork.pid != self._pid:
-            raise _nvio.Error(
-                f"nvio: this operation was submitted by process {self._pid} before a fork; only "
-                "that process can wait for it (the child has its own copy of the buffer, which the "
-                "operation does not fill)"
-            )
+            self._refuse_in_child()
+
+    def _refuse_in_child(self) -> None:
+        raise _nvio.Error(
+            f"nvio: this operation was submitted by process {self._pid} before a fork; only "
+            "that process can wait for it (the child has its own copy of the buffer, which the "
+            "operation does not fill)"
+        )
 
     def wait(self) -> int:
         """Blocks (without the GIL) until the operation has finished; returns the bytes moved or
@@ -106,32 +139,38 @@ class Future:
         self._check_process()
         if self._finished:
             return True
-        with self._cond:
+        with _collectors.lock:
             if self._finished or self._collector is not None:
                 return self._finished  # being collected: the core no longer answers for it
             return self._core.done(self._ticket)
 
     def _wait(self, interrupt: Interrupt) -> int:
-        self._check_process()
-        me = threading.get_ident()
-        with self._cond:
-            while not self._finished and self._collector is not None:
-                if self._collector == me:
-                    # A signal handler running inside this thread's own wait for the future.
-                    raise _nvio.Error(
-                        "nvio: a signal handler waited for an operation that the wait it "
-                        "interrupted was waiting for; wait for it after the handler returns")
-                self._cond.wait()
-            collect = not self._finished
+        # The per-operation path of every small read: kept to a few Python calls (a test counts
+        # them: tests/python/test_call_budget.py).
+        if _fork.pid != self._pid:
+            self._refuse_in_child()
+        if not self._finished:
+            collectors = _collectors
+            me = get_ident()
+            with collectors.lock:
+                while not self._finished and self._collector is not None:
+                    if self._collector == me:
+                        # A signal handler running inside this thread's own wait for the future.
+                        raise _nvio.Error(
+                            "nvio: a signal handler waited for an operation that the wait it "
+                            "interrupted was waiting for; wait for it after the handler returns")
+                    collectors.wait()
+                collect = not self._finished
+                if collect:
+                    self._collector = me
             if collect:
-                self._collector = me
-        if collect:
-            try:
-                self._collect(interrupt)
-            finally:
-                with self._cond:
-                    self._collector = None
-                    self._cond.notify_all()
+                try:
+                    self._collect(interrupt)
+                finally:
+                    with collectors.lock:
+                        self._collector = None
+                        if collectors.waiting:
+                            collectors.changed.notify_all()
         if self._error is not None:
             raise self._error
         return self._nbytes
@@ -177,8 +216,10 @@ class Future:
         self._error = error
         self._finished = True
         self._keep_alive = self._then = None
-        if self._pending is not None:
-            self._pending._remove(self)
+        pending = self._pending
+        if pending is not None:
+            with pending._lock:  # off the set here, not by a method of it: the hot path
+                pending._futures.pop(self, None)
 
     def __repr__(self) -> str:
         state = "pending" if not self._finished else "failed" if self._error else "done"
@@ -210,10 +251,6 @@ class PendingFutures:
             future._pending = self
             self._futures[future] = None
         return future
-
-    def _remove(self, future: Future) -> None:
-        with self._lock:
-            self._futures.pop(future, None)
 
     def __len__(self) -> int:
         with self._lock:

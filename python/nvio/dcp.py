@@ -280,11 +280,13 @@ class FileSystemWriter(_writer_base()):  # type: ignore[misc]
     fdatasync'ed before they are renamed into place (default; without it a crash may leave a
     checkpoint whose files are not all on the drive). ``overwrite=False`` refuses a directory that
     holds a checkpoint. ``handle``: the ``nvio.Handle`` to write with (default: the shared one).
-    One file per rank; torch's ``thread_count``/``single_file_per_rank`` have no counterpart (the
-    handle's workers write in parallel)."""
+    Options after ``path`` are keywords. One file per rank; torch's ``thread_count`` and
+    ``single_file_per_rank`` have no counterpart (the handle's workers write in parallel), nor
+    its experimental ``_extensions`` and ``serialization_format`` (the files are always
+    ``torch.save``'s format)."""
 
-    def __init__(self, path: Any, sync_files: bool = True, overwrite: bool = True,
-                 cache_staged_state_dict: bool = False, *, handle: Any = None) -> None:
+    def __init__(self, path: Any, *, sync_files: bool = True, overwrite: bool = True,
+                 cache_staged_state_dict: bool = False, handle: Any = None) -> None:
         super().__init__(path, single_file_per_rank=True, sync_files=sync_files,
                          thread_count=1, cache_staged_state_dict=cache_staged_state_dict,
                          overwrite=overwrite)

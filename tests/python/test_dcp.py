@@ -254,3 +254,27 @@ def test_a_checkpoint_of_another_model_shape(tmp_path):
     assert err.path == os.path.join(str(tmp_path / "c"), ".metadata")
     assert "(64, 65)" in str(err) and "(64, 64)" in str(err)
     assert torch.count_nonzero(other["b"]) == 0  # nothing was loaded
+
+
+def test_replacement_file_commits_or_leaves_nothing(tmp_path):
+    """_nvio.ReplacementFile, the binding nvio.dcp writes every file through."""
+    from nvio import _nvio
+
+    target = tmp_path / "f"
+    target.write_bytes(b"old")
+    h = nvio.Handle()
+    f = _nvio.ReplacementFile(h._core, str(target))
+    temp = f.temp_path
+    h.write_batch([(b"new contents", 0)], f.fd, sync=True)
+    assert target.read_bytes() == b"old" and os.path.exists(temp)
+    f.commit(True)
+    assert target.read_bytes() == b"new contents" and not os.path.exists(temp)
+    with pytest.raises(nvio.InvalidArgument):
+        f.commit(True)
+    g = _nvio.ReplacementFile(h._core, str(target))
+    h.write_batch([(b"discarded", 0)], g.fd)
+    temp = g.temp_path
+    g.discard()
+    assert target.read_bytes() == b"new contents" and not os.path.exists(temp)
+    with pytest.raises(nvio.FileNotFound):
+        _nvio.ReplacementFile(h._core, str(tmp_path / "missing" / "f"))

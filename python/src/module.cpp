@@ -539,7 +539,7 @@ class LockedMemory {
   nvio::AlignedBuffer buffer_;              // a mapping of its own
 };
 
-// ---- batches (issue 10) -----------------------------------------------------------------
+// ---- batches -----------------------------------------------------------------
 // One extent of a batch as nvio/_handle.py hands it over: (address, nbytes, file offset, path or
 // descriptor), the buffer resolved by the same helper as the single calls' (nvio/_buffers.py).
 using BatchItem = std::tuple<std::uintptr_t, std::size_t, long long, Target>;
@@ -758,7 +758,7 @@ void bind_safetensors(py::module_& m) {
       py::arg("sync") = true, py::arg("device") = false);
 }
 
-// ---- the tensor swapper (issue 13) ----------------------------------------------------------
+// ---- the tensor swapper ----------------------------------------------------------
 // nvio/swapper.py's TensorSwapper over nvio::Swapper: buffers arrive as (address, nbytes, device)
 // resolved by nvio/_buffers.py, which keeps them alive through the Future of each swap_out.
 
@@ -1447,7 +1447,7 @@ PYBIND11_MODULE(_nvio, m) {
         [](std::uintptr_t addr, std::size_t n, std::uint64_t off, std::uint64_t seed) {
           return nvio::pattern::first_mismatch(as_ptr(addr), n, off, seed);
         });
-  // ---- GPU (issue 5) ---------------------------------------------------------------------------
+  // ---- GPU ---------------------------------------------------------------------------
   m.def("gpu_info", [] {
     // The first call probes (dlopen, cuInit, cuFileDriverOpen): without the GIL.
     const nvio::GpuInfo& g = *unlocked([] { return &nvio::gpu_info(); });

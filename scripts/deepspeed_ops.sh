@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Compiles the installed DeepSpeed's async_io and pin_memory ops (DS_ACCELERATOR=cpu, against
-# libaio-dev) once into the project environment, .venv/torch_extensions, so that the tests that
+# Compiles the installed DeepSpeed's async_io, pin_memory and shared-memory comm ops
+# (DS_ACCELERATOR=cpu; async_io against libaio-dev) once into the project environment, .venv/torch_extensions, so that the tests that
 # run the real DeepSpeed find them built (tests/python/_ds_real.py says where; those tests skip
 # with the reason when they are not). A stamp in .venv names the DeepSpeed and torch versions
 # built for: nothing is compiled again until one of them changes. Minutes cold on two cores. Run

@@ -1,8 +1,8 @@
 """The installed DeepSpeed (requirements.txt's pin) for the tests that use the real package, and the
 one place that says where its compiled ops live.
 
-DeepSpeed compiles its async_io and pin_memory ops on first use (torch's JIT extension loader,
-against libaio-dev), which takes minutes on two cores. ``python tests/python/_ds_real.py --build``
+DeepSpeed compiles its async_io, pin_memory and shared-memory comm ops on first use (torch's JIT
+extension loader; async_io against libaio-dev), which takes minutes on two cores. ``python tests/python/_ds_real.py --build``
 (run by scripts/deepspeed_ops.sh, which scripts/test.sh runs before ctest) compiles them once into
 ``<environment>/torch_extensions`` and leaves a stamp naming the DeepSpeed and torch versions; the
 tests use that directory and skip, with the reason, when DeepSpeed is absent or its ops are not
@@ -19,8 +19,9 @@ import time
 
 EXTENSIONS_DIR = os.path.join(sys.prefix, "torch_extensions")
 STAMP = os.path.join(sys.prefix, ".nvio-deepspeed-ops")
-# The ops DeepSpeed's swappers load (AsyncIOBuilder.load() loads PinMemoryBuilder first).
-OPS = ("PinMemoryBuilder", "AsyncIOBuilder")
+# The ops the tests make DeepSpeed load: its swappers' (AsyncIOBuilder.load() loads
+# PinMemoryBuilder first) and the CPU accelerator's shared-memory collectives (deepspeed.comm).
+OPS = ("PinMemoryBuilder", "AsyncIOBuilder", "ShareMemCommBuilder")
 
 
 def configure_environment() -> None:
@@ -71,12 +72,12 @@ def _built() -> bool:
 
 
 def build() -> None:
-    """Compiles DeepSpeed's pin_memory and async_io ops and writes the stamp, unless the stamp
+    """Compiles DeepSpeed's OPS and writes the stamp, unless the stamp
     says they are built for this DeepSpeed and torch; without DeepSpeed, says so and does nothing."""
     configure_environment()
     os.environ["TORCH_EXTENSIONS_DIR"] = EXTENSIONS_DIR
     try:
-        import deepspeed.ops.op_builder as op_builder
+        from deepspeed.accelerator import get_accelerator
     except ImportError as e:
         print(f"nvio: no DeepSpeed in {sys.prefix} ({e}): its ops are not built", file=sys.stderr)
         return
@@ -87,7 +88,7 @@ def build() -> None:
     os.makedirs(EXTENSIONS_DIR, exist_ok=True)
     start = time.monotonic()
     for name in OPS:
-        getattr(op_builder, name)().load(verbose=False)
+        get_accelerator().create_op_builder(name).load(verbose=False)
     with open(STAMP, "w") as f:
         f.write(stamp_text())
     print(f"nvio: DeepSpeed's ops built in {time.monotonic() - start:.0f} s", file=sys.stderr)

@@ -2,10 +2,10 @@
 one place that says where its compiled ops live.
 
 DeepSpeed compiles its async_io, pin_memory and shared-memory comm ops on first use (torch's JIT
-extension loader; async_io against libaio-dev), which takes minutes on two cores. ``python tests/python/_ds_real.py --build``
-(run by scripts/deepspeed_ops.sh, which scripts/test.sh runs before ctest) compiles them once into
-``<environment>/torch_extensions`` and leaves a stamp naming the DeepSpeed and torch versions; the
-tests use that directory and skip, with the reason, when DeepSpeed is absent or its ops are not
+extension loader; async_io against libaio-dev), which takes minutes on two cores.
+``python tests/python/_ds_real.py --build`` (run by scripts/deepspeed_ops.sh, which scripts/test.sh
+runs before ctest) compiles them once into ``<environment>/torch_extensions`` and leaves a stamp
+naming the DeepSpeed and torch versions; the tests use that directory and skip, with the reason, when DeepSpeed is absent or its ops are not
 built for these versions (they never compile inside a test's time limit).
 
 DeepSpeed runs on its CPU accelerator here (``DS_ACCELERATOR=cpu``; gloo for collectives).
@@ -72,8 +72,8 @@ def _built() -> bool:
 
 
 def build() -> None:
-    """Compiles DeepSpeed's OPS and writes the stamp, unless the stamp
-    says they are built for this DeepSpeed and torch; without DeepSpeed, says so and does nothing."""
+    """Compiles DeepSpeed's OPS and writes the stamp, unless the stamp says they are built for
+    this DeepSpeed and torch; without DeepSpeed, says so and does nothing."""
     configure_environment()
     os.environ["TORCH_EXTENSIONS_DIR"] = EXTENSIONS_DIR
     try:

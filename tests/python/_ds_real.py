@@ -5,8 +5,9 @@ DeepSpeed compiles its async_io, pin_memory and shared-memory comm ops on first 
 extension loader; async_io against libaio-dev), which takes minutes on two cores.
 ``python tests/python/_ds_real.py --build`` (run by scripts/deepspeed_ops.sh, which scripts/test.sh
 runs before ctest) compiles them once into ``<environment>/torch_extensions`` and leaves a stamp
-naming the DeepSpeed and torch versions; the tests use that directory and skip, with the reason, when DeepSpeed is absent or its ops are not
-built for these versions (they never compile inside a test's time limit).
+naming the DeepSpeed and torch versions; the tests use that directory and skip, with the reason,
+when DeepSpeed is absent or its ops are not built for these versions (they never compile inside a
+test's time limit).
 
 DeepSpeed runs on its CPU accelerator here (``DS_ACCELERATOR=cpu``; gloo for collectives).
 """

@@ -32,7 +32,7 @@ from ._aio import ValidationError, aio_handle, aio_read, aio_write
 from ._future import Future
 from ._handle import Handle
 from ._tune import TuneResult, tune
-from .checkpoint import CheckpointFormatError, load, save
+from .checkpoint import CheckpointFormatError, UnsafeCheckpointError, load, save
 from ._nvio import (
     EngineUnavailable,
     Error,
@@ -69,7 +69,7 @@ __all__ = [
     "report", "tune", "TuneResult", "Error", "InvalidArgument", "InvalidType", "EngineUnavailable",
     "LockedMemoryError", "IOFailure", "FileNotFound", "PermissionDenied", "ReadOnlyFileSystem",
     "IsADirectory", "NoSpace", "ShortFile", "ValidationError", "save", "load",
-    "CheckpointFormatError", "evict", "page_cache",
+    "CheckpointFormatError", "UnsafeCheckpointError", "evict", "page_cache",
     "__version__",
 ]
 __all__ += ["gds_handle", "gpu_info", "GpuError"]

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "core/fork.hpp"
+#include "core/replace_file.hpp"
 #include "jobs/swap_pool.hpp"
 #include "nvio/nvio.hpp"
 
@@ -1216,6 +1217,34 @@ PYBIND11_MODULE(_nvio, m) {
       "zlib.crc32 of a contiguous buffer (ISA-L, without the GIL).");
   m.def("crc32_combine", &nvio::crc32_combine, py::arg("crc_a"), py::arg("crc_b"),
         py::arg("size_b"), "The CRC-32 of A followed by B, from both CRCs and B's length.");
+
+  // The temporaries of replacing saves (core/replace_file.hpp), for nvio.save / nvio.load.
+  m.def(
+      "create_temporary",
+      [](const std::string& target) {
+        const nvio::detail::TemporaryFile t =
+            unlocked([&] { return nvio::detail::create_temporary(target); });
+        return py::make_tuple(path_text(t.path), t.fd);
+      },
+      py::arg("target"),
+      "Removes the target's stale temporaries, then creates a new one beside it (O_EXCL, "
+      "flocked): (its path, its write-only descriptor, which the caller closes).");
+  m.def(
+      "remove_stale_temporaries",
+      [](const std::string& target) {
+        return unlocked([&] { return nvio::detail::remove_stale_temporaries(target); });
+      },
+      py::arg("target"), "Removes the target's temporaries whose writer is gone; how many.");
+  m.def(
+      "temporary_writer",
+      [](const std::string& base, const std::string& name) -> py::object {
+        const auto w = nvio::detail::temporary_writer(base, name);
+        if (!w.has_value()) return py::none();
+        return py::make_tuple(w->host, w->start, w->pid);
+      },
+      py::arg("base"), py::arg("name"),
+      "(host, start time, pid) of the writer of temporary file `name` of a target named `base`, "
+      "or None when it is not one of its temporaries.");
 
   m.def(
       "dlpack_address",

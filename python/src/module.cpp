@@ -669,6 +669,36 @@ void bind_batches(py::class_<nvio::Handle>& cls) {
         return unlocked([&] { return h.submit_write_batch(extents, w); });
       },
       py::arg("items"), py::arg("sync") = false, py::arg("device") = false);
+  // A whole new file in place of `path`, atomically (core/replace_file.hpp, the one mechanism for
+  // it): the extents (address, nbytes, offset) go to a temporary file beside it with one
+  // write_batch (fdatasync'ed with sync), which is then renamed over `path` (and the directory
+  // fsync'ed with sync). On a failure the temporary file is removed and `path` is untouched.
+  // nvio/dcp.py writes its data files and .metadata with it.
+  cls.def(
+      "replace_file",
+      [](nvio::Handle& h, const std::string& path,
+         const std::vector<std::tuple<std::uintptr_t, std::size_t, long long>>& items,
+         bool sync) {
+        std::vector<nvio::WriteExtent> extents;
+        extents.reserve(items.size());
+        for (const auto& [address, nbytes, offset] : items) {
+          nvio::WriteExtent e;
+          e.buf = as_ptr(address);
+          e.length = nbytes;
+          e.offset = checked_offset(offset);
+          extents.push_back(std::move(e));
+        }
+        const nvio::WriteOptions w = write_options(false, sync, false);
+        unlocked(
+            [&] {
+              nvio::detail::ReplacementFile file(path, &h);
+              for (nvio::WriteExtent& e : extents) e.fd = file.fd();
+              if (!extents.empty()) h.write_batch(extents, w);
+              file.commit(w.durability);
+            },
+            Signals::Handle);
+      },
+      py::arg("path"), py::arg("items"), py::arg("sync") = true);
 }
 
 // ---- safetensors (nvio/safetensors.py) --------------------------------------------------------

@@ -416,6 +416,9 @@ def _read_stream(f: Any, text: str) -> memoryview:
     """The rest of file object `f`, from its position, in writable memory (torch.frombuffer warns
     on read-only memory). A regular file is read with preads of its descriptor into memory
     allocated once; `f` is left at its end, as after read()."""
+    if isinstance(f, io.TextIOBase):
+        raise _args.InvalidType(f"nvio.load: {text} is open in text mode: open the file in "
+                                "binary mode ('rb')")
     try:
         fd = f.fileno()
         regular = stat.S_ISREG(os.fstat(fd).st_mode) and f.seekable()

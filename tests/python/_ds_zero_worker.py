@@ -1,12 +1,12 @@
 """One rank of a ZeRO-Infinity run on the real DeepSpeed (CPU accelerator, gloo): a small
 transformer trained with ZeRO stage 3, ``offload_optimizer`` and ``offload_param`` to ``nvme``
 (a directory), on DeepSpeed's own async_io op or, with ``--nvio``, after
-``nvio.deepspeed.install()``. Run by test_deepspeed_zero.py (one process per rank, RANK /
-WORLD_SIZE / MASTER_ADDR / MASTER_PORT set) and by bench/deepspeed_compare.py.
+``nvio.deepspeed.install()``. ``launch()`` runs it as one process per rank (RANK / WORLD_SIZE /
+MASTER_ADDR / MASTER_PORT set), for test_deepspeed_zero.py and bench/deepspeed_compare.py.
 
 Writes JSON to ``--out``: the loss of every step on this rank, the seconds of each step, which
-aio_handle class the swappers held, and the files under the NVMe folder (relative path and size)
-while the engine is alive, as DeepSpeed leaves them after the last step.
+aio_handle class the swappers held, and the files under the NVMe folder (relative path, size,
+sha256) while the engine is alive, as DeepSpeed leaves them after the last step.
 
 Every parameter partition and the optimizer's flat partition are at least 1 MiB, DeepSpeed's
 smallest swappable size (``MIN_AIO_BYTES``), at 2 ranks too, so all of them go through the
@@ -16,8 +16,11 @@ swappers.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
+import socket
+import subprocess
 import sys
 import time
 
@@ -79,17 +82,75 @@ def config(nvme: str, aio: dict) -> dict:
 
 
 def batch(step: int, rank: int) -> torch.Tensor:
+    """Runs of consecutive token ids from random starts: a pattern the model can learn."""
     g = torch.Generator().manual_seed(1000 * step + rank)
-    return torch.randint(0, VOCAB, (BATCH, SEQUENCE), generator=g)
+    starts = torch.randint(0, VOCAB, (BATCH, 1), generator=g)
+    return (starts + torch.arange(SEQUENCE)) % VOCAB
 
 
 def files_under(root: str) -> list:
+    """[relative path, size, sha256] of every file under root."""
     found = []
     for folder, _, names in os.walk(root):
         for name in names:
             path = os.path.join(folder, name)
-            found.append([os.path.relpath(path, root), os.path.getsize(path)])
+            with open(path, "rb") as f:
+                digest = hashlib.sha256(f.read()).hexdigest()
+            found.append([os.path.relpath(path, root), os.path.getsize(path), digest])
     return sorted(found)
+
+
+def _nvio_root() -> str:
+    import nvio
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(nvio.__file__)))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(folder: str, world: int, use_nvio: bool, steps: int = 20,
+           aio: "dict | None" = None) -> list:
+    """Runs this script as `world` ranks (one process each) with the NVMe folder under `folder`;
+    each rank's result. Raises RuntimeError with a rank's output when one fails."""
+    nvme = os.path.join(folder, "nvme")
+    os.makedirs(nvme, exist_ok=True)
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NVIO_")}
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
+               OMP_NUM_THREADS="1", NVIO_CONFIG="none",
+               PYTHONPATH=os.pathsep.join([_nvio_root(), env.get("PYTHONPATH", "")]))
+    procs, outs = [], []
+    for rank in range(world):
+        out = os.path.join(folder, f"rank{rank}.json")
+        outs.append(out)
+        cmd = [sys.executable, os.path.abspath(__file__), "--nvme", nvme, "--out", out,
+               "--steps", str(steps), "--aio", json.dumps(aio or {})]
+        cmd += ["--nvio"] if use_nvio else []
+        procs.append(subprocess.Popen(cmd, env={**env, "RANK": str(rank),
+                                                "LOCAL_RANK": str(rank)},
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    logs = []
+    for proc in procs:
+        try:
+            logs.append(proc.communicate(timeout=300)[0])
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            raise
+    for rank, proc in enumerate(procs):
+        if proc.returncode != 0:
+            raise RuntimeError(f"ZeRO worker rank {rank} of {world} exited with status "
+                               f"{proc.returncode}:\n{logs[rank][-4000:]}")
+    results = []
+    for out in outs:
+        with open(out) as f:
+            results.append(json.load(f))
+    return results
 
 
 def main() -> None:
@@ -127,6 +188,8 @@ def main() -> None:
         losses.append(loss.item())
     swapper = engine.optimizer.optimizer_swapper
     param_swapper = next(p for p in engine.module.parameters()).nvme_swapper
+    param_swapper.synchronize_writes()  # the last parameter swap-outs, before the files are read
+    deepspeed.comm.barrier()
     result = {
         "rank": rank,
         "losses": losses,

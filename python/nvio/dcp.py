@@ -10,14 +10,16 @@ nvio's, drop-in for torch's ``FileSystemWriter`` / ``FileSystemReader``:
   and ``.metadata``, DCP's pickled ``Metadata`` naming the file, offset and length of every item.
   A checkpoint written here loads with torch's ``FileSystemReader``, and one torch's writer wrote
   loads with ``FileSystemReader`` of this module.
-- Writing (``FileSystemWriter.write_data``): each rank lays its file out itself (every tensor's
-  data at a file offset congruent to its address modulo the page size, so that the direct middle
-  needs no bounce copy), computes the archives' CRC-32s on a thread pool, and writes the whole file
-  with one nvio ``write_batch`` straight from the tensors' memory into a temporary file that is
-  fdatasync'ed and renamed into place (``Handle.replace_file``, the library's one atomic-replace
-  mechanism, core/replace_file.hpp). ``finish`` (the coordinator, once every rank has written)
-  replaces ``.metadata`` the same way, last; then it removes the data files of earlier saves into
-  the same directory that the new ``.metadata`` no longer names.
+- Writing (``FileSystemWriter.write_data``): each rank lays its one file out itself (every
+  tensor's data at a file offset congruent to its address modulo the page size, so that the direct
+  middle needs no bounce copy) and writes it into a temporary file (``_nvio.ReplacementFile``, the
+  binding of the library's one atomic-replace mechanism, core/replace_file.hpp): all tensors' data
+  with one ``write_batch`` straight from their memory while the archives' CRC-32s are computed on
+  a thread pool, then the headers, pickles and central directories (which hold the CRCs) with a
+  second batch that fdatasyncs the file; then the rename. ``finish`` (the coordinator, once every
+  rank has written) replaces ``.metadata`` the same way, last (rename, directory fsync); then it
+  removes the data files of earlier saves into the same directory that the new ``.metadata`` no
+  longer names.
 - Every save draws a new tag for its file names (``__<rank>_<tag>_0.distcp``): the files of the
   checkpoint already in the directory are never overwritten, so a save that fails on any rank, or a
   crash at any moment, leaves the previous checkpoint loadable (its ``.metadata`` and files are
@@ -91,13 +93,17 @@ def _handle(handle: Any) -> Any:
 
 
 def replace_file(handle: Any, path: str, pieces: Sequence[Tuple[Any, int]], sync: bool) -> None:
-    """Writes ``pieces`` ((buffer, file offset) pairs) as a new file in place of ``path``, with
+    """Writes ``pieces`` ((buffer, file offset) pairs) as a new file in place of ``path`` with
     one write_batch, atomically (and durably with ``sync``): the core's ReplacementFile."""
-    refs = [_buffers.resolve(buf, writable=False) for buf, _ in pieces]
-    items = [(ref.address, ref.nbytes, offset) for ref, (_, offset) in zip(refs, pieces)
-             if ref.nbytes > 0]
-    _handle(handle)._core.replace_file(path, items, sync)
-    del refs
+    h = _handle(handle)
+    file = _nvio.ReplacementFile(h._core, path)
+    try:
+        if pieces:
+            h.write_batch(pieces, file.fd, sync=sync)
+        file.commit(sync)
+    except BaseException:
+        file.discard()
+        raise
 
 
 # ---- writing -----------------------------------------------------------------------------------
@@ -142,11 +148,14 @@ class _Layout:
         self.end = base + size
         return base, size
 
-    def pieces(self, pool) -> List[Tuple[Any, int]]:
-        """Every extent of the file: CRC-32s computed (on the pool), headers made, small pieces
-        merged where they are close, then the storages."""
-        tasks = _crc_tasks(pool, [t.numpy() for t, _ in self.storages])
-        crcs = iter(_crc_results(tasks))
+    def start_crcs(self, pool) -> List[Any]:
+        """The storages' CRC-32s, submitted to the pool's threads."""
+        return _crc_tasks(pool, [t.numpy() for t, _ in self.storages])
+
+    def small_pieces(self, crc_tasks: List[Any]) -> List[Tuple[Any, int]]:
+        """The extents besides the storages, once their CRC-32s are known: headers, pickles and
+        central directories, merged where they are close."""
+        crcs = iter(_crc_results(crc_tasks))
         small = list(self.small)
         for entries, base, directory in self.archives:
             for e in entries:
@@ -157,9 +166,9 @@ class _Layout:
                     e.crc = next(crcs)
                 small.append((base + e.header_offset, _local_header(e)))
             small.append((base + directory, _central_directory(entries, directory)))
-        # Small pieces next to each other (no storage between) become one extent.
-        ordered = sorted([(at, data) for at, data in small]
-                         + [(at, t) for t, at in self.storages], key=lambda p: p[0])
+        # Small pieces next to each other become one extent (zeros between); never across a
+        # storage.
+        ordered = sorted(small + [(at, t) for t, at in self.storages], key=lambda p: p[0])
         merged: List[Tuple[Any, int]] = []
         run: Optional[bytearray] = None
         start = 0
@@ -168,7 +177,6 @@ class _Layout:
                 if run is not None:
                     merged.append((run, start))
                     run = None
-                merged.append((data, at))
             elif run is not None and at - (start + len(run)) < _MERGE_GAP:
                 run += bytes(at - (start + len(run)))
                 run += data
@@ -179,6 +187,36 @@ class _Layout:
         if run is not None:
             merged.append((run, start))
         return merged
+
+
+def write_data_file(handle: Any, path: str, layout: _Layout, sync: bool) -> None:
+    """Writes a laid-out data file as a new file in place of ``path``, atomically (the core's
+    ReplacementFile): the storages with one batch while their CRC-32s are computed on a thread
+    pool, then the pieces that hold the CRCs with a second, which fdatasyncs the file (with
+    ``sync``); then the rename."""
+    h = _handle(handle)
+    file = _nvio.ReplacementFile(h._core, path)
+    pending = None
+    try:
+        with _pool(os.cpu_count() or 1) as pool:
+            tasks = layout.start_crcs(pool)
+            if layout.storages:
+                pending = h.write_batch_async(layout.storages, file.fd)
+            small = layout.small_pieces(tasks)
+        if pending is not None:
+            pending.wait()
+            pending = None
+        if small:  # (a file with storages has headers; an empty one has nothing to sync)
+            h.write_batch(small, file.fd, sync=sync)
+        file.commit(sync)
+    except BaseException:
+        if pending is not None:  # its buffers and the descriptor stay valid until it ends
+            try:
+                pending.wait()
+            except BaseException:
+                pass
+        file.discard()
+        raise
 
 
 def _plain(torch, value: Any) -> Any:
@@ -211,9 +249,7 @@ def _write_file(path: str, name: str, items: Sequence[Any], planner: Any, handle
             offset, length = layout.add_tensor(torch, tensor)
         results.append(WriteResult(index=item.index, size_in_bytes=length,
                                    storage_data=_fs()._StorageInfo(name, offset, length)))
-    with _pool(os.cpu_count() or 1) as pool:
-        pieces = layout.pieces(pool)
-    replace_file(handle, path, pieces, sync)
+    write_data_file(handle, path, layout, sync)
     del owners
     return results
 

@@ -669,36 +669,47 @@ void bind_batches(py::class_<nvio::Handle>& cls) {
         return unlocked([&] { return h.submit_write_batch(extents, w); });
       },
       py::arg("items"), py::arg("sync") = false, py::arg("device") = false);
-  // A whole new file in place of `path`, atomically (core/replace_file.hpp, the one mechanism for
-  // it): the extents (address, nbytes, offset) go to a temporary file beside it with one
-  // write_batch (fdatasync'ed with sync), which is then renamed over `path` (and the directory
-  // fsync'ed with sync). On a failure the temporary file is removed and `path` is untouched.
-  // nvio/dcp.py writes its data files and .metadata with it.
-  cls.def(
-      "replace_file",
-      [](nvio::Handle& h, const std::string& path,
-         const std::vector<std::tuple<std::uintptr_t, std::size_t, long long>>& items,
-         bool sync) {
-        std::vector<nvio::WriteExtent> extents;
-        extents.reserve(items.size());
-        for (const auto& [address, nbytes, offset] : items) {
-          nvio::WriteExtent e;
-          e.buf = as_ptr(address);
-          e.length = nbytes;
-          e.offset = checked_offset(offset);
-          extents.push_back(std::move(e));
-        }
-        const nvio::WriteOptions w = write_options(false, sync, false);
-        unlocked(
-            [&] {
-              nvio::detail::ReplacementFile file(path, &h);
-              for (nvio::WriteExtent& e : extents) e.fd = file.fd();
-              if (!extents.empty()) h.write_batch(extents, w);
-              file.commit(w.durability);
-            },
-            Signals::Handle);
-      },
-      py::arg("path"), py::arg("items"), py::arg("sync") = true);
+}
+
+// ---- atomic replacement (nvio/dcp.py) ---------------------------------------------------------
+// core/replace_file.hpp's ReplacementFile, the library's one mechanism for replacing a file
+// atomically: Python writes through `fd` (with a handle's batches) and then commits, or discards.
+// Held in an optional so that discard() removes the temporary file at once, not when Python
+// collects the object.
+struct Replacement {
+  std::optional<nvio::detail::ReplacementFile> file;
+
+  nvio::detail::ReplacementFile& get() {
+    if (!file) throw nvio::InvalidArgument("nvio: this ReplacementFile was committed or discarded");
+    return *file;
+  }
+};
+
+void bind_replacement(py::module_& m) {
+  py::class_<Replacement>(m, "ReplacementFile")
+      .def(py::init([](nvio::Handle& h, const std::string& path) {
+             auto r = std::make_unique<Replacement>();
+             unlocked([&] { r->file.emplace(path, &h); });
+             return r;
+           }),
+           py::arg("handle"), py::arg("path"), py::keep_alive<1, 2>())
+      .def_property_readonly("fd", [](Replacement& r) { return r.get().fd(); })
+      .def_property_readonly("temp_path",
+                             [](Replacement& r) { return message_text(r.get().temp_path()); })
+      .def(
+          "commit",
+          [](Replacement& r, bool sync) {
+            nvio::detail::ReplacementFile& f = r.get();
+            const auto durability = sync ? nvio::Durability::Data : nvio::Durability::None;
+            // A failed commit has removed the temporary file: the object is spent either way.
+            struct Spent {
+              Replacement& r;
+              ~Spent() { r.file.reset(); }
+            } spent{r};
+            unlocked([&] { f.commit(durability); });
+          },
+          py::arg("sync") = true)
+      .def("discard", [](Replacement& r) { unlocked([&] { r.file.reset(); }); });
 }
 
 // ---- safetensors (nvio/safetensors.py) --------------------------------------------------------
@@ -1215,6 +1226,7 @@ PYBIND11_MODULE(_nvio, m) {
       .def_property_readonly("engine_reason", &nvio::Handle::engine_reason);
   bind_batches(handle);
   bind_safetensors(m);
+  bind_replacement(m);
   bind_swapper(m);
   bind_striped(m);
 

@@ -108,17 +108,21 @@ def load_and_check(mesh, group, kind, path, findings, what):
 
 def failing_save(mesh, group, rank, path, findings):
     """Rank 1's data file fails part way (the disk fills after the first half of its pieces)."""
-    real = nvio.dcp.replace_file
+    real = nvio.dcp.write_data_file
 
-    def half_then_full(handle, target, pieces, sync):
-        if target.endswith(".distcp"):
-            real(handle, target + ".half", pieces[:len(pieces) // 2], sync)
-            os.unlink(target + ".half")
+    def half_then_full(handle, target, layout, sync):
+        from nvio._handle import shared_handle
+
+        h = shared_handle()
+        file = nvio._nvio.ReplacementFile(h._core, target)
+        try:
+            h.write_batch(layout.storages[:len(layout.storages) // 2], file.fd)
             raise nvio.NoSpace(f"injected: no space left on the device writing {target!r}")
-        real(handle, target, pieces, sync)
+        finally:
+            file.discard()
 
     if rank == 1:
-        nvio.dcp.replace_file = half_then_full
+        nvio.dcp.write_data_file = half_then_full
     try:
         save(mesh, group, "nvio", path)
         findings["errors"].append("the failing save returned")
@@ -129,7 +133,7 @@ def failing_save(mesh, group, rank, path, findings):
             findings["errors"].append(f"failure not named: {failed} {text[:300]}")
         findings["checks"].append("failing save raised naming rank 1")
     finally:
-        nvio.dcp.replace_file = real
+        nvio.dcp.write_data_file = real
 
 
 def main():

@@ -132,10 +132,15 @@ def test_non_contiguous_saved_as_contiguous_copy(tmp_path):
 def test_shared_storage_refused_like_the_reference(tmp_path):
     base = torch.zeros(10)
     with pytest.raises(RuntimeError, match="share memory"):
-        st.save_file({"a": base[:5], "b": base[5:]}, tmp_path / "s.st")
+        st.save_file({"a": base[:6], "b": base[5:]}, tmp_path / "s.st")
     with pytest.raises(RuntimeError, match="share memory"):
         st.save({"a": base, "b": base})
     assert not os.listdir(tmp_path)
+    # Views side by side in one storage share no bytes: saved, as the reference saves them.
+    base = torch.arange(10.0)
+    st.save_file({"a": base[:5], "b": base[5:]}, tmp_path / "s.st")
+    loaded = st.load_file(tmp_path / "s.st")
+    assert loaded["a"].tolist() == [0, 1, 2, 3, 4] and loaded["b"].tolist() == [5, 6, 7, 8, 9]
 
 
 def test_unsupported_dtypes_and_arguments(tmp_path):

@@ -205,7 +205,10 @@ def test_same_verdict_as_the_reference(tmp_path, json, accepted):
 
 @pytest.mark.parametrize("ours, theirs", [(nv_torch, ref_torch), (nv_np, ref_np)])
 def test_api_mirrors_the_reference(ours, theirs):
-    for name in ("save_file", "load_file", "save", "load"):
+    names = ["save_file", "load_file", "save", "load"]
+    if ours is nv_torch:
+        names += ["save_model", "load_model"]
+    for name in names:
         a, b = inspect.signature(getattr(ours, name)), inspect.signature(getattr(theirs, name))
         assert [(p.name, p.kind, p.default) for p in a.parameters.values()] == \
                [(p.name, p.kind, p.default) for p in b.parameters.values()], name
@@ -225,3 +228,36 @@ def test_backend_and_framework_arguments(tmp_path):
         nv_torch.load_file(path, backend="io_uring")
     with pytest.raises(nvio.InvalidArgument, match="numpy arrays live on the CPU"):
         st.safe_open(path, framework="np", device="cuda")
+
+
+class _Tied(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(16, 8)
+        self.head = torch.nn.Linear(8, 16, bias=False)
+        self.head.weight = self.emb.weight  # tied
+        self.norm = torch.nn.LayerNorm(8)
+
+
+def test_save_model_and_load_model_both_ways(tmp_path):
+    torch.manual_seed(0)
+    model = _Tied()
+    nv_torch.save_model(model, tmp_path / "n.st")
+    ref_torch.save_model(model, tmp_path / "r.st")
+    # One tied name dropped, recorded as the only metadata key: the same bytes.
+    assert (tmp_path / "n.st").read_bytes() == (tmp_path / "r.st").read_bytes()
+    for ours_file, load in (("r.st", nv_torch.load_model), ("n.st", ref_torch.load_model)):
+        torch.manual_seed(1)
+        other = _Tied()
+        missing, unexpected = load(other, tmp_path / ours_file)
+        assert not missing and not unexpected
+        assert other.head.weight is other.emb.weight
+        for name, t in model.state_dict().items():
+            assert _raw(other.state_dict()[name]) == _raw(t), name
+    # strict: a file lacking a tensor the model has raises, as the reference's does.
+    nv_torch.save_file({"emb.weight": model.emb.weight.detach().clone()}, tmp_path / "part.st")
+    for load in (nv_torch.load_model, ref_torch.load_model):
+        with pytest.raises(RuntimeError, match="Missing key"):
+            load(_Tied(), tmp_path / "part.st")
+        missing, _ = load(_Tied(), tmp_path / "part.st", strict=False)
+        assert set(missing) == {"norm.weight", "norm.bias"}

@@ -13,7 +13,8 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
-from typing import Any, Dict, Tuple
+import threading
+from typing import Any, Dict, List, Tuple
 
 from .. import _args, _landing
 from .._handle import shared_handle
@@ -25,17 +26,51 @@ def _format_error(path: str, problem: str) -> Exception:
     return err
 
 
-def _region(offset: int, length: int) -> Tuple[Any, int]:
+def _region(offset: int, length: int) -> Tuple[Any, Any, int]:
     """Fresh anonymous memory for bytes [offset, offset + length) of a file, its addresses
-    matching the file offsets modulo the page size: (writable view, address)."""
+    matching the file offsets modulo the page size, with huge pages advised (as _landing's
+    read_region places its memory): (the mapping, a writable view of the bytes, its address)."""
     if length == 0:
-        return memoryview(bytearray()), 0
+        return None, memoryview(bytearray()), 0
     shift = offset % _landing._PAGE
     memory = mmap.mmap(-1, shift + length, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     _landing._advise_huge_pages(memory)
     view = memoryview(memory)[shift:]
-    address = ctypes.addressof(ctypes.c_char.from_buffer(view))
-    return view, address
+    return memory, view, ctypes.addressof(ctypes.c_char.from_buffer(view))
+
+
+def _populate(memories: List[Any], stop: threading.Event) -> None:
+    """_landing's populating, one mapping after the other, ahead of the batch that fills them."""
+    for memory in memories:
+        if stop.is_set():
+            return
+        _landing._populate(memory, len(memory), stop)
+
+
+def _read_regions(handle: Any, files: List[Any]) -> List[Any]:
+    """Every file's data region in memory of its own, read by one batch: the views."""
+    items, views, large = [], [], []
+    for f in files:
+        memory, view, address = _region(f.data_offset, f.data_size)
+        views.append(view)
+        if f.data_size:
+            items.append((address, f.data_size, f.data_offset, f.path))
+        if f.data_size >= _landing._POPULATE_MIN:
+            large.append(memory)
+    if not items:
+        return views
+    stop = threading.Event()
+    helper = threading.Thread(target=_populate, args=(large, stop), name="nvio-populate",
+                              daemon=True)
+    if large:
+        helper.start()
+    try:
+        handle.read_batch(items)
+    finally:
+        stop.set()
+        if large:
+            helper.join()
+    return views
 
 
 def load_model_folder(path: Any, device: Any = "cpu") -> Dict[str, Any]:
@@ -68,15 +103,7 @@ def load_model_folder(path: Any, device: Any = "cpu") -> Dict[str, Any]:
     result: Dict[str, Any] = {}
     items = []
     if dev.type == "cpu":
-        regions = []
-        for f in files:
-            view, address = _region(f.data_offset, f.data_size)
-            regions.append(view)
-            if f.data_size:
-                items.append((address, f.data_size, f.data_offset, f.path))
-        if items:
-            handle.read_batch(items)
-        for f, region in zip(files, regions):
+        for f, region in zip(files, _read_regions(handle, files)):
             for name, e in f.entries.items():
                 result[name] = _common.torch_from_region(region, f.data_offset, e)
         return result

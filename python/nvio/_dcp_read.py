@@ -28,8 +28,9 @@ import pickle
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import _buffers, _nvio
-from .checkpoint import (CheckpointFormatError, _Archive, _crc_results, _crc_tasks, _MetaRecords,
-                         _pool, _typed, _unpickle)
+from ._torchzip import (CheckpointFormatError, _Archive, _crc_results, _crc_tasks, _MetaRecords,
+                        _pool, _typed)
+from .checkpoint import _unpickle
 from .dcp import DCPFormatError, ShapeMismatch, _fs, _handle
 
 _PROBE = 4096  # bytes read at each end of a tensor's archive for its structure

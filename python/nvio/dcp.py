@@ -42,9 +42,9 @@ import secrets
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import _buffers, _nvio
-from .checkpoint import (_ARCHIVE_DIR, _FORMAT_VERSION, _Entry, _StoragePickler, _central_directory,
-                         _crc_results, _crc_tasks, _layout, _local_header, _pool, _storage_bytes,
-                         _typed)
+from ._torchzip import (_ARCHIVE_DIR, _FORMAT_VERSION, _Entry, _central_directory, _crc_results,
+                        _crc_tasks, _layout, _local_header, _pool, _typed)
+from .checkpoint import _StoragePickler, _storage_bytes
 
 __all__ = ["FileSystemWriter", "FileSystemReader", "DCPFormatError", "ShapeMismatch", "save",
            "load", "async_save"]

@@ -540,7 +540,7 @@ class LockedMemory {
   nvio::AlignedBuffer buffer_;              // a mapping of its own
 };
 
-// ---- batches (issue 10) -----------------------------------------------------------------
+// ---- batches -----------------------------------------------------------------
 // One extent of a batch as nvio/_handle.py hands it over: (address, nbytes, file offset, path or
 // descriptor), the buffer resolved by the same helper as the single calls' (nvio/_buffers.py).
 using BatchItem = std::tuple<std::uintptr_t, std::size_t, long long, Target>;
@@ -800,7 +800,7 @@ void bind_safetensors(py::module_& m) {
       py::arg("sync") = true, py::arg("device") = false);
 }
 
-// ---- the tensor swapper (issue 13) ----------------------------------------------------------
+// ---- the tensor swapper ----------------------------------------------------------
 // nvio/swapper.py's TensorSwapper over nvio::Swapper: buffers arrive as (address, nbytes, device)
 // resolved by nvio/_buffers.py, which keeps them alive through the Future of each swap_out.
 
@@ -1260,6 +1260,34 @@ PYBIND11_MODULE(_nvio, m) {
   m.def("crc32_combine", &nvio::crc32_combine, py::arg("crc_a"), py::arg("crc_b"),
         py::arg("size_b"), "The CRC-32 of A followed by B, from both CRCs and B's length.");
 
+  // The temporaries of replacing saves (core/replace_file.hpp), for nvio.save / nvio.load.
+  m.def(
+      "create_temporary",
+      [](const std::string& target) {
+        const nvio::detail::TemporaryFile t =
+            unlocked([&] { return nvio::detail::create_temporary(target); });
+        return py::make_tuple(path_text(t.path), t.fd);
+      },
+      py::arg("target"),
+      "Removes the target's stale temporaries, then creates a new one beside it (O_EXCL, "
+      "flocked): (its path, its write-only descriptor, which the caller closes).");
+  m.def(
+      "remove_stale_temporaries",
+      [](const std::string& target) {
+        return unlocked([&] { return nvio::detail::remove_stale_temporaries(target); });
+      },
+      py::arg("target"), "Removes the target's temporaries whose writer is gone; how many.");
+  m.def(
+      "temporary_writer",
+      [](const std::string& base, const std::string& name) -> py::object {
+        const auto w = nvio::detail::temporary_writer(base, name);
+        if (!w.has_value()) return py::none();
+        return py::make_tuple(w->host, w->start, w->pid);
+      },
+      py::arg("base"), py::arg("name"),
+      "(host, start time, pid) of the writer of temporary file `name` of a target named `base`, "
+      "or None when it is not one of its temporaries.");
+
   m.def(
       "dlpack_address",
       [](py::capsule capsule) {
@@ -1490,7 +1518,7 @@ PYBIND11_MODULE(_nvio, m) {
         [](std::uintptr_t addr, std::size_t n, std::uint64_t off, std::uint64_t seed) {
           return nvio::pattern::first_mismatch(as_ptr(addr), n, off, seed);
         });
-  // ---- GPU (issue 5) ---------------------------------------------------------------------------
+  // ---- GPU ---------------------------------------------------------------------------
   m.def("gpu_info", [] {
     // The first call probes (dlopen, cuInit, cuFileDriverOpen): without the GIL.
     const nvio::GpuInfo& g = *unlocked([] { return &nvio::gpu_info(); });

@@ -54,6 +54,7 @@ _MERGE_GAP = 4096  # small pieces closer than this are written as one extent (ze
 # Data files of a checkpoint in this layout: torch's (__0_0.distcp) and this module's
 # (__0_<tag>_0.distcp). finish() removes those the new .metadata does not name.
 _DATA_FILE = re.compile(r"__\d+_(?:[0-9a-f]{16}_)?\d+\.distcp$")
+_DATA_TEMP = re.compile(r"\.(__\d+_[0-9a-f]{16}_\d+\.distcp)\..*\.nvio-tmp$")  # its target
 
 
 class DCPFormatError(_nvio.FormatError):
@@ -255,8 +256,10 @@ def _write_file(path: str, name: str, items: Sequence[Any], planner: Any, handle
 
 
 def _remove_unnamed(directory: str, keep: set) -> None:
-    """Removes the data files of earlier saves that the new .metadata does not name (best
-    effort: one that cannot be removed stays)."""
+    """Removes the data files of earlier saves that the new .metadata does not name, and the
+    temporaries of data files whose writer is gone (a rank killed mid-save; the core's
+    remove_stale_temporaries decides, as for every replacing save). Best effort: a file that
+    cannot be removed stays."""
     try:
         names = os.listdir(directory)
     except OSError:
@@ -267,6 +270,10 @@ def _remove_unnamed(directory: str, keep: set) -> None:
                 os.unlink(os.path.join(directory, name))
             except OSError:
                 pass
+        elif name.startswith(".__") and name.endswith(".nvio-tmp"):
+            base = _DATA_TEMP.match(name)
+            if base:
+                _nvio.remove_stale_temporaries(os.path.join(directory, base.group(1)))
 
 
 def _writer_base():

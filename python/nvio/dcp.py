@@ -19,7 +19,7 @@ nvio's, drop-in for torch's ``FileSystemWriter`` / ``FileSystemReader``:
   second batch that fdatasyncs the file; then the rename. ``finish`` (the coordinator, once every
   rank has written) replaces ``.metadata`` the same way, last (rename, directory fsync); then it
   removes the data files of earlier saves into the same directory that the new ``.metadata`` no
-  longer names.
+  longer names, and data files' temporaries whose writer is gone (a rank killed mid-save).
 - Every save draws a new tag for its file names (``__<rank>_<tag>_0.distcp``): the files of the
   checkpoint already in the directory are never overwritten, so a save that fails on any rank, or a
   crash at any moment, leaves the previous checkpoint loadable (its ``.metadata`` and files are

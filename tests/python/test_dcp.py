@@ -62,10 +62,10 @@ def assert_same(got, want):
             assert got[k] == v, k
 
 
-def stock_save(sd, path):
+def stock_save(sd, path, **kw):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        dcp.save(sd, storage_writer=dcp.FileSystemWriter(str(path)))
+        dcp.save(sd, storage_writer=dcp.FileSystemWriter(str(path), **kw))
 
 
 def nvio_load(sd, path, **kw):
@@ -88,9 +88,11 @@ def test_nvio_written_loads_with_torchs_reader(tmp_path):
     assert names[0] == ".metadata" and len(names) == 2 and names[1].endswith(".distcp")
 
 
-def test_torch_written_loads_with_nvios_reader(tmp_path):
+@pytest.mark.parametrize("options", [{}, {"thread_count": 3},
+                                     {"single_file_per_rank": False}])
+def test_torch_written_loads_with_nvios_reader(tmp_path, options):
     sd = state()
-    stock_save(sd, tmp_path / "c")
+    stock_save(sd, tmp_path / "c", **options)
     got = blank(sd)
     nvio.dcp.load(got, tmp_path / "c")
     assert_same(got, sd)
@@ -249,6 +251,14 @@ def test_metadata_naming_a_file_outside(tmp_path):
     rewrite_metadata(tmp_path, md)
     err = load_error(tmp_path, sd)
     assert isinstance(err, DCPFormatError) and "outside" in str(err)
+
+
+def test_missing_data_file(tmp_path):
+    sd, _, info = saved(tmp_path)
+    path = tmp_path / "c" / info["a"].relative_path
+    path.unlink()
+    err = load_error(tmp_path, sd)
+    assert isinstance(err, nvio.FileNotFound) and str(path) in str(err)
 
 
 def test_damaged_metadata(tmp_path):

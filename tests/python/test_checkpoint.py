@@ -19,7 +19,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import nvio  # noqa: E402
-from nvio import _nvio, _torchzip, checkpoint  # noqa: E402
+from nvio import _nvio, _torchzip  # noqa: E402
 
 TORCH2 = int(torch.__version__.split(".")[0]) >= 2
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64,

@@ -100,7 +100,7 @@ def _typed(e: OSError, what: str, path: str, temporary: Optional[str] = None) ->
     """An OSError as nvio's typed exception naming the operation and `path`, the file the caller
     gave. One of nvio's own errors is kept as it is unless it names `temporary` (the file a save
     wrote to be renamed over `path`): it is then the same error about `path`, with the temporary
-    file, offset and length as detail (issue 28 #10: a full disk named the user's file)."""
+    file, offset and length as detail (issue 28 #10: a full disk's error named the temporary)."""
     if isinstance(e, _nvio.Error):
         if temporary is None or e.errno is None or temporary not in str(getattr(e, "path", "")):
             return e
@@ -108,7 +108,8 @@ def _typed(e: OSError, what: str, path: str, temporary: Optional[str] = None) ->
                   f"{e.length})")
         offset, length = e.offset, e.length
     else:
-        detail, offset, length = "", 0, 0
+        detail = f" (its temporary file {temporary!r})" if temporary is not None else ""
+        offset, length = 0, 0
     code = e.errno or _errno.EIO
     kind = type(e) if isinstance(e, _nvio.Error) else _ERRNO_TYPES.get(code, _nvio.IOFailure)
     exc = kind(code, f"nvio: {what} {path!r}: {os.strerror(code)}{detail}", path)

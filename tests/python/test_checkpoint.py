@@ -7,6 +7,7 @@ import glob
 import os
 import pickle
 import random
+import shlex
 import signal
 import socket
 import subprocess
@@ -251,8 +252,8 @@ class _Evil:
     def __init__(self, marker):
         self.marker = marker
 
-    def __reduce__(self):
-        return (os.mkdir, (self.marker,))
+    def __reduce__(self):  # a shell command, as an attacker's pickle would run
+        return (os.system, (f"mkdir {shlex.quote(self.marker)}",))
 
 
 def test_weights_only_refuses_code(tmp_path):

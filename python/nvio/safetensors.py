@@ -188,6 +188,7 @@ def load_file(filename: Any, device: Any = "cpu") -> Dict[str, Any]:
     tensors are views of it: the memory is freed when the last of them is. Elsewhere each tensor is
     allocated on the device and one read batch fills them all."""
     f = _File(filename)
+    _nvio.remove_stale_temporaries(f.path)  # those killed saves of it left (core/replace_file)
     dev = _device(device)
     if dev.type == "cpu":
         return f.views()

@@ -116,6 +116,16 @@ def test_a_dead_writers_temporary_is_removed_by_the_next_save_or_load(tmp_path, 
     assert temporaries(tmp_path) == sorted(kept)
 
 
+def test_safetensors_load_file_removes_them_too(tmp_path):
+    target = tmp_path / "m.safetensors"
+    nvio.safetensors.save_file({"w": torch.arange(5)}, str(target))
+    pid, start = dead_process()
+    make(tmp_path, f".m.safetensors.{HOST}.{start}.{pid}-{pid}-0.nvio-tmp")
+    kept = make(tmp_path, f".m.safetensors.another-host.{start}.{pid}-{pid}-0.nvio-tmp")
+    assert torch.equal(nvio.safetensors.load_file(str(target))["w"], torch.arange(5))
+    assert temporaries(tmp_path) == [kept]
+
+
 def test_a_live_writers_temporary_is_never_touched(tmp_path):
     target = tmp_path / "ckpt.pt"
     nvio.save({"w": torch.arange(5)}, target)

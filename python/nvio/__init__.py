@@ -50,7 +50,7 @@ from ._nvio import (
 
 __version__ = _nvio.__version__
 
-# ---- GPU (issue 5) ----------------------------------------------------------------------------
+# ---- GPU ----------------------------------------------------------------------------
 from ._aio import gds_handle  # noqa: E402
 from ._nvio import GpuError  # noqa: E402
 
@@ -74,23 +74,23 @@ __all__ = [
 ]
 __all__ += ["gds_handle", "gpu_info", "GpuError"]
 
-# ---- safetensors (issue 12): nvio.safetensors.load_file / save_file / safe_open ---------------
+# ---- safetensors: nvio.safetensors.load_file / save_file / safe_open ---------------
 from . import safetensors  # noqa: E402  (imports torch only when used)
 
 __all__ += ["FormatError", "safetensors"]
 
-# ---- sharded checkpoints over torch.distributed (issue 12) --------------------------------------
+# ---- sharded checkpoints over torch.distributed --------------------------------------
 from .sharded import load_sharded, save_sharded  # noqa: E402  (imports torch only when used)
 
 __all__ += ["save_sharded", "load_sharded"]
 
-# ---- tensor swapper (issue 13) ------------------------------------------------------------------
+# ---- tensor swapper ------------------------------------------------------------------
 from ._nvio import BudgetExceeded, ChecksumMismatch, DirectoryLocked  # noqa: E402
 from .swapper import TensorSwapper  # noqa: E402  (imports torch only when used)
 
 __all__ += ["TensorSwapper", "BudgetExceeded", "ChecksumMismatch", "DirectoryLocked"]
 
-# ---- several drives (issue 14) -----------------------------------------------------------------
+# ---- several drives -----------------------------------------------------------------
 from .stripe import StripedHandle  # noqa: E402
 
 __all__ += ["StripedHandle"]

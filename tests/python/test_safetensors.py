@@ -48,7 +48,8 @@ def test_round_trip_every_dtype(tmp_path, dtype):
     path = tmp_path / "t.safetensors"
     st.save_file(tensors, path, metadata={"k": "v"})
     loaded = st.load_file(path)
-    assert list(loaded) == sorted(tensors)
+    with st.safe_open(path) as f:
+        assert list(loaded) == f.offset_keys()  # file order, as the reference's load_file
     for name, t in tensors.items():
         assert loaded[name].dtype == t.dtype and loaded[name].shape == t.shape, name
         assert _bytes(loaded[name]) == _bytes(t), name
@@ -138,8 +139,8 @@ def test_shared_storage_refused_like_the_reference(tmp_path):
 
 
 def test_unsupported_dtypes_and_arguments(tmp_path):
-    with pytest.raises(TypeError, match="complex64"):
-        st.save_file({"c": torch.zeros(2, dtype=torch.complex64)}, tmp_path / "c.st")
+    with pytest.raises(TypeError, match="complex128"):
+        st.save_file({"c": torch.zeros(2, dtype=torch.complex128)}, tmp_path / "c.st")
     with pytest.raises(TypeError):
         st.save_file({"a": [1, 2]}, tmp_path / "c.st")
     with pytest.raises(TypeError):

@@ -256,6 +256,13 @@ def test_file_objects_both_ways(tmp_path):
         assert f.read() == b""  # left at the end of the archive
     with open(path, "rb", buffering=0) as f:
         assert_same(obj, nvio.load(f, map_location="cpu"))
+    with open(tmp_path / "after.bin", "wb") as f:  # an archive after other bytes
+        f.write(b"header")
+        nvio.save(obj, f)
+    for load in (nvio.load, lambda f: torch.load(f, weights_only=True)):
+        with open(tmp_path / "after.bin", "rb") as f:
+            assert f.read(6) == b"header"
+            assert_same(obj, load(f))  # read from where the file stands
     nvio.save(obj, path=path)  # the older keyword still works
     assert_same(obj, nvio.load(path=path))
     with pytest.raises(TypeError):

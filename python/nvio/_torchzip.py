@@ -77,6 +77,15 @@ def _crc_results(tasks: List[List[Tuple[Any, int]]]) -> List[int]:
     return out
 
 
+def _crcs(buffers: List[Any]) -> List[int]:
+    """The CRC-32 of each buffer: on a pool's threads, or here where they are too small together
+    to pay for starting threads (a mapped load checks only data.pkl and the small records)."""
+    if sum(memoryview(b).nbytes for b in buffers) <= _CRC_CHUNK:
+        return [_nvio.crc32(b) for b in buffers]
+    with _pool(os.cpu_count() or 1) as pool:
+        return _crc_results(_crc_tasks(pool, buffers))
+
+
 def _pool(workers: int):
     return concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers),
                                                  thread_name_prefix="nvio-crc")
@@ -299,14 +308,13 @@ class _Archive:
         except KeyError:
             raise self._bad(f"no record {self.prefix + name!r}") from None
 
-    def verify(self, pool, storages: bool = True) -> None:
-        """Checks every record's CRC-32 (on the pool's threads); without `storages`, only those
-        of the records that are not a storage's bytes (<dir>/data/<key>)."""
+    def verify(self, storages: bool = True) -> None:
+        """Checks every record's CRC-32 (see _crcs); without `storages`, only those of the records
+        that are not a storage's bytes (<dir>/data/<key>)."""
         names = [n for n in self.entries
                  if storages or not n.startswith(self.prefix + "data/")]
-        tasks = _crc_tasks(pool, [self.data[s:s + n] for s, n, _ in
-                                  (self.entries[name] for name in names)])
-        for name, crc in zip(names, _crc_results(tasks)):
+        crcs = _crcs([self.data[s:s + n] for s, n, _ in (self.entries[name] for name in names)])
+        for name, crc in zip(names, crcs):
             if crc != self.entries[name][2]:
                 raise self._bad(f"CRC-32 mismatch in record {name!r} (stored "
                                 f"{self.entries[name][2]:#010x}, computed {crc:#010x})")

@@ -372,8 +372,7 @@ def load(f: Any = None, map_location: Any = None, weights_only: Optional[bool] =
     if _is_legacy(data):
         return _load_legacy(torch, data, text, map_location, weights_only, mmap)
     archive = _Archive(data, text)
-    with _pool(os.cpu_count() or 1) as pool:
-        archive.verify(pool, storages=not mmap)
+    archive.verify(storages=not mmap)
     return _unpickle(torch, _Records(archive, torch), map_location, weights_only)
 
 

@@ -177,6 +177,8 @@ class File:
         self.data_offset, self.data_size, self.meta, raw = _nvio.safetensors_read_header(
             self.handle, self.path)
         self.entries = entries_of(raw)
+        # The temporaries killed saves of this file left (core/replace_file), as nvio.load does.
+        _nvio.remove_stale_temporaries(self.path)
 
     def entry(self, name: str) -> Entry:
         try:

@@ -160,7 +160,7 @@ class _File:
         in a file the reference did not write) gets a copy, so every tensor is aligned."""
         torch = _torch()
         region = _landing.read_region(shared_handle(), self.path, self.data_offset,
-                                      self.data_size)
+                                      self.data_size, whole_file=True)
         out: Dict[str, Any] = {}
         for name in sorted(self.entries):
             e = self.entries[name]

@@ -115,7 +115,6 @@ bool removed(const OpenFile& file) {
   return fd >= 0 && ::fstat(fd, &st) == 0 && st.st_nlink == 0;
 }
 
-
 // Every FileCache of the process, for release_removed_files. Constant-initialised (a worker may
 // reach it), held across fork (core/fork.hpp).
 std::mutex caches_mutex;
@@ -144,9 +143,7 @@ std::uint64_t release_removed_files() noexcept {
   return removed_files_released();
 }
 
-std::uint64_t removed_files_released() noexcept {
-  return releases.load(std::memory_order_relaxed);
-}
+std::uint64_t removed_files_released() noexcept { return releases.load(std::memory_order_relaxed); }
 
 template <class Drop>
 std::size_t FileCache::drop_if(Drop drop) {

@@ -176,8 +176,7 @@ struct Handle::Impl final : detail::FinishListener {
     return counting_refusal([&] { return prepare_extents(dir, extents, wopts); });
   }
   template <class Extent>
-  JobPtr prepare_extents(Direction dir, std::span<const Extent> extents,
-                         const WriteOptions& wopts);
+  JobPtr prepare_extents(Direction dir, std::span<const Extent> extents, const WriteOptions& wopts);
   void run_blocking(const JobPtr& job);
   Ticket register_async(const JobPtr& job);
   // Queues the job's operations, once all of them are prepared (a batch refused for one extent
@@ -565,7 +564,7 @@ JobPtr Handle::Impl::prepare_extents(Direction dir, std::span<const Extent> exte
     }
     auto* bytes = static_cast<std::byte*>(const_cast<void*>(static_cast<const void*>(e.buf)));
     OperationPtr op = prepare_op(dir, bytes, e.length, by_name ? &e.path : nullptr, e.fd, e.offset,
-                              per_extent, same);
+                                 per_extent, same);
     if (same == nullptr) {
       if (by_name) {
         by_path.emplace(e.path, op.get());

@@ -14,8 +14,8 @@
 #include <limits>
 #include <mutex>
 #include <numeric>
-#include <string>
 #include <set>
+#include <string>
 
 #include "core/posix.hpp"
 #include "nvio/errors.hpp"
@@ -238,7 +238,8 @@ struct StripedHandle::Impl {
     // The size recorded before a shrink and after a growth, so that a crash between the two
     // leaves a record no larger than the parts hold.
     std::uint64_t before = 0;
-    for (const PartState& st : states) before += static_cast<std::uint64_t>(std::max<std::int64_t>(st.size, 0));
+    for (const PartState& st : states)
+      before += static_cast<std::uint64_t>(std::max<std::int64_t>(st.size, 0));
     const bool shrinking = exact && end < before;
     if (shrinking) set_length(parts, end);
     try {

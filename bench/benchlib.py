@@ -298,3 +298,141 @@ def machine_info(nvio: str, directory: Path, fio: str | None = None, full: bool 
     if full:
         info["filesystem"] = filesystem_of(directory)
     return info
+
+
+# ---- Python-level contenders in alternating rounds (safetensors, checkpoint, HF folders) -------
+
+
+def direct_io_works(directory: "os.PathLike[str] | str") -> bool:
+    """Whether an aligned 4 KiB O_DIRECT write and read work in directory (tmpfs before Linux 6.6
+    and some FUSE file systems refuse them; nvio then reads through the page cache)."""
+    import mmap
+
+    probe = Path(directory) / f".nvio-bench-odirect-{os.getpid()}"
+    buf = mmap.mmap(-1, 4096)  # page aligned
+    try:
+        fd = os.open(probe, os.O_CREAT | os.O_RDWR | os.O_DIRECT, 0o600)
+        try:
+            return os.pwritev(fd, [buf], 0) == 4096 and os.preadv(fd, [buf], 0) == 4096
+        finally:
+            os.close(fd)
+    except OSError:
+        return False
+    finally:
+        probe.unlink(missing_ok=True)
+
+
+def ram_backed(directory: "os.PathLike[str] | str") -> bool:
+    """Whether directory is on tmpfs/ramfs: its files live in the page cache, so dropping their
+    pages is impossible and a "cold" read is a warm one."""
+    fs = filesystem_of(Path(directory)) or ""
+    return fs.endswith("(tmpfs)") or fs.endswith("(ramfs)")
+
+
+def drop_caches(paths) -> None:
+    """drop_cache() for each of paths (files; a directory stands for the files in it)."""
+    for p in paths:
+        p = Path(p)
+        for f in (sorted(x for x in p.iterdir() if x.is_file()) if p.is_dir() else [p]):
+            drop_cache(f)
+
+
+def warm(paths) -> None:
+    """Reads every byte of paths (files or directories of files) through the page cache, so that
+    the next read of them is warm."""
+    for p in paths:
+        p = Path(p)
+        for f in (sorted(x for x in p.iterdir() if x.is_file()) if p.is_dir() else [p]):
+            with open(f, "rb", buffering=0) as fh:
+                while fh.read(16 << 20):
+                    pass
+
+
+def alternate(contenders: dict, rounds: int) -> dict:
+    """Runs each contender (name -> callable returning the seconds it measured itself, so that it
+    can leave its setup, e.g. dropping the page cache, untimed) once per round, `rounds` rounds,
+    the order rotated by one each round so that a drift of a loaded machine hits all alike.
+    Returns name -> list of seconds. A callable returning None (not available) is recorded as
+    None and left out of the medians."""
+    names = list(contenders)
+    times: dict = {n: [] for n in names}
+    for r in range(rounds):
+        for i in range(len(names)):
+            name = names[(i + r) % len(names)]
+            times[name].append(contenders[name]())
+            log(f"  round {r + 1}/{rounds} {name}: "
+                + ("n/a" if times[name][-1] is None else f"{times[name][-1]:.3f} s"))
+    return times
+
+
+def median(values) -> "float | None":
+    """The median of the values that are not None; None if there are none."""
+    import statistics
+
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def print_times(times: dict, nbytes: int) -> dict:
+    """Prints one line per contender: median seconds, GB/s of nbytes, every round's seconds; and
+    returns name -> median (None where n/a)."""
+    med = {k: median(v) for k, v in times.items()}
+    width = max(len(k) for k in times)
+    for k, v in times.items():
+        if med[k] is None:
+            print(f"  {k:{width}s}      n/a")
+            continue
+        print(f"  {k:{width}s} {med[k]:7.3f} s {nbytes / med[k] / 1e9:6.2f} GB/s  (rounds: "
+              + ", ".join("n/a" if t is None else f"{t:.3f}" for t in v) + ")")
+    return med
+
+
+def ratio_line(med: dict, ours: str, theirs: str, goal: "float | None" = None) -> str:
+    """"ours / theirs: 2.31x (goal >= 2x: met)": how many times faster `ours` ran than
+    `theirs` (their median seconds over ours), with the goal's verdict."""
+    a, b = med.get(ours), med.get(theirs)
+    if a is None or b is None:
+        return f"  {ours} vs {theirs}: n/a"
+    r = b / a
+    verdict = "" if goal is None else f"  (goal >= {goal:g}x: {'met' if r >= goal else 'MISSED'})"
+    return f"  {ours} vs {theirs}: {r:.2f}x{verdict}"
+
+
+def nvio_read_seconds(nvio: str, path: "os.PathLike[str] | str", size: int) -> float:
+    """Seconds of one `nvio bench --op read` of the first `size` bytes of the existing file path
+    (one loop; the transfer alone, from the JSON report)."""
+    import json
+
+    out = run_cmd([nvio, "bench", "--file", str(path), "--op", "read", "--size", str(size),
+                   "--loops", "1", "--json"], timeout=600, env=child_env()).stdout
+    return json.loads(out)["results"][0]["seconds"]
+
+
+def bench_header(what: str, directory: Path, nbytes: int, rounds: int) -> str:
+    """The first line of a Python-level benchmark's report: what, how much, where (file system,
+    O_DIRECT or not, RAM-backed), the commit and the load average (the machine may be shared)."""
+    where = f"{directory} ({filesystem_of(directory) or 'unknown fs'}; O_DIRECT " \
+            f"{'works' if direct_io_works(directory) else 'refused'}" \
+            f"{'; RAM-backed: cold = warm' if ram_backed(directory) else ''})"
+    return (f"{what}: {nbytes / 2**30:.3f} GiB, {rounds} rounds alternating, {where}, commit "
+            f"{git_commit(mark_modified=True)}, load average "
+            + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+
+
+def profile_call(what: str, fn, top: int = 15) -> None:
+    """Runs fn() once under cProfile and prints (stdout) the `top` functions by cumulative time:
+    where a contender's time goes, for a goal it misses."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        fn()
+    finally:
+        prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(top)
+    print(f"--- cProfile of {what} (top {top} by cumulative time) ---")
+    print("\n".join(line for line in out.getvalue().splitlines() if line.strip()))

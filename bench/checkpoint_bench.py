@@ -1,31 +1,40 @@
-"""nvio.save / nvio.load against torch.save + fsync / torch.load and `nvio bench`, cold cache.
+"""nvio.save / nvio.load against torch.save + fsync / torch.load (issue 27 item 6), and against
+`nvio bench --op read` of the same file.
 
 A state dict of 100 tensors of mixed sizes (fp32 and bf16, like a transformer's) of about --size
-bytes is saved and loaded in interleaved rounds: nvio.save, torch.save + fsync, `nvio bench --op
-write` of the same byte count; then, after dropping each file's pages (fsync + posix_fadvise
-DONTNEED), nvio.load, nvio.load(into=) the same state dict, torch.load and `nvio bench --op read`,
-all in this one process (`nvio ckpt-bench` loads each in a new process). Medians are printed with
-the ratios the issue asks for, and the peak memory of a child process doing nvio.load (its VmHWM
-growth over the load) against the file size.
+bytes. Saves: nvio.save (durable: fsync'd and renamed into place) against torch.save + flush +
+fsync, each to its own file. Loads, all of the one file torch.save wrote: nvio.load, torch.load,
+both again with mmap=True (n/a where this build's nvio.load has no mmap), and nvio.load(into=) the
+existing state dict; each cold (the file's pages dropped: fsync + posix_fadvise DONTNEED) and
+warm (read once before); and `nvio bench --op read` of the file, cold. A load's time includes
+touching one byte of every page of every tensor (a mmap'd load reads the file only then).
 
-    PYTHONPATH=build/python /usr/bin/python3 bench/checkpoint_bench.py --dir /var/tmp/ckpt
+All in this one process, in rounds whose order rotates (benchlib.alternate), so that the load of
+a shared machine hits all alike; medians, GB/s of the tensors' bytes and the ratios are printed.
+On a RAM-backed directory (/dev/shm) only warm loads are run (the file cannot be dropped).
+
+    PYTHONPATH=build/python .venv/bin/python bench/checkpoint_bench.py --dir /var/tmp --size 1G --rounds 3
+    PYTHONPATH=build/python .venv/bin/python bench/checkpoint_bench.py --dir /dev/shm --size 256M --rounds 5
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import gc
+import inspect
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import benchlib
-from benchlib import drop_cache
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib  # noqa: E402
+from benchlib import drop_cache, log, parse_size, positive_int  # noqa: E402
+from safetensors_bench import touch  # noqa: E402
 
 
 def state_dict(torch, total: int) -> dict:
@@ -41,15 +50,6 @@ def state_dict(torch, total: int) -> dict:
     return sd
 
 
-def nvio_bench(op: str, size: int, directory: Path) -> float:
-    """Seconds of one `nvio bench` transfer of `size` bytes (its own cold-cache handling)."""
-    out = subprocess.run([str(benchlib.REPO / "build" / "bin" / "nvio"), "bench", "--dir",
-                          str(directory), "--size", str(size), "--op", op, "--loops", "1",
-                          "--json"], check=True, capture_output=True, text=True).stdout
-    result = json.loads(out)["results"][0]
-    return result["bytes"] / (result["gb_per_s"] * 1e9)
-
-
 _PEAK_CHILD = r"""
 import sys, torch, nvio
 def hwm():
@@ -63,77 +63,107 @@ print(hwm() - base)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--dir", type=Path, default=Path("/var/tmp/nvio-ckpt-bench"))
-    parser.add_argument("--size", type=int, default=1 << 30, help="bytes of tensors (>= 1 GiB)")
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", type=Path, default=Path("/var/tmp"),
+                    help="where the files go (a directory of their own is made inside)")
+    ap.add_argument("--size", type=parse_size, default=1 << 30, help="bytes of tensors (1G, 256M)")
+    ap.add_argument("--rounds", type=positive_int, default=3)
+    ap.add_argument("--nvio", default=None, help="the nvio CLI (default build/bin/nvio)")
+    ap.add_argument("--peak", action="store_true",
+                    help="also the peak memory of a child process doing nvio.load (VmHWM growth)")
+    ap.add_argument("--profile", metavar="NAME",
+                    help="after the rounds, cProfile one run of this contender (e.g. "
+                    "'nvio.load cold')")
+    args = ap.parse_args()
+    benchlib.interrupt_on_sigterm()
     import torch
 
     import nvio
 
+    nvio_cli = benchlib.find_nvio(args.nvio)
     args.dir.mkdir(parents=True, exist_ok=True)
-    # A directory of its own inside --dir, the only thing removed at the end: --dir may be a
-    # directory that holds other files (/var/tmp).
-    where = args.dir
-    args.dir = Path(tempfile.mkdtemp(prefix="nvio-ckpt-bench-", dir=args.dir))
-    sd = state_dict(torch, args.size)
-    nbytes = sum(t.numel() * t.element_size() for t in sd.values())
-    mine, theirs = args.dir / "nvio.pt", args.dir / "torch.pt"
-    times: dict = {k: [] for k in ("nvio.save", "torch.save+fsync", "bench write", "nvio.load",
-                                    "nvio.load into", "torch.load", "bench read")}
+    work = Path(tempfile.mkdtemp(prefix="nvio-ckpt-bench-", dir=args.dir))
+    ram = benchlib.ram_backed(work)
+    nvio_mmap = "mmap" in inspect.signature(nvio.load).parameters
     try:
-        for _ in range(args.rounds):
+        sd = state_dict(torch, args.size)
+        nbytes = sum(t.numel() * t.element_size() for t in sd.values())
+        path = work / "torch.pt"  # what every load reads
+        torch.save(sd, path)
+        size = path.stat().st_size
+
+        def torch_save() -> float:
             t0 = time.perf_counter()
-            nvio.save(sd, mine)
-            times["nvio.save"].append(time.perf_counter() - t0)
-            drop_cache(mine)
-            t0 = time.perf_counter()
-            with open(theirs, "wb") as f:
+            with open(work / "torch-save.pt", "wb") as f:
                 torch.save(sd, f)
                 f.flush()
                 os.fsync(f.fileno())
-            times["torch.save+fsync"].append(time.perf_counter() - t0)
-            drop_cache(theirs)
-            times["bench write"].append(nvio_bench("write", nbytes, args.dir))
+            return time.perf_counter() - t0
 
-            drop_cache(mine)
+        def nvio_save() -> float:
             t0 = time.perf_counter()
-            loaded = nvio.load(mine)
-            times["nvio.load"].append(time.perf_counter() - t0)
-            del loaded
-            # Into the existing tensors (into=): no fresh memory to fault in and zero.
-            drop_cache(mine)
-            t0 = time.perf_counter()
-            nvio.load(mine, into=sd)
-            times["nvio.load into"].append(time.perf_counter() - t0)
-            drop_cache(theirs)
-            t0 = time.perf_counter()
-            loaded = torch.load(theirs)
-            times["torch.load"].append(time.perf_counter() - t0)
-            del loaded
-            times["bench read"].append(nvio_bench("read", nbytes, args.dir))
-        drop_cache(mine)
-        peak = int(subprocess.run([sys.executable, "-c", _PEAK_CHILD, str(mine)], check=True,
-                                  capture_output=True, text=True).stdout)
-        file_size = mine.stat().st_size
+            nvio.save(sd, work / "nvio-save.pt")
+            return time.perf_counter() - t0
+
+        def loader(fn, cold: bool, available: bool = True):
+            def run():
+                if not available:
+                    return None
+                drop_cache(path) if cold else benchlib.warm([path])
+                gc.collect()
+                t0 = time.perf_counter()
+                out = fn()
+                touch(torch, out)
+                dt = time.perf_counter() - t0
+                del out
+                return dt
+            return run
+
+        def bench_read() -> float:
+            drop_cache(path)
+            return benchlib.nvio_read_seconds(nvio_cli, path, size)
+
+        contenders = {"nvio.save": nvio_save, "torch.save+fsync": torch_save}
+        for mode in (["warm"] if ram else ["cold", "warm"]):
+            cold = mode == "cold"
+            contenders[f"nvio.load {mode}"] = loader(lambda: nvio.load(path), cold)
+            contenders[f"torch.load {mode}"] = loader(lambda: torch.load(path), cold)
+            contenders[f"nvio.load mmap {mode}"] = loader(
+                lambda: nvio.load(path, mmap=True), cold, nvio_mmap)
+            contenders[f"torch.load mmap {mode}"] = loader(
+                lambda: torch.load(path, mmap=True), cold)
+            contenders[f"nvio.load into {mode}"] = loader(lambda: nvio.load(path, into=sd), cold)
+        contenders["nvio bench read" + (" warm" if ram else " cold")] = bench_read
+        log(benchlib.bench_header("checkpoint", work, nbytes, args.rounds))
+        times = benchlib.alternate(contenders, args.rounds)
+        print(benchlib.bench_header(f"torch {torch.__version__} vs nvio, {len(sd)} tensors "
+                                    f"(file {size / 2**30:.3f} GiB)", args.dir, nbytes,
+                                    args.rounds))
+        med = benchlib.print_times(times, nbytes)
+        print(benchlib.ratio_line(med, "nvio.save", "torch.save+fsync"))
+        for mode in (["warm"] if ram else ["cold", "warm"]):
+            print(benchlib.ratio_line(med, f"nvio.load {mode}", f"torch.load {mode}"))
+            print(benchlib.ratio_line(med, f"nvio.load mmap {mode}", f"torch.load mmap {mode}"))
+            print(benchlib.ratio_line(med, f"nvio.load {mode}", f"torch.load mmap {mode}"))
+        read = "nvio bench read" + (" warm" if ram else " cold")
+        first = "warm" if ram else "cold"
+        print(benchlib.ratio_line(med, f"nvio.load {first}", read))
+        print(benchlib.ratio_line(med, f"nvio.load into {first}", read))
+        if args.peak:
+            drop_cache(path)
+            peak = int(subprocess.run([sys.executable, "-c", _PEAK_CHILD, str(path)], check=True,
+                                      capture_output=True, text=True).stdout)
+            print(f"  peak memory of nvio.load: {peak / 2**20:.0f} MiB over the interpreter, "
+                  f"file {size / 2**20:.0f} MiB ({peak / size:.3f}x)")
+        if args.profile:
+            if args.profile not in contenders:
+                raise benchlib.Failure(f"--profile {args.profile!r}: one of {list(contenders)}")
+            benchlib.profile_call(args.profile, contenders[args.profile])
+    except (benchlib.Failure, KeyboardInterrupt) as e:
+        return benchlib.error_exit("checkpoint_bench", e)
     finally:
-        shutil.rmtree(args.dir, ignore_errors=True)
-
-    med = {k: statistics.median(v) for k, v in times.items()}
-    gbs = {k: nbytes / v / 1e9 for k, v in med.items()}
-    print(f"{len(sd)} tensors, {nbytes / 2**30:.2f} GiB, {args.rounds} rounds, dir {where}, "
-          f"load average {os.getloadavg()[0]:.2f}")
-    for k in times:
-        print(f"  {k:18s} {med[k]:7.3f} s  {gbs[k]:6.2f} GB/s  (all: "
-              + ", ".join(f"{t:.3f}" for t in times[k]) + ")")
-    print(f"  save: {med['torch.save+fsync'] / med['nvio.save']:.2f}x torch.save+fsync, "
-          f"{med['bench write'] / med['nvio.save']:.2f}x nvio bench write")
-    print(f"  load: {med['torch.load'] / med['nvio.load']:.2f}x torch.load (cold), "
-          f"{med['bench read'] / med['nvio.load']:.2f}x nvio bench read; into existing "
-          f"tensors {med['bench read'] / med['nvio.load into']:.2f}x nvio bench read")
-    print(f"  peak memory of nvio.load: {peak / 2**20:.0f} MiB over the interpreter, file "
-          f"{file_size / 2**20:.0f} MiB ({peak / file_size:.3f}x)")
+        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

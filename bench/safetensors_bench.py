@@ -1,120 +1,176 @@
-"""Cold-cache load of a safetensors file of many tensors: nvio.safetensors.load_file against the
-mmap way (torch.frombuffer over an mmap of the file, then a clone per tensor: what the reference
-library does on the CPU) and against `nvio bench --op read` of the same bytes.
+"""nvio.safetensors against the reference `safetensors` package (issue 27 item 6): save_file
+against the reference's save_file + fsync, load_file against the reference's load_file with the
+file's pages cold (dropped: fsync + posix_fadvise DONTNEED) and warm (read once before), and
+against `nvio bench --op read` of the same file.
 
-Each round runs the three in turn (interleaved, so a drift of the machine hits all alike), each
-after dropping the file's pages from the page cache (posix_fadvise DONTNEED); the medians are
-printed as GB/s of the file's size, with the ratios.
+One file of --tensors tensors of mixed dtypes and sizes (a transformer-like spread: a few large,
+many small), about --size bytes, written by the reference, is what every load reads; each save
+writes its own file. All contenders run in this one process, in rounds whose order rotates (see
+benchlib.alternate), so that the load of a shared machine hits all alike; the medians, GB/s of
+the file's size and the ratios with the issue's goals are printed. A load's time includes
+touching one byte of every page of every tensor it returns (the reference's mmap backend maps
+the file and reads it only when touched). On a RAM-backed directory (/dev/shm) the file always
+lives in the page cache: only warm loads are run.
 
-    PYTHONPATH=build/python /usr/bin/python3 bench/safetensors_bench.py --dir /var/tmp --size 1G
+    PYTHONPATH=build/python .venv/bin/python bench/safetensors_bench.py --dir /var/tmp --size 1G --rounds 3
+    PYTHONPATH=build/python .venv/bin/python bench/safetensors_bench.py --dir /dev/shm --size 256M --rounds 5
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import mmap
+import gc
 import os
-import statistics
-import subprocess
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-from benchlib import drop_cache  # bench/ is the script's directory
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib  # noqa: E402
+from benchlib import drop_cache, log, parse_size, positive_int  # noqa: E402
 
 
-def make_file(path: Path, total: int, count: int) -> None:
-    """`count` tensors of mixed dtypes and sizes (a transformer-like spread: a few large, many
-    small) adding up to about `total` bytes."""
-    import torch
-
-    from nvio import safetensors as st
-
+def make_tensors(torch, total: int, count: int) -> dict:
+    """`count` tensors of mixed dtypes and sizes adding up to about `total` bytes."""
     weights = [1 + (i % 7) ** 3 for i in range(count)]
     scale = total / sum(weights)
     dtypes = [torch.float32, torch.bfloat16, torch.float16, torch.int64]
     tensors = {}
     for i, w in enumerate(weights):
         dtype = dtypes[i % len(dtypes)]
-        size = torch.empty((), dtype=dtype).element_size()
-        n = max(1, int(w * scale) // size)
+        n = max(1, int(w * scale) // torch.empty((), dtype=dtype).element_size())
         tensors[f"layer.{i}.weight"] = torch.full((n,), i % 100, dtype=dtype)
-    st.save_file(tensors, path)
+    return tensors
 
 
-def load_mmap(path: Path) -> dict:
+def touch(torch, tensors: dict) -> int:
+    """Reads one byte of every 4 KiB page of every tensor (faults in a lazily mapped one)."""
+    total = 0
+    for t in tensors.values():
+        if t.numel():
+            total += int(t.reshape(-1).view(torch.uint8)[::4096].sum())
+    return total
+
+
+def same(torch, a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(
+        a[k].dtype == b[k].dtype and a[k].shape == b[k].shape
+        and torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8)) for k in a)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", type=Path, default=Path("/var/tmp"),
+                    help="where the files go (a directory of their own is made inside)")
+    ap.add_argument("--size", type=parse_size, default=1 << 30, help="bytes of tensors (1G, 256M)")
+    ap.add_argument("--tensors", type=positive_int, default=200)
+    ap.add_argument("--rounds", type=positive_int, default=3)
+    ap.add_argument("--nvio", default=None, help="the nvio CLI (default build/bin/nvio)")
+    ap.add_argument("--ref-backends", default="mmap,pread",
+                    help="the reference load_file backends to run (safetensors >= 0.7 has pread)")
+    ap.add_argument("--no-save", action="store_true", help="loads only")
+    ap.add_argument("--profile", metavar="NAME",
+                    help="after the rounds, cProfile one run of this contender (e.g. 'nvio "
+                    "load_file cold') and print where its time goes")
+    args = ap.parse_args()
+    benchlib.interrupt_on_sigterm()
+    import safetensors
+    import safetensors.torch as ref
     import torch
 
     from nvio import safetensors as st
 
-    with open(path, "rb") as f:
-        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    n = int.from_bytes(m[:8], "little")
-    header = json.loads(m[8:8 + n])
-    base = 8 + n
-    out = {}
-    import warnings
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            b, e = info["data_offsets"]
-            dtype = st._to_torch_dtype(info["dtype"], name)
-            raw = torch.frombuffer(m, dtype=torch.uint8, count=e - b, offset=base + b)
-            out[name] = raw.view(dtype).reshape(info["shape"]).clone()
-    return out
-
-
-def nvio_bench(nvio_bin: str, path: Path, size: int) -> float:
-    """Seconds of one `nvio bench --op read` of the file's bytes (one loop, cold)."""
-    res = subprocess.run([nvio_bin, "bench", "--file", str(path), "--op", "read", "--size",
-                          str(size), "--loops", "1", "--json"], check=True, capture_output=True,
-                         text=True)
-    return json.loads(res.stdout)["results"][0]["seconds"]
-
-
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dir", default="/var/tmp")
-    ap.add_argument("--size", default="1G", help="bytes of tensors (K/M/G)")
-    ap.add_argument("--tensors", type=int, default=200)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--nvio", default="build/bin/nvio")
-    args = ap.parse_args()
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    total = int(args.size[:-1]) * units[args.size[-1]] if args.size[-1] in units else int(args.size)
-
-    from nvio import safetensors as st
-
-    path = Path(args.dir) / f"nvio-st-bench-{os.getpid()}.safetensors"
+    nvio_cli = benchlib.find_nvio(args.nvio)
+    args.dir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="nvio-st-bench-", dir=args.dir))
+    ram = benchlib.ram_backed(work)
     try:
-        make_file(path, total, args.tensors)
+        tensors = make_tensors(torch, args.size, args.tensors)
+        path = work / "model.safetensors"
+        ref.save_file(tensors, str(path))
         size = path.stat().st_size
-        times = {"nvio load_file": [], "mmap + clone": [], "nvio bench --op read": []}
-        for r in range(args.rounds):
-            for name in times:
-                drop_cache(path)
-                if name == "nvio bench --op read":
-                    times[name].append(nvio_bench(args.nvio, path, size))
-                    continue
-                start = time.perf_counter()
-                out = st.load_file(path) if name == "nvio load_file" else load_mmap(path)
-                times[name].append(time.perf_counter() - start)
+        if not same(torch, st.load_file(path), ref.load_file(str(path))):
+            raise benchlib.Failure("nvio load_file and the reference's differ on the bench file")
+
+        def ref_save() -> float:
+            out = work / "ref-save.safetensors"
+            t0 = time.perf_counter()
+            ref.save_file(tensors, str(out))
+            fd = os.open(out, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            return time.perf_counter() - t0
+
+        def nvio_save() -> float:
+            t0 = time.perf_counter()
+            st.save_file(tensors, work / "nvio-save.safetensors")  # durable: fsync'd, renamed
+            return time.perf_counter() - t0
+
+        def loader(fn, cold: bool):
+            def run() -> float:
+                if cold:
+                    drop_cache(path)
+                else:
+                    benchlib.warm([path])
+                gc.collect()
+                t0 = time.perf_counter()
+                out = fn()
+                touch(torch, out)
+                dt = time.perf_counter() - t0
+                if len(out) != len(tensors):
+                    raise benchlib.Failure(
+                        f"a load returned {len(out)} tensors, not {len(tensors)}")
                 del out
-        with open("/proc/loadavg") as f:
-            load = f.read().split()[0]
-        print(f"file {size / 2**30:.2f} GiB, {args.tensors} tensors, {args.rounds} rounds, "
-              f"cold cache, load average {load}")
-        med = {k: statistics.median(v) for k, v in times.items()}
-        for k, v in med.items():
-            print(f"  {k:22s} {size / v / 1e9:6.2f} GB/s  (median {v:.3f} s; "
-                  f"{', '.join(f'{x:.3f}' for x in times[k])})")
-        print(f"  load_file / mmap         {med['mmap + clone'] / med['nvio load_file']:.2f}x")
-        print(f"  load_file / bench read   {med['nvio bench --op read'] / med['nvio load_file']:.2f}x")
+                return dt
+            return run
+
+        def bench_read(cold: bool):
+            def run() -> float:
+                drop_cache(path) if cold else benchlib.warm([path])
+                return benchlib.nvio_read_seconds(nvio_cli, path, size)
+            return run
+
+        contenders: dict = {}
+        if not args.no_save:
+            contenders["nvio save_file"] = nvio_save
+            contenders["ref save_file+fsync"] = ref_save
+        for mode in (["warm"] if ram else ["cold", "warm"]):
+            cold = mode == "cold"
+            contenders[f"nvio load_file {mode}"] = loader(lambda: st.load_file(path), cold)
+            for backend in args.ref_backends.split(","):
+                fn = ((lambda: ref.load_file(str(path))) if backend == "mmap" else
+                      (lambda b=backend: ref.load_file(str(path), backend=b)))
+                contenders[f"ref load_file({backend}) {mode}"] = loader(fn, cold)
+            if cold or ram:
+                contenders[f"nvio bench read {mode}"] = bench_read(cold)
+        log(benchlib.bench_header("safetensors", work, size, args.rounds))
+        times = benchlib.alternate(contenders, args.rounds)
+        print(benchlib.bench_header(f"safetensors {safetensors.__version__} vs nvio, "
+                                    f"{args.tensors} tensors, file", args.dir, size, args.rounds))
+        med = benchlib.print_times(times, size)
+        if not args.no_save:
+            print(benchlib.ratio_line(med, "nvio save_file", "ref save_file+fsync", 2))
+        for mode in (["warm"] if ram else ["cold", "warm"]):
+            ours = f"nvio load_file {mode}"
+            for backend in args.ref_backends.split(","):
+                print(benchlib.ratio_line(med, ours, f"ref load_file({backend}) {mode}",
+                                          2 if mode == "cold" else None))
+            if f"nvio bench read {mode}" in med:
+                print(benchlib.ratio_line(med, ours, f"nvio bench read {mode}", 0.9))
+        if args.profile:
+            if args.profile not in contenders:
+                raise benchlib.Failure(f"--profile {args.profile!r}: one of {list(contenders)}")
+            benchlib.profile_call(args.profile, contenders[args.profile])
+    except (benchlib.Failure, KeyboardInterrupt) as e:
+        return benchlib.error_exit("safetensors_bench", e)
     finally:
-        path.unlink(missing_ok=True)
+        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

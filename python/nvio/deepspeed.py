@@ -362,8 +362,10 @@ def aio_handle_from_config(config: Mapping[str, Any]) -> _aio.aio_handle:
     return _aio.gds_handle(**settings)
 
 
-# ---- DeepSpeed on nvio without rebuilding it (issue 13) -----------------------------------------
+# ---- DeepSpeed on nvio without rebuilding it -----------------------------------------
 from ._deepspeed_install import (  # noqa: E402,F401  (the public names of this module)
+    TESTED_VERSIONS,
+    InstallFailed,
     NothingToPatch,
     install,
     install_from_environment,

@@ -352,7 +352,8 @@ struct Swapper::Impl {
     for (const auto& item : fs::directory_iterator(dir, ec)) {
       const std::string name = item.path().filename().string();
       const bool swap_file = own_file_name(name) && !indexed.contains(name);
-      const bool index_temp = name.starts_with(std::string(kIndexName) + ".tmp.");
+      // The directory is this swapper's (its lock): any temporary of its index is debris.
+      const bool index_temp = detail::temporary_writer(kIndexName, name).has_value();
       if (!swap_file && !index_temp) continue;
       const std::string path = join(dir, name);
       detail::FileFacts facts;
@@ -402,8 +403,10 @@ struct Swapper::Impl {
           directory, e.what()));
     }
     detail::ReplacementFile file(join(directory, kIndexName), &handle);
-    handle.write(text.data(), text.size(), file.fd(), 0,
-                 WriteOptions{Truncate::No, Durability::Data, MemoryKind::Host});
+    file.writing([&] {
+      handle.write(text.data(), text.size(), file.fd(), 0,
+                   WriteOptions{Truncate::No, Durability::Data, MemoryKind::Host});
+    });
     file.commit(Durability::Data);
   }
 

@@ -386,7 +386,8 @@ def _read_whole(path: bytes, text: str, handle: Any) -> memoryview:
         raise _typed(e, "load", text) from e
     if os.path.isdir(path):
         raise _typed(IsADirectoryError(_errno.EISDIR, "is a directory"), "load", text)
-    return _landing.read_region(handle if handle is not None else shared_handle(), path, 0, size)
+    return _landing.read_region(handle if handle is not None else shared_handle(), path, 0, size,
+                                whole_file=True)
 
 
 def _map_whole(path: bytes, text: str) -> memoryview:

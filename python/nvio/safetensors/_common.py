@@ -192,7 +192,8 @@ class File:
     def region(self) -> Any:
         """The whole data region, read with one parallel call into fresh memory placed like the
         file (see _landing)."""
-        return _landing.read_region(shared_handle(), self.path, self.data_offset, self.data_size)
+        return _landing.read_region(shared_handle(), self.path, self.data_offset, self.data_size,
+                                    whole_file=True)
 
     def tensor(self, e: Entry, device: Any, shape: Optional[Tuple[int, ...]] = None,
                file_offset: Optional[int] = None) -> Any:

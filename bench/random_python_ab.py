@@ -3,8 +3,9 @@ per-call Python path of one commit against another's on the same machine and fil
 
 Each round runs random_python.py once (--rounds 1) with PYTHONPATH set to --a's package, once
 with --b's, the order swapped every round so that a drift of a loaded machine hits both alike;
-the medians of each form's ops/s over the rounds and b/a are printed. fio is left out (it is the
-same for both builds). Options after `--` go to random_python.py.
+the medians of each form's ops/s and CPU time per read (the whole process, user + system:
+less sensitive than ops/s to other processes' load) over the rounds and b/a are printed. fio
+is left out (it is the same for both builds). Options after `--` go to random_python.py.
 
     PYTHONPATH=build/python .venv/bin/python bench/random_python_ab.py --a OLD/build/python --b build/python --rounds 5 -- --dir /dev/shm --size 512M --ops 65536
 """
@@ -28,7 +29,8 @@ FORMS = "async_path,async_fd,aio_pread,batch_items,batch_offsets"
 
 
 def one_run(pythonpath: str, rest: list) -> dict:
-    """random_python.py once with the package at pythonpath: form -> ops/s."""
+    """random_python.py once with the package at pythonpath: form -> (ops/s, CPU us per read
+    of the whole process)."""
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         env = child_env()
         env.update(PYTHONPATH=pythonpath, NVIO_CONFIG="none")
@@ -38,7 +40,9 @@ def one_run(pythonpath: str, rest: list) -> dict:
         if p.returncode != 0:
             raise Failure(f"random_python.py with PYTHONPATH={pythonpath} failed: "
                           f"{p.stderr.strip().splitlines()[-1:]}")
-        return json.loads(Path(out.name).read_text())["median_ops_per_s"]
+        result = json.loads(Path(out.name).read_text())
+        return {f: (v, result["median_cpu_us_per_op"][f])
+                for f, v in result["median_ops_per_s"].items()}
 
 
 def main() -> int:
@@ -58,16 +62,18 @@ def main() -> int:
             for which in (("a", "b") if r % 2 == 0 else ("b", "a")):
                 runs[which].append(one_run(getattr(args, which), rest))
                 log(f"round {r + 1}/{args.rounds} {which}: " + ", ".join(
-                    f"{k} {v:,.0f}" for k, v in runs[which][-1].items()))
+                    f"{k} {v:,.0f} ops/s {c:.1f} us" for k, (v, c) in runs[which][-1].items()))
     except (Failure, KeyboardInterrupt) as e:
         return error_exit("random_python_ab.py", e)
     print(f"a = {args.a}\nb = {args.b}\n{args.rounds} rounds alternating, load average "
           + " ".join(f"{x:.2f}" for x in os.getloadavg()))
-    print(f"{'form':<15}{'a ops/s':>12}{'b ops/s':>12}{'b/a':>7}")
+    print(f"{'form':<15}{'a ops/s':>12}{'b ops/s':>12}{'b/a':>7}{'a CPU us/op':>13}"
+          f"{'b CPU us/op':>13}{'b/a':>7}")
     for form in runs["a"][0]:
-        a = statistics.median(x[form] for x in runs["a"])
-        b = statistics.median(x[form] for x in runs["b"])
-        print(f"{form:<15}{a:>12,.0f}{b:>12,.0f}{b / a:>7.2f}")
+        a, b = (statistics.median(x[form][0] for x in runs[w]) for w in "ab")
+        ca, cb = (statistics.median(x[form][1] for x in runs[w]) for w in "ab")
+        print(f"{form:<15}{a:>12,.0f}{b:>12,.0f}{b / a:>7.2f}{ca:>13.1f}{cb:>13.1f}"
+              f"{cb / ca:>7.2f}")
     return 0
 
 

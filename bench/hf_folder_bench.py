@@ -89,6 +89,9 @@ def main() -> int:
     ap.add_argument("--nvio-calls", default="auto,per-shard",
                     help="nvio's contenders: auto, per-shard or dotted function names")
     ap.add_argument("--nvio", default=None, help="the nvio CLI (default build/bin/nvio)")
+    ap.add_argument("--only", metavar="WORDS",
+                    help="run only the contenders whose name contains one of these "
+                    "comma-separated words (e.g. 'cold')")
     ap.add_argument("--profile", metavar="NAME",
                     help="after the rounds, cProfile one run of this contender")
     args = ap.parse_args()
@@ -171,6 +174,10 @@ def main() -> int:
         contenders[f"nvio bench read, 1 file {read}"] = read_whole
         contenders[f"nvio bench read, per shard {read}"] = read_shards
         log(benchlib.bench_header("HF folder", work, nbytes, args.rounds))
+        profiled = contenders.get(args.profile)
+        if args.profile and profiled is None:
+            raise benchlib.Failure(f"--profile {args.profile!r}: one of {list(contenders)}")
+        contenders = benchlib.select(contenders, args.only)
         times = benchlib.alternate(contenders, args.rounds)
         print(benchlib.bench_header(f"HF folder of {len(shards)} shards, {count} tensors",
                                     args.dir, nbytes, args.rounds))
@@ -183,9 +190,7 @@ def main() -> int:
                                       0.9))
             print(benchlib.ratio_line(med, f"{name} {read}", f"nvio bench read, per shard {read}"))
         if args.profile:
-            if args.profile not in contenders:
-                raise benchlib.Failure(f"--profile {args.profile!r}: one of {list(contenders)}")
-            benchlib.profile_call(args.profile, contenders[args.profile])
+            benchlib.profile_call(args.profile, profiled)
     except (benchlib.Failure, KeyboardInterrupt) as e:
         return benchlib.error_exit("hf_folder_bench", e)
     finally:

@@ -36,7 +36,7 @@ from torch import nn  # noqa: E402
 VOCAB = 2048
 WIDTH = 256  # the embedding and output weights are VOCAB * WIDTH = 2 MiB of fp32
 FEED_FORWARD = 2048  # each feed-forward weight 2 MiB
-LAYERS = 2
+LAYERS = 1
 SEQUENCE = 16
 BATCH = 2
 

@@ -42,6 +42,7 @@ import secrets
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import _buffers, _nvio
+from ._handle import replace_file as _replace_file
 from ._torchzip import (_ARCHIVE_DIR, _FORMAT_VERSION, _Entry, _central_directory, _crc_results,
                         _crc_tasks, _layout, _local_header, _pool, _typed)
 from .checkpoint import _StoragePickler, _storage_bytes
@@ -94,17 +95,8 @@ def _handle(handle: Any) -> Any:
 
 
 def replace_file(handle: Any, path: str, pieces: Sequence[Tuple[Any, int]], sync: bool) -> None:
-    """Writes ``pieces`` ((buffer, file offset) pairs) as a new file in place of ``path`` with
-    one write_batch, atomically (and durably with ``sync``): the core's ReplacementFile."""
-    h = _handle(handle)
-    file = _nvio.ReplacementFile(h._core, path)
-    try:
-        if pieces:
-            h.write_batch(pieces, file.fd, sync=sync)
-        file.commit(sync)
-    except BaseException:
-        file.discard()
-        raise
+    """The core's atomic replacement of ``path`` by ``pieces`` (nvio._handle.replace_file)."""
+    _replace_file(_handle(handle), path, pieces, sync)
 
 
 # ---- writing -----------------------------------------------------------------------------------

@@ -101,32 +101,11 @@ def _raise_if_any_failed(what: str, error: Optional[BaseException], group: Any, 
 
 
 def _write_index(path: str, index: Dict[str, Any]) -> None:
-    """Replaces the index file atomically and durably."""
-    directory = os.path.dirname(path) or "."
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(8)}.nvio-tmp")
+    """Replaces the index file atomically and durably (the core's replace-a-file mechanism)."""
+    from ._handle import replace_file
+
     data = (json.dumps(index, indent=2, sort_keys=False) + "\n").encode()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fdatasync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, path)
-        tmp = ""
-        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    finally:
-        if tmp:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+    replace_file(None, path, [(data, 0)], sync=True)
 
 
 def _remove_unlisted_shards(directory: str, prefix: str, keep: Iterable[str]) -> None:

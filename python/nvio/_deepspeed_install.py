@@ -225,9 +225,10 @@ def _warn_ops_loaded_before() -> None:
     ours = {getattr(cls, "NAME", None) for cls in _nvio_builders().values()}
     early = sorted(name for name in loaded if name in ours)
     if early:
-        warnings.warn(f"nvio: DeepSpeed had already loaded its own {', '.join(early)} op before "
-                      "nvio.deepspeed.install(): the handles, swappers and engines it made with it "
-                      "keep using it; builders loaded from now on give nvio's",
+        ops = " and ".join(early) + (" ops" if len(early) > 1 else " op")
+        warnings.warn(f"nvio: DeepSpeed had already loaded its own {ops} before "
+                      "nvio.deepspeed.install(): the handles, swappers and engines it made with "
+                      "them keep using them; builders loaded from now on give nvio's",
                       RuntimeWarning, stacklevel=3)
 
 

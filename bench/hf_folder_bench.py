@@ -39,7 +39,8 @@ from benchlib import log, parse_size, positive_int  # noqa: E402
 from safetensors_bench import make_tensors, same, touch  # noqa: E402
 
 # Names a one-call folder loader may have in nvio (issue 27 item 5); `auto` takes the first found.
-FOLDER_CALLS = ("nvio.safetensors.load_folder", "nvio.safetensors.load_pretrained",
+FOLDER_CALLS = ("nvio.safetensors.load_model_folder", "nvio.safetensors.load_folder",
+                "nvio.safetensors.load_pretrained",
                 "nvio.load_folder", "nvio.load_pretrained", "nvio.load_sharded")
 
 

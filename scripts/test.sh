@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One command that installs what is missing (Debian packages, then the project virtual environment
-# .venv with the pinned Python packages of requirements.txt), builds, installs the package into
+# .venv with the pinned Python packages of requirements.txt, and DeepSpeed's async_io op compiled
+# once into it: scripts/deepspeed_ops.sh), builds, installs the package into
 # .venv, and runs the whole test suite: the C++ conformance suite against every engine, the CLI
 # tests and the Python tests (on .venv's torch 2, plus a short pass on Debian's torch 1.13:
 # tests/python/legacy_torch.py), then the C++ and CLI suites again under ASan+UBSan and under TSan (scripts/sanitize.sh), and a 20 s libFuzzer run of
@@ -14,6 +15,7 @@ cd "$(dirname "$0")/.."
 
 scripts/deps.sh
 scripts/venv.sh
+scripts/deepspeed_ops.sh
 py=$PWD/.venv/bin/python
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
   -DNVIO_WERROR=ON -DCMAKE_UNITY_BUILD=ON -DPython3_EXECUTABLE="$py" -DNVIO_TEST_PYTHON="$py" >/dev/null

@@ -34,14 +34,22 @@
 
 namespace nvio::safetensors {
 
-// The reference's dtypes in its declared order: increasing alignment. Saving sorts by this order
-// (descending), so the order is part of the file format and must not change.
+// The reference's dtypes (safetensors 0.8.0) in its declared order: increasing alignment. Saving
+// sorts by this order (descending), so the order is part of the file format and must not change.
+// F4 and F6_* are sub-byte: a tensor of them holds a whole number of bytes (the element count
+// times their bits is a multiple of 8).
 enum class Dtype {
   BOOL,
+  F4,
+  F6_E2M3,
+  F6_E3M2,
   U8,
   I8,
   F8_E5M2,
   F8_E4M3,
+  F8_E8M0,
+  F8_E4M3FNUZ,
+  F8_E5M2FNUZ,
   I16,
   U16,
   F16,
@@ -49,6 +57,7 @@ enum class Dtype {
   I32,
   U32,
   F32,
+  C64,
   F64,
   I64,
   U64
@@ -58,7 +67,9 @@ enum class Dtype {
 const char* to_string(Dtype dtype) noexcept;
 // The dtype spelled `text` ("F32"), or nullopt for an unknown one.
 std::optional<Dtype> parse_dtype(std::string_view text) noexcept;
-// Bytes per element.
+// Bits per element (4 for F4, 6 for F6_*, 8 for U8, ...).
+std::size_t dtype_bits(Dtype dtype) noexcept;
+// Bytes per element; 0 for the sub-byte dtypes (F4, F6_*).
 std::size_t dtype_size(Dtype dtype) noexcept;
 
 // The reference refuses headers longer than this many bytes.
@@ -96,16 +107,19 @@ std::uint64_t parse_header_length(std::span<const unsigned char> prefix, std::ui
                                   const std::string& path);
 
 // Parses and validates the header of a file of `file_size` bytes whose first bytes are `bytes`
-// (at least 8 + N of them; more are ignored). Throws FormatError naming `path` when:
+// (at least 8 + N of them; more are ignored), in one pass: time linear in N. Throws FormatError
+// naming `path` when:
 //   - the file is shorter than 8 bytes, N exceeds kMaxHeaderSize, or 8 + N exceeds the file;
-//   - the JSON is not valid UTF-8 JSON, does not start with '{', is not an object, or repeats a
-//     key in any object (nvio's addition: the reference keeps the last of duplicate keys);
+//   - the JSON is not valid UTF-8 JSON, is not an object, is followed by anything but JSON
+//     whitespace (the format pads with spaces; a NUL is refused), nests arrays and objects deeper
+//     than 127 levels (the reference's limit), or repeats a key in the top object, an entry or
+//     the metadata (nvio's addition: the reference keeps the last of duplicate keys);
 //   - "__metadata__" is neither null nor an object of string values;
-//   - an entry is not an object with "dtype" (a known dtype string), "shape" (an array of
+//   - an entry is not an object with "dtype" (a dtype string above), "shape" (an array of
 //     integers 0..2^63-1) and "data_offsets" (an array of two non-negative integers); other
-//     members of an entry are ignored, as the reference does;
-//   - the product of the shape times the dtype's size overflows 64 bits, or differs from
-//     end - begin, or end < begin;
+//     members of an entry, any JSON, are ignored, as the reference does;
+//   - the product of the shape times the dtype's bits overflows 64 bits, is not whole bytes, or
+//     differs from end - begin in bytes, or end < begin;
 //   - an entry lies outside the data region, two entries overlap, a gap separates them, or the
 //     entries do not cover the data region exactly (the reference requires all of these).
 // Throws InvalidArgument when `bytes` holds fewer than 8 + N bytes of a file long enough.

@@ -8,6 +8,8 @@ Two APIs over one core:
   operation with one future.
 * ``nvio.save(obj, path)`` / ``nvio.load(path)``: torch checkpoints (the ``torch.save`` format),
   written atomically and durably, read with one parallel read (checkpoint.py).
+* ``nvio.dcp``: storage writer and reader for ``torch.distributed.checkpoint`` (DCP's own files,
+  sharded and resharded over ranks; ``import nvio.dcp``).
 * ``nvio.tune(dir)``: finds the fastest options for a drive within a time budget; with
   ``save=True`` they become the default of every handle (``nvio.Handle()``).
 * ``nvio.TensorSwapper(dir, budget_bytes)``: named tensors swapped out to NVMe and back under a
@@ -32,7 +34,7 @@ from ._aio import ValidationError, aio_handle, aio_read, aio_write
 from ._future import Future
 from ._handle import Handle
 from ._tune import TuneResult, tune
-from .checkpoint import CheckpointFormatError, load, save
+from .checkpoint import CheckpointFormatError, UnsafeCheckpointError, load, save
 from ._nvio import (
     EngineUnavailable,
     Error,
@@ -50,7 +52,7 @@ from ._nvio import (
 
 __version__ = _nvio.__version__
 
-# ---- GPU (issue 5) ----------------------------------------------------------------------------
+# ---- GPU ----------------------------------------------------------------------------
 from ._aio import gds_handle  # noqa: E402
 from ._nvio import GpuError  # noqa: E402
 
@@ -69,28 +71,28 @@ __all__ = [
     "report", "tune", "TuneResult", "Error", "InvalidArgument", "InvalidType", "EngineUnavailable",
     "LockedMemoryError", "IOFailure", "FileNotFound", "PermissionDenied", "ReadOnlyFileSystem",
     "IsADirectory", "NoSpace", "ShortFile", "ValidationError", "save", "load",
-    "CheckpointFormatError", "evict", "page_cache",
+    "CheckpointFormatError", "UnsafeCheckpointError", "evict", "page_cache",
     "__version__",
 ]
 __all__ += ["gds_handle", "gpu_info", "GpuError"]
 
-# ---- safetensors (issue 12): nvio.safetensors.load_file / save_file / safe_open ---------------
+# ---- safetensors: nvio.safetensors.load_file / save_file / safe_open ---------------
 from . import safetensors  # noqa: E402  (imports torch only when used)
 
 __all__ += ["FormatError", "safetensors"]
 
-# ---- sharded checkpoints over torch.distributed (issue 12) --------------------------------------
+# ---- sharded checkpoints over torch.distributed --------------------------------------
 from .sharded import load_sharded, save_sharded  # noqa: E402  (imports torch only when used)
 
 __all__ += ["save_sharded", "load_sharded"]
 
-# ---- tensor swapper (issue 13) ------------------------------------------------------------------
+# ---- tensor swapper ------------------------------------------------------------------
 from ._nvio import BudgetExceeded, ChecksumMismatch, DirectoryLocked  # noqa: E402
 from .swapper import TensorSwapper  # noqa: E402  (imports torch only when used)
 
 __all__ += ["TensorSwapper", "BudgetExceeded", "ChecksumMismatch", "DirectoryLocked"]
 
-# ---- several drives (issue 14) -----------------------------------------------------------------
+# ---- several drives -----------------------------------------------------------------
 from .stripe import StripedHandle  # noqa: E402
 
 __all__ += ["StripedHandle"]

@@ -301,7 +301,7 @@ def aio_write(buffer: Any, filename: Any, block_size: int, queue_depth: int, sin
     return 0
 
 
-# ---- gds_handle (issue 5) ---------------------------------------------------------------------
+# ---- gds_handle ---------------------------------------------------------------------
 
 
 class gds_handle(aio_handle):  # noqa: N801 - DeepSpeed's name

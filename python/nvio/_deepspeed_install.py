@@ -14,6 +14,13 @@ they were imported. So, for the builders in ``BUILDERS``:
 
 Everything replaced is recorded and ``uninstall()`` puts it back. Handles made while installed
 stay nvio's.
+
+After patching, every route above is checked (``_verify``); when one still reaches DeepSpeed's own
+builder, everything is put back and ``install()`` raises ``InstallFailed`` (when DeepSpeed is
+imported later, through the finder: a ``RuntimeWarning`` and DeepSpeed left as it is), so a
+half-patched DeepSpeed is never left behind. A DeepSpeed version outside ``TESTED_VERSIONS`` is
+patched, verified and named in a ``RuntimeWarning``; one whose op DeepSpeed has already loaded
+(``OpBuilder._loaded_ops``) gets a ``RuntimeWarning`` that what it made with it stays DeepSpeed's.
 """
 
 from __future__ import annotations
@@ -36,8 +43,18 @@ _ON = ("1", "true", "yes", "on")
 _OFF = ("", "0", "false", "no", "off")
 
 
+# The DeepSpeed releases install() was tested against (tests/python/test_deepspeed_real.py, with
+# requirements.txt's pin); a stand-in or another release warns (its release part, before any +).
+TESTED_VERSIONS = ("0.19.8",)
+
+
 class NothingToPatch(_nvio.Error, ImportError):
     """``install()`` found no DeepSpeed, or a DeepSpeed without the op builders it replaces."""
+
+
+class InstallFailed(_nvio.Error, RuntimeError):
+    """``install()`` patched DeepSpeed but a route to a builder still reached DeepSpeed's own; it
+    put everything back before raising."""
 
 
 _lock = threading.RLock()
@@ -131,6 +148,14 @@ def _after_import(module: types.ModuleType) -> None:
             return
         _patch_module(module)
         _patch_current_accelerator()
+        if module.__name__ == "deepspeed":  # the package has run: everything it imported is here
+            _warn_untested_version(module)
+            problems = _verify()
+            if problems:
+                uninstall()
+                warnings.warn(f"nvio: {_failure_text(problems)}; DeepSpeed left on its own ops",
+                              RuntimeWarning, stacklevel=2)
+                return
         if module.__name__ == "deepspeed.ops.op_builder":
             if not any(isinstance(getattr(module, n, None), type) for n in _BUILDER_NAMES):
                 warnings.warn(
@@ -179,6 +204,68 @@ class _Finder(importlib.abc.MetaPathFinder):
 _finder = _Finder()
 
 
+def _release(version: str) -> str:
+    return version.split("+", 1)[0].strip()
+
+
+def _warn_untested_version(deepspeed: types.ModuleType) -> None:
+    version = str(getattr(deepspeed, "__version__", "unknown"))
+    if _release(version) not in TESTED_VERSIONS:
+        warnings.warn(f"nvio: DeepSpeed {version} is not a release nvio.deepspeed.install() was "
+                      f"tested with ({', '.join(TESTED_VERSIONS)}); it was patched and every route "
+                      "to the builders checked", RuntimeWarning, stacklevel=3)
+
+
+def _warn_ops_loaded_before() -> None:
+    """Names the ops DeepSpeed loaded itself before install(): what it made with them stays its."""
+    builder = sys.modules.get("deepspeed.ops.op_builder.builder")
+    loaded = getattr(getattr(builder, "OpBuilder", None), "_loaded_ops", None)
+    if not isinstance(loaded, dict):
+        return
+    ours = {getattr(cls, "NAME", None) for cls in _nvio_builders().values()}
+    early = sorted(name for name in loaded if name in ours)
+    if early:
+        warnings.warn(f"nvio: DeepSpeed had already loaded its own {', '.join(early)} op before "
+                      "nvio.deepspeed.install(): the handles, swappers and engines it made with it "
+                      "keep using it; builders loaded from now on give nvio's",
+                      RuntimeWarning, stacklevel=3)
+
+
+def _verify() -> List[str]:
+    """The routes to a replaced builder that still reach DeepSpeed's: every loaded ``deepspeed``
+    module's bindings, and the current accelerator's get_op_builder / create_op_builder."""
+    ours = _nvio_builders()
+    theirs = {id(cls) for cls in _originals.values()}
+    theirs |= {id(previous) for _, _, previous, _ in _records if isinstance(previous, type)}
+    problems = []
+    for module_name, module in list(sys.modules.items()):
+        if not (_is_deepspeed_module(module_name) and isinstance(module, types.ModuleType)):
+            continue
+        for attribute, value in list(vars(module).items()):
+            named = attribute in ours or getattr(value, "__name__", None) in ours
+            if named and id(value) in theirs:  # not NotImplementedBuilder under its own name
+                problems.append(f"{module_name}.{attribute} is still DeepSpeed's")
+    real = sys.modules.get("deepspeed.accelerator.real_accelerator")
+    accelerator = getattr(real, "ds_accelerator", None) if real is not None else None
+    if accelerator is not None:
+        for name, cls in ours.items():
+            for method in _WRAPPED_METHODS:
+                try:
+                    got = getattr(accelerator, method)(name)
+                except Exception as e:  # noqa: BLE001 - any failure is a route not patched
+                    problems.append(f"accelerator.{method}({name!r}) raised {e!r}")
+                    continue
+                if got is not cls and not isinstance(got, cls):
+                    problems.append(f"accelerator.{method}({name!r}) gave {got!r}")
+    return problems
+
+
+def _failure_text(problems: List[str]) -> str:
+    shown = "; ".join(problems[:5]) + (f" (and {len(problems) - 5} more)" if len(problems) > 5
+                                       else "")
+    return f"nvio.deepspeed.install() could not route every way to the builders: {shown}"
+
+
 def installed() -> bool:
     """Whether ``install()`` is in effect."""
     return _installed
@@ -188,14 +275,19 @@ def install() -> None:
     """Makes DeepSpeed's ``AsyncIOBuilder``, ``GDSBuilder``, ``UtilsBuilder`` and
     ``PinMemoryBuilder`` resolve to nvio's, whether DeepSpeed is imported already or later.
 
-    Idempotent. Raises ``NothingToPatch`` (an ``nvio.Error`` and ``ImportError``) when DeepSpeed
-    is neither imported nor importable, or is imported without any of those builders; nothing is
-    left installed then."""
+    Idempotent: a second call changes nothing, and one ``uninstall()`` undoes both. Raises
+    ``NothingToPatch`` (an ``nvio.Error`` and ``ImportError``) when DeepSpeed is neither imported
+    nor importable, or is imported without any of those builders, and ``InstallFailed`` when a
+    route to a builder still reaches DeepSpeed's after patching; nothing is left installed then.
+    Warns (``RuntimeWarning``) for a DeepSpeed release outside ``TESTED_VERSIONS`` and when
+    DeepSpeed had already loaded one of those ops itself (what it made with it stays its own)."""
     global _installed
     with _lock:
         if "deepspeed" not in sys.modules and importlib.util.find_spec("deepspeed") is None:
             raise NothingToPatch("nvio.deepspeed.install(): DeepSpeed is not installed here (no "
                                  "module 'deepspeed' on sys.path): nothing to patch")
+        if _installed:
+            return  # the finder has patched every deepspeed module imported since
         _installed = True
         if _finder not in sys.meta_path:
             sys.meta_path.insert(0, _finder)
@@ -216,6 +308,12 @@ def install() -> None:
             uninstall()
             raise NothingToPatch(f"nvio.deepspeed.install(): deepspeed.ops.op_builder has none "
                                  f"of {', '.join(_BUILDER_NAMES)}: nothing to patch")
+        problems = _verify()
+        if problems:
+            uninstall()
+            raise InstallFailed(_failure_text(problems))
+        _warn_untested_version(sys.modules["deepspeed"])
+        _warn_ops_loaded_before()
 
 
 def uninstall() -> None:

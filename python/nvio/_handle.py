@@ -288,9 +288,10 @@ class Handle:
 
         A handle keeps the files it opened, so that the next operation on the same name costs one
         ``statx`` instead of two opens; a removed file it holds keeps its disk space. It lets go
-        of a removed or unused file within about a second by itself; call this to free the space
-        of removed files at once (before checking free space, or before removing a file written
-        through the handle, say)."""
+        of a removed or unused file within about a second by itself, of removed files before it
+        opens a file to write, and (every handle of the process) when a write runs out of space,
+        which is then tried once more; call this to free the space of removed files at once
+        (before checking free space, say)."""
         if file is None:
             self._core.close_files()
         else:

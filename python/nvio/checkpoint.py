@@ -1,133 +1,58 @@
 """``nvio.save`` / ``nvio.load``: torch checkpoints at the speed of the drive.
 
-The file is the zip archive ``torch.save`` writes (``torch.load`` reads it, and ``nvio.load``
-reads what ``torch.save`` writes): ``<dir>/data.pkl`` (the object, pickled with torch's scheme of
-persistent ids: each storage is a tuple ``('storage', type, key, location, numel)``),
-``<dir>/data/<key>`` (each storage's bytes) and ``<dir>/version``, every entry stored
-(uncompressed) with its CRC-32, record data 64-byte aligned as torch's writer aligns it.
+The file is the zip archive ``torch.save`` writes (``torch.load`` reads it, also with
+``weights_only=True``, and ``nvio.load`` reads what ``torch.save`` writes); _torchzip.py lays it
+out and parses it. ``f`` is a path or a file object, as torch takes them.
 
-``save`` lays the archive out itself, so it knows where every storage's bytes go, and writes all of
-them straight from the tensors' memory with one ``write_batch`` of an nvio handle. Each storage's
-data starts at a file offset congruent to its address modulo the page size, so the direct middle of
-each extent needs no bounce copy. The CRC-32s are computed on a thread pool (``_nvio.crc32``,
-ISA-L without the GIL) while the batch is being written; the small records, the local headers (which
-hold the CRCs) and the central directory follow, then fdatasync, rename over ``path`` and fsync of
-the directory.
+``save`` to a path lays the archive out itself, so it knows where every storage's bytes go, and
+writes all of them straight from the tensors' memory with one ``write_batch`` of an nvio handle,
+into a temporary file beside the target (created, named after its writer and cleaned up when its
+writer is gone by core/replace_file, through the binding). The CRC-32s are computed on a thread
+pool (``_nvio.crc32``, ISA-L without the GIL) while the batch is being written; the small records,
+the local headers (which hold the CRCs) and the central directory follow, then fdatasync, rename
+over the target and fsync of the directory. To a file object, the archive is written in order.
 
-``load`` reads the whole file with one parallel (O_DIRECT) read into page-aligned memory, checks every
-record's CRC-32 and unpickles with storages that are views of that memory (no second copy of the
-tensor bytes); ``map_location`` and ``weights_only`` go through torch's own loader code, so they
-behave as in ``torch.load``. ``into=`` reads the tensor bytes straight into an existing state
-dict's tensors instead.
+``load`` reads the whole file with one parallel (O_DIRECT) read into page-aligned memory (or maps
+it copy-on-write with ``mmap=True``), checks the records' CRC-32s and unpickles with storages that
+are views of that memory (no second copy of the tensor bytes); ``map_location`` goes through
+torch's own loader code, so it behaves as in ``torch.load``. ``weights_only`` is True unless the
+caller says otherwise, whatever torch is installed. torch's legacy (non-zip) format is handed to
+``torch.load``. ``into=`` reads the tensor bytes straight into an existing state dict's tensors
+instead (_ckpt_into.py).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import errno as _errno
 import io
+import mmap as _mmap
 import os
 import pickle
-import secrets
-import struct
+import stat
+import sys
 import threading
-from typing import Any, Dict, List, Optional, Tuple
+import warnings
+from typing import Any, Dict, List, Optional, Tuple, Union
 
-from . import _args, _buffers, _landing, _nvio
+from . import _args, _landing, _nvio
+from ._ckpt_into import load_into
 from ._handle import shared_handle
+from ._torchzip import (_ARCHIVE_DIR, _FORMAT_VERSION, CheckpointFormatError, _Archive, _Entry,
+                        _Records, _central_directory, _crc_results, _crc_tasks, _layout,
+                        _local_header, _pool, _typed)
 
-__all__ = ["save", "load", "CheckpointFormatError"]
+__all__ = ["save", "load", "CheckpointFormatError", "UnsafeCheckpointError"]
 
 
-class CheckpointFormatError(_nvio.Error, ValueError):
-    """A file that is not a valid torch zip archive: truncated, a broken zip structure, a
-    compressed entry, a missing record, or a record whose CRC-32 does not match. ``.path`` names
-    the file."""
+class UnsafeCheckpointError(_nvio.Error, pickle.UnpicklingError):
+    """``nvio.load`` with ``weights_only=True`` (the default) refused a checkpoint whose pickle
+    holds something other than tensors and plain data (a class, a function call: what a
+    ``__reduce__`` that runs ``os.system`` puts there). Pass ``weights_only=False`` only for a
+    file you trust. ``.path`` names the file."""
 
     def __init__(self, message: str, path: str) -> None:
         super().__init__(message)
         self.path = path
-
-
-# Sizes and offsets at or above this need the zip64 extensions. A module attribute so that the
-# tests can exercise the zip64 layout with a small archive.
-_ZIP64_LIMIT = 0xFFFFFFFF
-_RECORD_ALIGN = 64  # torch's writer aligns record data to 64 bytes (kFieldAlignment)
-_PAGE = 4096  # a storage's data starts at its address modulo this: the direct middle is aligned
-_CRC_CHUNK = 32 << 20  # pieces of a record checksummed by one task
-_ARCHIVE_DIR = "archive"
-_FORMAT_VERSION = b"3\n"  # what torch 1.13's writer stores in <dir>/version
-
-_LOCAL_SIG = 0x04034B50
-_CENTRAL_SIG = 0x02014B50
-_EOCD_SIG = 0x06054B50
-_EOCD64_SIG = 0x06064B50
-_EOCD64_LOCATOR_SIG = 0x07064B50
-_UTF8_FLAG = 0x0800
-_ZIP64_TAG = 0x0001
-_PAD_TAG = b"FB"  # the padding extra field torch's writer uses ("FB", then 'Z' bytes)
-
-# ---- CRC-32 --------------------------------------------------------------------------------
-# _nvio.crc32 is zlib.crc32 computed with ISA-L (15-20 GB/s a core against zlib's 2), without the
-# GIL; records are cut into pieces checksummed on a pool's threads and joined with crc32_combine.
-
-def _crc_tasks(pool, buffers: List[Any]) -> List[List[Tuple[Any, int]]]:
-    """Submits the CRC-32 of each buffer's pieces; per buffer, the (future, length) of each."""
-    tasks = []
-    for buf in buffers:
-        view = memoryview(buf).cast("B")
-        pieces = []
-        for start in range(0, len(view), _CRC_CHUNK):
-            piece = view[start:start + _CRC_CHUNK]
-            pieces.append((pool.submit(_nvio.crc32, piece), len(piece)))
-        tasks.append(pieces)
-    return tasks
-
-
-def _crc_results(tasks: List[List[Tuple[Any, int]]]) -> List[int]:
-    out = []
-    for pieces in tasks:
-        crc = 0
-        for future, length in pieces:
-            crc = _nvio.crc32_combine(crc, future.result(), length)
-        out.append(crc)
-    return out
-
-
-def _pool(workers: int):
-    return concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers),
-                                                 thread_name_prefix="nvio-crc")
-
-
-# ---- errors ---------------------------------------------------------------------------------
-
-_ERRNO_TYPES = {
-    _errno.ENOENT: _nvio.FileNotFound,
-    _errno.ENOTDIR: _nvio.FileNotFound,
-    _errno.EACCES: _nvio.PermissionDenied,
-    _errno.EPERM: _nvio.PermissionDenied,
-    _errno.EROFS: _nvio.ReadOnlyFileSystem,
-    _errno.EISDIR: _nvio.IsADirectory,
-    _errno.ENOSPC: _nvio.NoSpace,
-    _errno.EDQUOT: _nvio.NoSpace,
-}
-
-
-def _typed(e: OSError, what: str, path: str) -> BaseException:
-    """An OSError from the os module as nvio's typed exception, naming the operation and path."""
-    if isinstance(e, _nvio.Error):
-        return e
-    code = e.errno or _errno.EIO
-    kind = _ERRNO_TYPES.get(code, _nvio.IOFailure)
-    exc = kind(code, f"nvio: {what} {path!r}: {os.strerror(code)}", path)
-    exc.path = path
-    exc.offset = 0
-    exc.length = 0
-    exc.operation = what
-    return exc
-
-
-# ---- save -----------------------------------------------------------------------------------
 
 
 def _torch():
@@ -135,6 +60,29 @@ def _torch():
     import torch.serialization
 
     return torch
+
+
+def _source(f: Any, path: Any, func: str, method: str) -> Union[Tuple[bytes, str], Any]:
+    """What ``f`` (or the older keyword ``path``) names: (raw path, its text) for a path, or the
+    file object itself (anything with ``method``, 'read' or 'write', that is not a path)."""
+    if path is not None:
+        if f is not None:
+            raise _args.InvalidType(f"nvio.{func}: pass f or path, not both")
+        f = path
+    if f is None:
+        raise _args.InvalidType(f"nvio.{func}() missing its file: f (a path or a file object)")
+    if not isinstance(f, (str, bytes, os.PathLike)) and hasattr(f, method):
+        return f
+    raw = _args.path(f, "f")
+    return raw, os.fsdecode(raw)
+
+
+def _stream_name(f: Any) -> str:
+    name = getattr(f, "name", None)
+    return name if isinstance(name, str) else f"<{type(f).__name__}>"
+
+
+# ---- save -----------------------------------------------------------------------------------
 
 
 class _StoragePickler(pickle.Pickler):
@@ -178,92 +126,6 @@ class _StoragePickler(pickle.Pickler):
         return ("storage", storage_type, key, torch.serialization.location_tag(storage), numel)
 
 
-class _Entry:
-    """One zip entry as laid out: its name, size, where its local header and data go, its CRC."""
-
-    __slots__ = ("name", "size", "header_offset", "data_offset", "crc", "payload")
-
-    def __init__(self, name: str, size: int, payload: Any) -> None:
-        self.name = name.encode()
-        self.size = size
-        self.payload = payload  # bytes (small records) or a uint8 tensor (storages)
-        self.header_offset = 0
-        self.data_offset = 0
-        self.crc = 0
-
-
-def _local_fixed(entry: _Entry) -> int:
-    """Bytes of the local header before the padding: fixed part, name, zip64 sizes if needed."""
-    return 30 + len(entry.name) + (20 if entry.size >= _ZIP64_LIMIT else 0)
-
-
-def _layout(entries: List[_Entry], addresses: List[Optional[int]]) -> int:
-    """Places every entry: header at the current end, data at the first offset after it (with room
-    for a padding field of at least 4 bytes) that is 64-byte aligned and, for a storage whose
-    address is 64-byte aligned, congruent to its address modulo the page size. Returns where the
-    central directory starts."""
-    at = 0
-    for entry, address in zip(entries, addresses):
-        entry.header_offset = at
-        fixed = at + _local_fixed(entry)
-        if address is not None and address % _RECORD_ALIGN == 0:
-            target = address % _PAGE
-            data = fixed + ((target - fixed) % _PAGE)
-        else:
-            data = -(-fixed // _RECORD_ALIGN) * _RECORD_ALIGN
-        if data - fixed < 4:
-            data += _PAGE if address is not None and address % _RECORD_ALIGN == 0 \
-                else _RECORD_ALIGN
-        entry.data_offset = data
-        at = data + entry.size
-    return at
-
-
-def _local_header(entry: _Entry) -> bytes:
-    zip64 = entry.size >= _ZIP64_LIMIT
-    size32 = 0xFFFFFFFF if zip64 else entry.size
-    pad = entry.data_offset - entry.header_offset - _local_fixed(entry)
-    extra = b""
-    if zip64:
-        extra += struct.pack("<HHQQ", _ZIP64_TAG, 16, entry.size, entry.size)
-    extra += _PAD_TAG + struct.pack("<H", pad - 4) + b"Z" * (pad - 4)
-    return struct.pack("<IHHHHHIIIHH", _LOCAL_SIG, 45 if zip64 else 20, _UTF8_FLAG, 0, 0, 0x21,
-                       entry.crc, size32, size32, len(entry.name), len(extra)) + entry.name + extra
-
-
-def _central_directory(entries: List[_Entry], start: int) -> bytes:
-    out = io.BytesIO()
-    for e in entries:
-        values = []
-        size32 = e.size
-        offset32 = e.header_offset
-        if e.size >= _ZIP64_LIMIT:
-            values += [e.size, e.size]
-            size32 = 0xFFFFFFFF
-        if e.header_offset >= _ZIP64_LIMIT:
-            values.append(e.header_offset)
-            offset32 = 0xFFFFFFFF
-        extra = struct.pack(f"<HH{len(values)}Q", _ZIP64_TAG, 8 * len(values), *values) \
-            if values else b""
-        version = 45 if values else 20
-        out.write(struct.pack("<IHHHHHHIIIHHHHHII", _CENTRAL_SIG, version, version, _UTF8_FLAG,
-                              0, 0, 0x21, e.crc, size32, size32, len(e.name), len(extra), 0, 0,
-                              0, 0, offset32))
-        out.write(e.name)
-        out.write(extra)
-    size = out.tell()
-    count = len(entries)
-    end = start + size
-    if count >= 0xFFFF or size >= _ZIP64_LIMIT or start >= _ZIP64_LIMIT:
-        out.write(struct.pack("<IQHHIIQQQQ", _EOCD64_SIG, 44, 45, 45, 0, 0, count, count, size,
-                              start))
-        out.write(struct.pack("<IIQI", _EOCD64_LOCATOR_SIG, 0, end, 1))
-        out.write(struct.pack("<IHHHHIIH", _EOCD_SIG, 0, 0, min(count, 0xFFFF),
-                              min(count, 0xFFFF), min(size, 0xFFFFFFFF),
-                              min(start, 0xFFFFFFFF), 0))
-    else:
-        out.write(struct.pack("<IHHHHIIH", _EOCD_SIG, 0, 0, count, count, size, start, 0))
-    return out.getvalue()
 
 
 def _storage_bytes(torch, storage) -> Any:
@@ -273,16 +135,6 @@ def _storage_bytes(torch, storage) -> Any:
         storage = storage.cpu()
     return torch.empty(0, dtype=torch.uint8).set_(storage)
 
-
-def _temporary(directory: str, base: str) -> Tuple[str, int]:
-    """A new file beside the target, created with O_EXCL under a random name."""
-    while True:
-        name = os.path.join(directory, f".{base}.{secrets.token_hex(8)}.nvio-tmp")
-        try:
-            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
-            return name, fd
-        except FileExistsError:
-            continue
 
 
 def _fsync_directory(directory: str) -> None:
@@ -319,58 +171,87 @@ def _let_go(h: Any, fd: int) -> None:
         pass
 
 
-def save(obj: Any, path: Any, *, pickle_protocol: int = 2, handle: Any = None) -> int:
-    """Saves ``obj`` to ``path`` as ``torch.save`` would, durably and atomically; returns the file
-    size.
 
-    The archive is written to a new temporary file in the same directory (created with O_EXCL),
-    fdatasync'ed, renamed over ``path``, and the directory fsync'ed: at any moment, also after a
-    crash or a kill, ``path`` holds the old file or the new one, never a mix. On an error the
-    temporary file is removed, ``path`` is untouched, and nvio's typed exception names the path.
-    ``handle`` is the ``nvio.Handle`` to write with (default: one shared handle).
-    """
-    raw = _args.path(path)
-    text = os.fsdecode(raw)
-    if os.path.isdir(raw):
-        raise _typed(IsADirectoryError(_errno.EISDIR, "is a directory"), "save", text)
+def _archive_entries(obj: Any, pickle_protocol: int) -> List[_Entry]:
+    """The archive's entries, not yet laid out: data.pkl, byteorder, each storage's bytes (a uint8
+    tensor over them, ordered by key as a string, as torch's writer orders them), version."""
     torch = _torch()
-    directory, base = os.path.split(text)
-    directory = directory or "."
-
     buf = io.BytesIO()
     pickler = _StoragePickler(buf, pickle_protocol)
     pickler.dump(obj)
-    keys = sorted(pickler.storages)  # torch's writer orders the records by key as a string
-    tensors = [_storage_bytes(torch, pickler.storages[k]) for k in keys]
-
     entries = [_Entry(f"{_ARCHIVE_DIR}/data.pkl", buf.tell(), buf.getvalue())]
-    entries += [_Entry(f"{_ARCHIVE_DIR}/data/{k}", t.numel(), t) for k, t in zip(keys, tensors)]
+    byteorder = sys.byteorder.encode()  # torch 2 writes it; torch 1.13 reads around it
+    entries.append(_Entry(f"{_ARCHIVE_DIR}/byteorder", len(byteorder), byteorder))
+    for key in sorted(pickler.storages):
+        t = _storage_bytes(torch, pickler.storages[key])
+        entries.append(_Entry(f"{_ARCHIVE_DIR}/data/{key}", t.numel(), t))
     entries.append(_Entry(f"{_ARCHIVE_DIR}/version", len(_FORMAT_VERSION), _FORMAT_VERSION))
-    addresses = [None] + [t.data_ptr() for t in tensors] + [None]
-    directory_offset = _layout(entries, addresses)
-    central_size = len(_central_directory(entries, directory_offset))  # CRCs do not change it
+    return entries
 
+
+def _storage_entries(entries: List[_Entry]) -> List[_Entry]:
+    """The entries holding a storage's bytes (not empty): the ones written from tensor memory."""
+    return [e for e in entries if not isinstance(e.payload, bytes) and e.size > 0]
+
+
+def _checksum(entries: List[_Entry], storages: List[_Entry], crc_tasks: Any) -> None:
+    """Sets every entry's CRC-32: the storages' from their pool tasks, the small records' here."""
+    for e, crc in zip(storages, _crc_results(crc_tasks)):
+        e.crc = crc
+    for e in entries:
+        if isinstance(e.payload, bytes):
+            e.crc = _nvio.crc32(e.payload)
+
+
+def save(obj: Any, f: Any = None, *, pickle_protocol: int = 2, handle: Any = None,
+         path: Any = None) -> int:
+    """Saves ``obj`` to ``f`` as ``torch.save`` would; returns the bytes written.
+
+    ``f`` is a path (str, bytes, os.PathLike; ``path=`` is the older name of the argument) or a
+    file object with ``write`` (``io.BytesIO``, a file opened ``"wb"``), which gets the archive
+    written in order from its current position, as ``torch.save`` writes it.
+
+    A path is written durably and atomically: the archive goes to a new temporary file in the same
+    directory (``.<name>.<host>.<start>.<pid>-...nvio-tmp``, naming the process that writes it;
+    temporaries a killed save left are removed by the next save or load of the path), is
+    fdatasync'ed, renamed over the path, and the directory fsync'ed: at any moment, also after a
+    crash or a kill, the path holds the old file or the new one, never a mix. On an error the
+    temporary file is removed, the path is untouched, and nvio's typed exception names the path
+    (the temporary file only as detail). ``handle`` is the ``nvio.Handle`` to write with
+    (default: one shared handle).
+    """
+    target = _source(f, path, "save", "write")
+    if isinstance(target, tuple) and os.path.isdir(target[0]):
+        raise _typed(IsADirectoryError(_errno.EISDIR, "is a directory"), "save", target[1])
+    entries = _archive_entries(obj, pickle_protocol)
+    if not isinstance(target, tuple):
+        return _save_stream(target, entries)
+    return _save_file(target[0], target[1], entries, handle)
+
+
+def _save_file(raw: bytes, text: str, entries: List[_Entry], handle: Any) -> int:
+    # Each storage's data starts at a file offset congruent to its address modulo the page size
+    # (where the address is 64-byte aligned), so the direct middle of each extent needs no bounce.
+    directory_offset = _layout(entries, [None if isinstance(e.payload, bytes)
+                                         else e.payload.data_ptr() for e in entries])
+    central_size = len(_central_directory(entries, directory_offset))  # CRCs do not change it
+    storages = _storage_entries(entries)
     h = handle if handle is not None else shared_handle()
     tmp, fd = None, -1
     try:
-        tmp, fd = _temporary(directory, base)
+        tmp, fd = _nvio.create_temporary(raw)
         # The final size first: direct writes inside the file are not extending writes, which
         # file systems (ext4) serialise.
         os.ftruncate(fd, directory_offset + central_size)
-        buffers = [t.numpy() for t in tensors if t.numel() > 0]
         with _pool(os.cpu_count() or 1) as pool:
-            crc_tasks = _crc_tasks(pool, buffers)
-            items = [(t, e.data_offset) for t, e in zip(tensors, entries[1:]) if t.numel() > 0]
+            crc_tasks = _crc_tasks(pool, [e.payload.numpy() for e in storages])
             # The data first, while the CRCs are computed; the headers need them.
-            if items:
-                h.write_batch(items, fd)
-            crcs = iter(_crc_results(crc_tasks))
+            if storages:
+                h.write_batch([(e.payload, e.data_offset) for e in storages], fd)
+            _checksum(entries, storages, crc_tasks)
         for e in entries:
             if isinstance(e.payload, bytes):
-                e.crc = _nvio.crc32(e.payload)
                 os.pwrite(fd, e.payload, e.data_offset)
-            elif e.size > 0:
-                e.crc = next(crcs)
             os.pwrite(fd, _local_header(e), e.header_offset)
         os.pwrite(fd, _central_directory(entries, directory_offset), directory_offset)
         os.fdatasync(fd)
@@ -384,10 +265,10 @@ def save(obj: Any, path: Any, *, pickle_protocol: int = 2, handle: Any = None) -
         finally:
             _release_later(old)
         tmp = None
-        _fsync_directory(directory)
+        _fsync_directory(os.path.dirname(raw) or b".")
         return size
     except OSError as e:
-        raise _typed(e, "save", text) from (None if isinstance(e, _nvio.Error) else e)
+        raise _typed(e, "save", text, tmp) from (None if isinstance(e, _nvio.Error) else e)
     finally:
         if fd >= 0:
             _let_go(h, fd)
@@ -399,155 +280,100 @@ def save(obj: Any, path: Any, *, pickle_protocol: int = 2, handle: Any = None) -
                 pass
 
 
+def _write_all(f: Any, data: Any) -> int:
+    """Writes all of `data` to file object `f` (a raw file may take less than asked)."""
+    view = memoryview(data).cast("B")
+    total = len(view)
+    while len(view):
+        n = f.write(view)
+        if n is None or n >= len(view):  # None: a writer that does not count (torch ignores it)
+            break
+        if n <= 0:
+            raise _typed(OSError(_errno.EIO, "wrote nothing"), "save", _stream_name(f))
+        view = view[n:]
+    return total
+
+
+def _save_stream(f: Any, entries: List[_Entry]) -> int:
+    """Writes the archive to file object `f`, in order: each entry's local header (which holds
+    its CRC, so every CRC first) and data, then the central directory. Data 64-byte aligned from
+    where `f` stood, as torch's writer aligns it."""
+    directory_offset = _layout(entries, [None] * len(entries))
+    storages = _storage_entries(entries)
+    with _pool(os.cpu_count() or 1) as pool:
+        _checksum(entries, storages, _crc_tasks(pool, [e.payload.numpy() for e in storages]))
+    written = 0
+    for e in entries:
+        written += _write_all(f, _local_header(e))
+        if e.size > 0:
+            written += _write_all(f, e.payload if isinstance(e.payload, bytes)
+                                  else e.payload.numpy())
+    written += _write_all(f, _central_directory(entries, directory_offset))
+    flush = getattr(f, "flush", None)
+    if flush is not None:
+        flush()
+    return written
+
+
 # ---- load -----------------------------------------------------------------------------------
 
 
-class _Archive:
-    """The entries of a stored zip archive in memory: name -> (data offset, size, crc), and each
-    entry's local header offset in ``headers``."""
+def load(f: Any = None, map_location: Any = None, weights_only: Optional[bool] = None,
+         into: Any = None, *, mmap: Optional[bool] = None, handle: Any = None,
+         path: Any = None) -> Any:
+    """Loads what ``torch.save`` or ``nvio.save`` wrote to ``f``: a path (``path=`` is the older
+    name of the argument) or a file object with ``read`` (read from its current position).
 
-    def __init__(self, data: memoryview, path: str) -> None:
-        self.data = data
-        self.path = path
-        self.entries: Dict[str, Tuple[int, int, int]] = {}
-        self.headers: Dict[str, int] = {}
-        self._parse()
+    The file is read with one parallel O_DIRECT read into page-aligned memory, every record's
+    CRC-32 is checked (``nvio.CheckpointFormatError`` on a mismatch or a malformed file), and the
+    tensors are views of that memory: no second copy. ``map_location`` behaves as in ``torch.load``
+    (torch's own code applies it).
 
-    def _bad(self, what: str) -> CheckpointFormatError:
-        return CheckpointFormatError(f"nvio: {self.path!r} is not a valid torch checkpoint: "
-                                     f"{what}", self.path)
+    ``weights_only`` left out is True, whatever torch is installed: a pickle that would build
+    anything but tensors and plain data (and so could run code, e.g. a ``__reduce__`` calling
+    ``os.system``) is refused with ``nvio.UnsafeCheckpointError`` (a ``pickle.UnpicklingError``)
+    before any of it runs. Pass ``weights_only=False`` only for a file you trust. As with torch
+    2.6 on, ``TORCH_FORCE_WEIGHTS_ONLY_LOAD=1`` forces it on, and
+    ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` turns it off where the caller did not pass it.
 
-    def _unpack(self, fmt: str, offset: int) -> tuple:
-        if offset < 0 or offset + struct.calcsize(fmt) > len(self.data):
-            raise self._bad(f"a structure at offset {offset} runs past the end of the file "
-                            f"({len(self.data)} bytes): truncated?")
-        return struct.unpack(fmt, bytes(self.data[offset:offset + struct.calcsize(fmt)]))
+    ``mmap=True`` (as in ``torch.load``; left out, torch's ``torch.utils.serialization.config``
+    decides, False by default) maps the file copy-on-write instead of reading it: the tensors are
+    views of the mapping, pages are read when touched, writes to the tensors never reach the file.
+    It takes a path, not a file object; the storages' CRC-32s are not checked then (that would read
+    the whole file), those of the other records are. The file must not be truncated while mapped.
 
-    def _parse(self) -> None:
-        data = self.data
-        tail_start = max(0, len(data) - (22 + 0xFFFF))
-        eocd = bytes(data[tail_start:]).rfind(struct.pack("<I", _EOCD_SIG))
-        if eocd < 0:
-            raise self._bad("no end of central directory record (truncated, or not a zip file)")
-        eocd += tail_start
-        _, _, _, _, count, cd_size, cd_start, _ = self._unpack("<IHHHHIIH", eocd)
-        if (count == 0xFFFF or cd_size == 0xFFFFFFFF or cd_start == 0xFFFFFFFF) and eocd >= 20:
-            sig, _, eocd64, _ = self._unpack("<IIQI", eocd - 20)
-            if sig == _EOCD64_LOCATOR_SIG:
-                sig, _, _, _, _, _, _, count, cd_size, cd_start = self._unpack("<IQHHIIQQQQ",
-                                                                              eocd64)
-                if sig != _EOCD64_SIG:
-                    raise self._bad("a broken zip64 end of central directory")
-        at = cd_start
-        for _ in range(count):
-            fields = self._unpack("<IHHHHHHIIIHHHHHII", at)
-            if fields[0] != _CENTRAL_SIG:
-                raise self._bad(f"no central directory entry at offset {at}")
-            method, crc, csize, usize = fields[4], fields[7], fields[8], fields[9]
-            name_len, extra_len, comment_len, offset = fields[10], fields[11], fields[12], \
-                fields[16]
-            name = bytes(data[at + 46:at + 46 + name_len]).decode("utf-8", "replace")
-            extra = bytes(data[at + 46 + name_len:at + 46 + name_len + extra_len])
-            usize, csize, offset = self._zip64(extra, usize, csize, offset)
-            if method != 0 or csize != usize:
-                raise self._bad(f"entry {name!r} is compressed (method {method})")
-            sig, *_, lname, lextra = self._unpack("<IHHHHHIIIHH", offset)
-            if sig != _LOCAL_SIG:
-                raise self._bad(f"no local header for {name!r} at offset {offset}")
-            start = offset + 30 + lname + lextra
-            if start + usize > len(data):
-                raise self._bad(f"entry {name!r} ({usize} bytes at offset {start}) runs past the "
-                                f"end of the file ({len(data)} bytes): truncated?")
-            self.entries[name] = (start, usize, crc)
-            self.headers[name] = offset
-            at += 46 + name_len + extra_len + comment_len
-        pickles = [n for n in self.entries if n.endswith("/data.pkl") and n.count("/") == 1]
-        if len(pickles) != 1:
-            raise self._bad("no single <dir>/data.pkl record")
-        self.prefix = pickles[0][:-len("data.pkl")]
+    A file in torch's legacy (non-zip) format (``torch.save(..., _use_new_zipfile_serialization=
+    False)``) is loaded by ``torch.load`` with the same ``map_location`` and ``weights_only``.
 
-    @staticmethod
-    def _zip64(extra: bytes, usize: int, csize: int, offset: int) -> Tuple[int, int, int]:
-        at = 0
-        while at + 4 <= len(extra):
-            tag, size = struct.unpack_from("<HH", extra, at)
-            if tag == _ZIP64_TAG:
-                values = list(struct.unpack_from(f"<{size // 8}Q", extra, at + 4))
-                if usize == 0xFFFFFFFF and values:
-                    usize = values.pop(0)
-                if csize == 0xFFFFFFFF and values:
-                    csize = values.pop(0)
-                if offset == 0xFFFFFFFF and values:
-                    offset = values.pop(0)
-            at += 4 + size
-        return usize, csize, offset
-
-    def record(self, name: str) -> Tuple[int, int, int]:
-        try:
-            return self.entries[self.prefix + name]
-        except KeyError:
-            raise self._bad(f"no record {self.prefix + name!r}") from None
-
-    def verify(self, pool) -> None:
-        """Checks every record's CRC-32 (on the pool's threads)."""
-        names = list(self.entries)
-        tasks = _crc_tasks(pool, [self.data[s:s + n] for s, n, _ in self.entries.values()])
-        for name, crc in zip(names, _crc_results(tasks)):
-            if crc != self.entries[name][2]:
-                raise self._bad(f"CRC-32 mismatch in record {name!r} (stored "
-                                f"{self.entries[name][2]:#010x}, computed {crc:#010x})")
-
-
-class _Records:
-    """What torch.serialization._load asks of a zip reader, over the loaded memory: storages are
-    views of it (torch.frombuffer keeps the memory alive)."""
-
-    def __init__(self, archive: _Archive, torch) -> None:
-        self.archive = archive
-        self.torch = torch
-
-    def get_record(self, name: str) -> bytes:
-        start, size, _ = self.archive.record(name)
-        return bytes(self.archive.data[start:start + size])
-
-    # The rest of torch's PyTorchFileReader that torch 2's _load calls (1.13 calls none of them;
-    # on torch 2.11, nvio.load failed for want of has_record): record lookups and offsets in the
-    # file, which the archive's central directory gives.
-    def has_record(self, name: str) -> bool:
-        return self.archive.prefix + name in self.archive.entries
-
-    def get_record_offset(self, name: str) -> int:
-        return self.archive.record(name)[0]
-
-    def get_record_size(self, name: str) -> int:  # torch 2.13's reader has it
-        return self.archive.record(name)[1]
-
-    def get_record_header_offset(self, name: str) -> int:
-        self.archive.record(name)  # a missing record raises CheckpointFormatError
-        return self.archive.headers[self.archive.prefix + name]
-
-    def get_record_offset_no_read(self, header_offset: int, name: str, size: int,
-                                  alignment: int) -> int:
-        # torch's reader works out where the data starts from the local header it expects at
-        # header_offset; the central directory has that already.
-        return self.get_record_offset(name)
-
-    def serialization_id(self) -> str:
-        key = ".data/serialization_id"
-        return self.get_record(key).decode("ascii", "replace") if self.has_record(key) else ""
-
-    def get_all_records(self) -> List[str]:
-        n = len(self.archive.prefix)
-        return [k[n:] for k in self.archive.entries]
-
-    def get_storage_from_record(self, name: str, numel: int, kind: Any):
-        start, size, _ = self.archive.record(name)
-        if size != numel:
-            raise self.archive._bad(f"record {name!r} holds {size} bytes, its tensor {numel}")
-        if numel == 0:
-            return self.torch.empty(0, dtype=self.torch.uint8)
-        return self.torch.frombuffer(self.archive.data[start:start + size],
-                                     dtype=self.torch.uint8)
+    With ``into=`` (a dict of tensors, e.g. a model's ``state_dict()``), the checkpoint's tensors
+    are read straight into those tensors' memory and ``into`` is returned (a path only); see
+    _ckpt_into.load_into. Loading a path also removes the temporaries that killed saves of it
+    left (see ``save``).
+    """
+    source = _source(f, path, "load", "read")
+    weights_only = _weights_only(weights_only)
+    if mmap is None:
+        mmap = _torch_mmap_default()
+    if isinstance(source, tuple):
+        raw, text = source
+        _nvio.remove_stale_temporaries(raw)
+        if into is not None:
+            return load_into(_torch(), _unpickle, raw, text, into, handle)
+        data = _map_whole(raw, text) if mmap else _read_whole(raw, text, handle)
+    else:
+        text = _stream_name(source)
+        if into is not None:
+            raise _nvio.InvalidArgument("nvio.load(into=) reads from a path, not a file object")
+        if mmap:
+            raise _nvio.InvalidArgument("nvio.load: f must be a file path in order to use the "
+                                        f"mmap argument, got {text}")
+        data = _read_stream(source, text)
+    torch = _torch()
+    if _is_legacy(data):
+        return _load_legacy(torch, data, text, map_location, weights_only, mmap)
+    archive = _Archive(data, text)
+    archive.verify(storages=not mmap)
+    return _unpickle(torch, _Records(archive, torch), map_location, weights_only)
 
 
 def _read_whole(path: bytes, text: str, handle: Any) -> memoryview:
@@ -560,57 +386,123 @@ def _read_whole(path: bytes, text: str, handle: Any) -> memoryview:
         raise _typed(e, "load", text) from e
     if os.path.isdir(path):
         raise _typed(IsADirectoryError(_errno.EISDIR, "is a directory"), "load", text)
-    return _landing.read_region(handle if handle is not None else shared_handle(), path, 0, size)
+    return _landing.read_region(handle if handle is not None else shared_handle(), path, 0, size,
+                                whole_file=True)
 
 
-def load(path: Any, map_location: Any = None, weights_only: Optional[bool] = None,
-         into: Any = None, *, handle: Any = None) -> Any:
-    """Loads what ``torch.save`` or ``nvio.save`` wrote to ``path``.
+def _map_whole(path: bytes, text: str) -> memoryview:
+    """The whole file mapped private (copy-on-write) and writable, as torch.load(mmap=True) maps
+    it (MAP_PRIVATE): the storages are views of it; the mapping lives as long as they do."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        raise _typed(e, "load", text) from e
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(_errno.EISDIR, "is a directory")
+        if st.st_size == 0:
+            return memoryview(bytearray())
+        memory = _mmap.mmap(fd, st.st_size, flags=_mmap.MAP_PRIVATE,
+                            prot=_mmap.PROT_READ | _mmap.PROT_WRITE)
+    except OSError as e:
+        raise _typed(e, "load", text) from e
+    finally:
+        os.close(fd)
+    return memoryview(memory)
 
-    The file is read with one parallel O_DIRECT read into page-aligned memory, every record's CRC-32 is
-    checked (``nvio.CheckpointFormatError`` on a mismatch or a malformed file), and the tensors
-    are views of that memory: no second copy. ``map_location`` and ``weights_only`` behave as in
-    ``torch.load`` (torch's own code applies them); ``weights_only`` left out takes the installed
-    torch's default, as ``torch.load`` does (False before torch 2.6, True from it, and the
-    ``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` / ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` variables that
-    torch reads). With ``into=`` (a dict of tensors, e.g. a
-    model's ``state_dict()``), the checkpoint's tensors are read straight into those tensors'
-    memory and ``into`` is returned; see ``_load_into``.
-    """
-    raw = _args.path(path)
-    text = os.fsdecode(raw)
-    if into is not None:
-        return _load_into(raw, text, into, handle)
-    torch = _torch()
-    if weights_only is None:
-        weights_only = _torch_weights_only_default(torch)
-    archive = _Archive(_read_whole(raw, text, handle), text)
-    with _pool(os.cpu_count() or 1) as pool:
-        archive.verify(pool)
-    return _unpickle(torch, _Records(archive, torch), map_location, weights_only)
+
+def _read_stream(f: Any, text: str) -> memoryview:
+    """The rest of file object `f`, from its position, in writable memory (torch.frombuffer warns
+    on read-only memory). A regular file is read with preads of its descriptor into memory
+    allocated once; `f` is left at its end, as after read()."""
+    if isinstance(f, io.TextIOBase):
+        raise _args.InvalidType(f"nvio.load: {text} is open in text mode: open the file in "
+                                "binary mode ('rb')")
+    try:
+        fd = f.fileno()
+        regular = stat.S_ISREG(os.fstat(fd).st_mode) and f.seekable()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both
+        regular = False
+    if not regular:
+        data = f.read()
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise _args.InvalidType(f"nvio.load: {text}.read() returned {type(data).__name__}, "
+                                    "not bytes: open the file in binary mode ('rb')")
+        return memoryview(bytearray(data))
+    try:
+        start = f.tell()
+        size = max(0, os.fstat(fd).st_size - start)
+        view = memoryview(bytearray(size))
+        done = 0
+        while done < size:
+            n = os.preadv(fd, [view[done:]], start + done)
+            if n == 0:
+                break  # the file shrank while being read: the archive's checks say what is wrong
+            done += n
+        f.seek(start + done)
+    except OSError as e:
+        raise _typed(e, "load", text) from e
+    return view[:done]
+
+
+def _is_legacy(data: memoryview) -> bool:
+    """Whether `data` is torch's legacy format rather than a zip archive (which starts with a
+    local header): a pickle (torch 0.4 to 1.5's default, protocol 2 and up) or a tar archive
+    (before 0.4)."""
+    if len(data) < 4 or bytes(data[:4]) == b"PK\x03\x04":
+        return False
+    return data[0] == 0x80 or bytes(data[257:262]) == b"ustar"
+
+
+def _load_legacy(torch, data: memoryview, text: str, map_location: Any, weights_only: bool,
+                 mmap: bool) -> Any:
+    """A checkpoint in torch's legacy format, loaded by torch.load with the caller's arguments."""
+    if mmap:
+        raise CheckpointFormatError(
+            f"nvio: {text!r} is in torch's legacy (non-zip) format, which mmap=True cannot map "
+            "(torch.save writes the zip format unless told _use_new_zipfile_serialization=False); "
+            "load it without mmap", text)
+    try:
+        return torch.load(io.BytesIO(data), map_location=map_location, weights_only=weights_only)
+    except pickle.UnpicklingError as e:
+        if not weights_only or isinstance(e, _nvio.Error):
+            raise
+        raise UnsafeCheckpointError(f"nvio.load(weights_only=True) refused {text!r}, a checkpoint "
+                                    f"in torch's legacy (non-zip) format: {e}", text) from None
 
 
 _TRUE_WORDS = ("1", "y", "yes", "true")
 
 
-def _torch_weights_only_default(torch) -> bool:
-    """What ``torch.load`` does when weights_only is not given, in the installed torch: its
-    signature's default where that is a boolean (False before torch 2.6); where it is None (torch
-    2.6 on), torch's rule: TORCH_FORCE_WEIGHTS_ONLY_LOAD, then TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD,
-    else True (no pickle_module is given)."""
-    import inspect
-
-    try:
-        default = inspect.signature(torch.load).parameters["weights_only"].default
-    except (KeyError, TypeError, ValueError):  # a torch without the argument: no restriction
-        return False
-    if default is not None and default is not inspect.Parameter.empty:
-        return bool(default)
-    if os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "0").lower() in _TRUE_WORDS:
+def _weights_only(weights_only: Optional[bool]) -> bool:
+    """True unless the caller passed False, whatever torch is installed; torch 2's variables
+    apply as torch.load applies them: TORCH_FORCE_WEIGHTS_ONLY_LOAD forces True, and
+    TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD makes a left-out weights_only False."""
+    force = os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "0").lower() in _TRUE_WORDS
+    force_no = os.environ.get("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "0").lower() in _TRUE_WORDS
+    if force and force_no:
+        raise _nvio.InvalidArgument("nvio.load: only one of TORCH_FORCE_WEIGHTS_ONLY_LOAD and "
+                                    "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD may be set")
+    if force:
         return True
-    if os.environ.get("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "0").lower() in _TRUE_WORDS:
+    if weights_only is None:
+        if force_no:
+            warnings.warn("nvio.load: TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD is set and weights_only "
+                          "was not passed: loading with weights_only=False", UserWarning,
+                          stacklevel=3)
+            return False
+        return True
+    return bool(weights_only)
+
+
+def _torch_mmap_default() -> bool:
+    """torch.load's mmap when not passed: torch.utils.serialization.config (torch 2.5 on)."""
+    try:
+        from torch.utils.serialization import config
+    except ImportError:
         return False
-    return True
+    return bool(getattr(getattr(config, "load", None), "mmap", False))
 
 
 def _torch_major(torch) -> int:
@@ -618,6 +510,14 @@ def _torch_major(torch) -> int:
         return int(str(torch.__version__).split(".")[0])
     except ValueError:
         return 2
+
+
+def _raised_in(e: BaseException, module: Any) -> bool:
+    """Whether `e` was raised by code of `module` (the innermost frame of its traceback)."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_code.co_filename == getattr(module, "__file__", None)
 
 
 def _unpickle(torch, records: Any, map_location: Any, weights_only: bool) -> Any:
@@ -628,193 +528,23 @@ def _unpickle(torch, records: Any, map_location: Any, weights_only: bool) -> Any
     if weights_only:
         from torch import _weights_only_unpickler
 
-        # The exception that torch.load itself turns into its "weights only" refusal: the
-        # restricted unpickler raises UnpicklingError on torch 2, RuntimeError on 1.13 (where
-        # torch.load also wraps a bad map_location that way). Anything else passes through, as
-        # in torch.load.
-        refused = (pickle.UnpicklingError,) if _torch_major(torch) >= 2 else (RuntimeError,)
+        # The restricted unpickler's refusal: UnpicklingError on torch 2; on 1.13 a RuntimeError
+        # raised in its module (torch.load 1.13 also turned a bad map_location into its refusal;
+        # that one stays torch's RuntimeError here, as on torch 2). Anything else passes through.
+        legacy = _torch_major(torch) < 2
+        text = records.archive.path
         try:
             return serialization._load(records, map_location, _weights_only_unpickler,
                                        encoding="utf-8")
-        except refused as e:
-            raise pickle.UnpicklingError("nvio.load(weights_only=True) refused the file: "
-                                         + str(e)) from None
-    return serialization._load(records, map_location, pickle, encoding="utf-8")
-
-
-# ---- load into existing tensors ---------------------------------------------------------------
-
-
-def _load_into(raw: bytes, text: str, into: Any, handle: Any) -> Any:
-    """Reads the checkpoint's tensors straight into the tensors of ``into`` (matched by key).
-
-    The metadata (central directory, data.pkl, with their CRC-32s checked) is read with plain
-    preads; the pickle is loaded with storages on the ``meta`` device to learn each tensor's
-    record, offset, shape, stride and dtype; then one ``read_batch`` moves each tensor's bytes from
-    the file into the target's memory. The checkpoint and ``into`` must hold the same tensors: the
-    same keys (nested dicts, such as {"model": ..., "optimizer": ...}, matched level by level),
-    shapes and dtypes, else ``nvio.InvalidArgument`` naming the key, before anything is read.
-    Targets must be contiguous CPU tensors, as must the saved tensors' layout. The checkpoint's
-    other values (a step count, an optimizer's param_groups) are set into ``into`` once the
-    tensors are read. The pickle is unpickled as with ``weights_only=True`` (no code from the
-    file runs). The tensor records' CRCs are not checked on this path (their bytes never pass
-    through memory nvio owns); each tensor must lie inside its record."""
-    torch = _torch()
-    if not isinstance(into, dict):
-        raise _args.InvalidType(f"nvio.load(into=): into must be a dict of tensors (a "
-                                f"state_dict), got {type(into).__name__}")
-    try:
-        fd = os.open(raw, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as e:
-        raise _typed(e, "load", text) from e
-    try:
-        archive = _Archive(_FileView(fd, os.fstat(fd).st_size), text)
-        records = _MetaRecords(archive, torch)
-        # Only tensors are taken from the file, so nothing else may run while unpickling: torch's
-        # restricted unpickler, as with weights_only=True.
-        try:
-            loaded = _unpickle(torch, records, lambda storage, location: storage, True)
-        except (_nvio.Error, pickle.UnpicklingError, OSError):
+        except _nvio.Error:
             raise
-        except Exception as e:  # a data.pkl with a valid CRC that is not torch's pickle
-            raise archive._bad(f"its data.pkl does not unpickle as a checkpoint "
-                               f"({type(e).__name__}: {e})") from None
-    except OSError as e:
-        raise _typed(e, "load", text) from e
-    finally:
-        os.close(fd)
-    if not isinstance(loaded, dict):
-        raise _nvio.InvalidArgument(f"nvio.load(into=): {text!r} holds a "
-                                    f"{type(loaded).__name__}, not a dict of tensors")
-    plan = _IntoPlan(torch, records, text)
-    plan.match(loaded, into, ())
-    if plan.items:
-        (handle if handle is not None else shared_handle()).read_batch(plan.items, raw)
-    for target, key, value in plan.values:
-        target[key] = value
-    return into
-
-
-class _IntoPlan:
-    """What load(into=) does, worked out before any byte is read: the (target tensor, file
-    offset) reads, and the checkpoint's other values to set into the dicts."""
-
-    def __init__(self, torch, records: "_MetaRecords", text: str) -> None:
-        self.torch = torch
-        self.records = records
-        self.text = text
-        self.items: List[Tuple[Any, int]] = []
-        self.values: List[Tuple[dict, Any, Any]] = []
-
-    @staticmethod
-    def _key(where: tuple) -> str:
-        return "".join(f"[{k!r}]" for k in where)
-
-    def _refuse(self, where: tuple, what: str) -> _nvio.InvalidArgument:
-        return _nvio.InvalidArgument(f"nvio.load(into=): key {self._key(where)}: {what}")
-
-    def _holds_tensor(self, value: Any) -> bool:
-        if isinstance(value, self.torch.Tensor):
-            return True
-        if isinstance(value, dict):
-            return any(self._holds_tensor(v) for v in value.values())
-        if isinstance(value, (list, tuple)):
-            return any(self._holds_tensor(v) for v in value)
-        return False
-
-    def match(self, loaded: dict, into: dict, where: tuple) -> None:
-        torch = self.torch
-        for key, value in loaded.items():
-            at = where + (key,)
-            if isinstance(value, torch.Tensor):
-                self._tensor(value, into.get(key) if key in into else None, key in into, at)
-            elif isinstance(value, dict) and self._holds_tensor(value):
-                target = into.get(key)
-                if not isinstance(target, dict):
-                    have = "nothing" if key not in into else f"a {type(target).__name__}"
-                    raise self._refuse(at, f"{self.text!r} holds a dict of tensors there, into "
-                                           f"holds {have}")
-                self.match(value, target, at)
-            elif self._holds_tensor(value):
-                raise self._refuse(at, f"{self.text!r} holds a {type(value).__name__} of "
-                                       "tensors, which cannot be read in place (only dicts are "
-                                       "matched); load it with nvio.load(path)")
-            elif key in into and self._holds_tensor(into[key]):
-                raise self._refuse(at, f"{self.text!r} holds a value of type "
-                                       f"{type(value).__name__} there, into tensors")
-            else:
-                self.values.append((into, key, value))
-        missing = [k for k, v in into.items() if k not in loaded and self._holds_tensor(v)]
-        if missing:
-            raise self._refuse(where + (missing[0],), f"{self.text!r} has no such tensor "
-                               f"({len(missing)} of into's keys are missing from it: "
-                               f"{missing[:5]}); pass a dict of the keys to load")
-
-    def _tensor(self, meta: Any, target: Any, present: bool, at: tuple) -> None:
-        torch = self.torch
-        if not present:
-            raise self._refuse(at, f"{self.text!r} holds a tensor there that into does not have")
-        if not isinstance(target, torch.Tensor) or target.shape != meta.shape \
-                or target.dtype != meta.dtype:
-            have = (f"{tuple(target.shape)} {target.dtype}" if isinstance(target, torch.Tensor)
-                    else type(target).__name__)
-            raise self._refuse(at, f"the checkpoint {self.text!r} holds {tuple(meta.shape)} "
-                                   f"{meta.dtype}, into holds {have}")
-        if target.device.type != "cpu" or not target.is_contiguous():
-            raise self._refuse(at, "the target must be a contiguous CPU tensor")
-        if not meta.is_contiguous():
-            raise self._refuse(at, "the saved tensor is not contiguous in its storage")
-        if meta.numel() == 0:
-            return
-        start, size = self.records.offsets[_buffers.untyped_storage(meta)._cdata]
-        begin = meta.storage_offset() * meta.element_size()
-        end = begin + meta.numel() * meta.element_size()
-        if end > size:
-            raise self.records.archive._bad(
-                f"the tensor at key {self._key(at)} spans bytes {begin} to "
-                f"{end} of a record of {size}")
-        self.items.append((target, start + begin))
-
-
-class _FileView:
-    """Enough of a memoryview of a file for _Archive's parsing: len, slices and struct reads,
-    served by pread."""
-
-    def __init__(self, fd: int, size: int) -> None:
-        self.fd = fd
-        self.size = size
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, s: slice) -> bytes:
-        start, stop, _ = s.indices(self.size)
-        return os.pread(self.fd, max(0, stop - start), start)
-
-
-class _MetaRecords(_Records):
-    """Records whose storages live on the ``meta`` device (no memory); remembers each storage's
-    file offset."""
-
-    def __init__(self, archive: _Archive, torch) -> None:
-        super().__init__(archive, torch)
-        self.offsets: Dict[int, Tuple[int, int]] = {}  # storage -> (record start, size)
-
-    def get_storage_from_record(self, name: str, numel: int, kind: Any):
-        start, size, _ = self.archive.record(name)
-        if size != numel:
-            raise self.archive._bad(f"record {name!r} holds {size} bytes, its tensor {numel}")
-        t = self.torch.empty(numel, dtype=self.torch.uint8, device="meta")
-        self.offsets[_buffers.untyped_storage(t)._cdata] = (start, size)
-        return t
-
-    def get_record(self, name: str) -> bytes:
-        """The record's bytes (data.pkl, version, ...), their CRC-32 checked: this path reads only
-        these, and a flipped bit in data.pkl must not become a wrong offset or shape."""
-        data = super().get_record(name)
-        stored = self.archive.record(name)[2]
-        computed = _nvio.crc32(data)
-        if computed != stored:
-            raise self.archive._bad(f"CRC-32 mismatch in record {self.archive.prefix + name!r} "
-                                    f"(stored {stored:#010x}, computed {computed:#010x})")
-        return data
+        except (pickle.UnpicklingError, RuntimeError) as e:
+            restricted = not isinstance(e, RuntimeError) or \
+                (legacy and _raised_in(e, _weights_only_unpickler))
+            if not restricted:
+                raise
+            raise UnsafeCheckpointError(
+                f"nvio.load(weights_only=True) refused {text!r} (torch {torch.__version__}'s "
+                f"weights-only unpickler): {e}. weights_only=False loads it, running what its "
+                "pickle says: only for a file you trust", text) from None
+    return serialization._load(records, map_location, pickle, encoding="utf-8")

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "core/fork.hpp"
+#include "core/replace_file.hpp"
 #include "jobs/swap_pool.hpp"
 #include "nvio/nvio.hpp"
 
@@ -539,7 +540,7 @@ class LockedMemory {
   nvio::AlignedBuffer buffer_;              // a mapping of its own
 };
 
-// ---- batches (issue 10) -----------------------------------------------------------------
+// ---- batches -----------------------------------------------------------------
 // One extent of a batch as nvio/_handle.py hands it over: (address, nbytes, file offset, path or
 // descriptor), the buffer resolved by the same helper as the single calls' (nvio/_buffers.py).
 using BatchItem = std::tuple<std::uintptr_t, std::size_t, long long, Target>;
@@ -670,6 +671,47 @@ void bind_batches(py::class_<nvio::Handle>& cls) {
       py::arg("items"), py::arg("sync") = false, py::arg("device") = false);
 }
 
+// ---- atomic replacement (nvio/dcp.py) ---------------------------------------------------------
+// core/replace_file.hpp's ReplacementFile, the library's one mechanism for replacing a file
+// atomically: Python writes through `fd` (with a handle's batches) and then commits, or discards.
+// Held in an optional so that discard() removes the temporary file at once, not when Python
+// collects the object.
+struct Replacement {
+  std::optional<nvio::detail::ReplacementFile> file;
+
+  nvio::detail::ReplacementFile& get() {
+    if (!file) throw nvio::InvalidArgument("nvio: this ReplacementFile was committed or discarded");
+    return *file;
+  }
+};
+
+void bind_replacement(py::module_& m) {
+  py::class_<Replacement>(m, "ReplacementFile")
+      .def(py::init([](nvio::Handle& h, const std::string& path) {
+             auto r = std::make_unique<Replacement>();
+             unlocked([&] { r->file.emplace(path, &h); });
+             return r;
+           }),
+           py::arg("handle"), py::arg("path"), py::keep_alive<1, 2>())
+      .def_property_readonly("fd", [](Replacement& r) { return r.get().fd(); })
+      .def_property_readonly("temp_path",
+                             [](Replacement& r) { return message_text(r.get().temp_path()); })
+      .def(
+          "commit",
+          [](Replacement& r, bool sync) {
+            nvio::detail::ReplacementFile& f = r.get();
+            const auto durability = sync ? nvio::Durability::Data : nvio::Durability::None;
+            // A failed commit has removed the temporary file: the object is spent either way.
+            struct Spent {
+              Replacement& r;
+              ~Spent() { r.file.reset(); }
+            } spent{r};
+            unlocked([&] { f.commit(durability); });
+          },
+          py::arg("sync") = true)
+      .def("discard", [](Replacement& r) { unlocked([&] { r.file.reset(); }); });
+}
+
 // ---- safetensors (nvio/safetensors.py) --------------------------------------------------------
 
 namespace st = nvio::safetensors;
@@ -758,7 +800,7 @@ void bind_safetensors(py::module_& m) {
       py::arg("sync") = true, py::arg("device") = false);
 }
 
-// ---- the tensor swapper (issue 13) ----------------------------------------------------------
+// ---- the tensor swapper ----------------------------------------------------------
 // nvio/swapper.py's TensorSwapper over nvio::Swapper: buffers arrive as (address, nbytes, device)
 // resolved by nvio/_buffers.py, which keeps them alive through the Future of each swap_out.
 
@@ -1184,6 +1226,7 @@ PYBIND11_MODULE(_nvio, m) {
       .def_property_readonly("engine_reason", &nvio::Handle::engine_reason);
   bind_batches(handle);
   bind_safetensors(m);
+  bind_replacement(m);
   bind_swapper(m);
   bind_striped(m);
 
@@ -1216,6 +1259,34 @@ PYBIND11_MODULE(_nvio, m) {
       "zlib.crc32 of a contiguous buffer (ISA-L, without the GIL).");
   m.def("crc32_combine", &nvio::crc32_combine, py::arg("crc_a"), py::arg("crc_b"),
         py::arg("size_b"), "The CRC-32 of A followed by B, from both CRCs and B's length.");
+
+  // The temporaries of replacing saves (core/replace_file.hpp), for nvio.save / nvio.load.
+  m.def(
+      "create_temporary",
+      [](const std::string& target) {
+        const nvio::detail::TemporaryFile t =
+            unlocked([&] { return nvio::detail::create_temporary(target); });
+        return py::make_tuple(path_text(t.path), t.fd);
+      },
+      py::arg("target"),
+      "Removes the target's stale temporaries, then creates a new one beside it (O_EXCL, "
+      "flocked): (its path, its write-only descriptor, which the caller closes).");
+  m.def(
+      "remove_stale_temporaries",
+      [](const std::string& target) {
+        return unlocked([&] { return nvio::detail::remove_stale_temporaries(target); });
+      },
+      py::arg("target"), "Removes the target's temporaries whose writer is gone; how many.");
+  m.def(
+      "temporary_writer",
+      [](const std::string& base, const std::string& name) -> py::object {
+        const auto w = nvio::detail::temporary_writer(base, name);
+        if (!w.has_value()) return py::none();
+        return py::make_tuple(w->host, w->start, w->pid);
+      },
+      py::arg("base"), py::arg("name"),
+      "(host, start time, pid) of the writer of temporary file `name` of a target named `base`, "
+      "or None when it is not one of its temporaries.");
 
   m.def(
       "dlpack_address",
@@ -1447,7 +1518,7 @@ PYBIND11_MODULE(_nvio, m) {
         [](std::uintptr_t addr, std::size_t n, std::uint64_t off, std::uint64_t seed) {
           return nvio::pattern::first_mismatch(as_ptr(addr), n, off, seed);
         });
-  // ---- GPU (issue 5) ---------------------------------------------------------------------------
+  // ---- GPU ---------------------------------------------------------------------------
   m.def("gpu_info", [] {
     // The first call probes (dlopen, cuInit, cuFileDriverOpen): without the GIL.
     const nvio::GpuInfo& g = *unlocked([] { return &nvio::gpu_info(); });

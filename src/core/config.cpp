@@ -366,13 +366,15 @@ void save_profile(const std::string& path, const ConfigProfile& profile) {
       return r < 0 ? -errno : r;
     });
     if (n <= 0) {
-      throw_io_error(IoOp::Write, out.temp_path(), done, text.size() - done,
-                     n < 0 ? static_cast<int>(-n) : EIO);
+      throw_io_error(IoOp::Write, path, done, text.size() - done,
+                     n < 0 ? static_cast<int>(-n) : EIO,
+                     "writing its temporary file '" + out.temp_path() + "'");
     }
     done += static_cast<std::size_t>(n);
   }
   if (::fdatasync(out.fd()) != 0) {
-    throw_io_error(IoOp::Sync, out.temp_path(), 0, text.size(), errno);
+    throw_io_error(IoOp::Sync, path, 0, text.size(), errno,
+                   "syncing its temporary file '" + out.temp_path() + "'");
   }
   out.commit(Durability::Data);
 }

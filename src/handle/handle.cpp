@@ -148,14 +148,35 @@ struct Handle::Impl final : detail::FinishListener {
   // Makes the operation for one request: checks the arguments, opens the file (or uses the
   // descriptors `same_file` opened, for an extent of a batch), plans its pieces.
   OperationPtr prepare(Direction dir, std::byte* buf, std::size_t length, const std::string* path,
-                       int fd, std::uint64_t offset, const WriteOptions& wopts,
-                       const Operation* same_file = nullptr);
+                       int fd, std::uint64_t offset, const WriteOptions& wopts) {
+    return counting_refusal([&] { return prepare_op(dir, buf, length, path, fd, offset, wopts); });
+  }
+  // prepare() without counting a refusal (an extent of a batch: the batch counts once).
+  OperationPtr prepare_op(Direction dir, std::byte* buf, std::size_t length,
+                          const std::string* path, int fd, std::uint64_t offset,
+                          const WriteOptions& wopts, const Operation* same_file = nullptr);
+  // Runs `make`, which prepares a request; a request refused before anything was submitted (a bad
+  // argument, a file that cannot be opened, a read past the end) counts as a failed operation in
+  // stats' `errors` (issue 28 #11), under its errno, before the error propagates.
+  template <class Make>
+  auto counting_refusal(Make make) -> decltype(make()) {
+    try {
+      return make();
+    } catch (...) {
+      counters.others().failed(std::current_exception());
+      throw;
+    }
+  }
   // Device memory: finds its device and the transport (bounce or GDS) once the file is open.
   void prepare_device(Operation& op);
   // The operations of a batch of extents, prepared together: the extents of one file share its
   // descriptors, and a write batch's durability is one fdatasync per file after the last extent.
   template <class Extent>
-  JobPtr prepare_batch(Direction dir, std::span<const Extent> extents, const WriteOptions& wopts);
+  JobPtr prepare_batch(Direction dir, std::span<const Extent> extents, const WriteOptions& wopts) {
+    return counting_refusal([&] { return prepare_extents(dir, extents, wopts); });
+  }
+  template <class Extent>
+  JobPtr prepare_extents(Direction dir, std::span<const Extent> extents, const WriteOptions& wopts);
   void run_blocking(const JobPtr& job);
   Ticket register_async(const JobPtr& job);
   // Queues the job's operations, once all of them are prepared (a batch refused for one extent
@@ -395,9 +416,9 @@ void plan(Operation& op, std::size_t block_size, DirectIo direct) {
 
 }  // namespace
 
-OperationPtr Handle::Impl::prepare(Direction dir, std::byte* buf, std::size_t length,
-                                   const std::string* path, int fd, std::uint64_t offset,
-                                   const WriteOptions& wopts, const Operation* same_file) {
+OperationPtr Handle::Impl::prepare_op(Direction dir, std::byte* buf, std::size_t length,
+                                      const std::string* path, int fd, std::uint64_t offset,
+                                      const WriteOptions& wopts, const Operation* same_file) {
   // A handle whose worker died runs nothing more (see Worker::die in worker.cpp).
   if (std::exception_ptr dead = queue.worker_failure()) std::rethrow_exception(dead);
   auto op = std::allocate_shared<Operation>(detail::PoolAllocator<Operation>{});
@@ -514,8 +535,8 @@ void Handle::Impl::prepare_device(Operation& op) {
 }
 
 template <class Extent>
-JobPtr Handle::Impl::prepare_batch(Direction dir, std::span<const Extent> extents,
-                                   const WriteOptions& wopts) {
+JobPtr Handle::Impl::prepare_extents(Direction dir, std::span<const Extent> extents,
+                                     const WriteOptions& wopts) {
   if (wopts.truncate == Truncate::AtEnd) {
     throw InvalidArgument(
         "truncate=at_end does not apply to a batch (its extents end in different places): "
@@ -542,8 +563,8 @@ JobPtr Handle::Impl::prepare_batch(Direction dir, std::span<const Extent> extent
       same = it->second;
     }
     auto* bytes = static_cast<std::byte*>(const_cast<void*>(static_cast<const void*>(e.buf)));
-    OperationPtr op = prepare(dir, bytes, e.length, by_name ? &e.path : nullptr, e.fd, e.offset,
-                              per_extent, same);
+    OperationPtr op = prepare_op(dir, bytes, e.length, by_name ? &e.path : nullptr, e.fd, e.offset,
+                                 per_extent, same);
     if (same == nullptr) {
       if (by_name) {
         by_path.emplace(e.path, op.get());

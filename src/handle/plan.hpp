@@ -1,6 +1,6 @@
 // Planning: how one request [offset, offset + length) is cut into pieces, and where a short
 // direct transfer resumes. Pure functions of numbers: no I/O, no state; unit-tested on their own
-// (tests/cpp/plan_test.cpp).
+// (the Plan tests of tests/cpp/worker_state_test.cpp).
 #pragma once
 
 #include <cstddef>

@@ -102,11 +102,11 @@ void save_safetensors(Handle& handle, const std::string& path, std::span<const T
       options.memory = MemoryKind::Host;
     } else {
       const WriteOptions host{Truncate::No, Durability::None, MemoryKind::Host};
-      handle.write(extents[0].buf, extents[0].length, file.fd(), 0, host);
+      file.writing([&] { handle.write(extents[0].buf, extents[0].length, file.fd(), 0, host); });
       extents.erase(extents.begin());
     }
   }
-  handle.write_batch(extents, options);
+  file.writing([&] { handle.write_batch(extents, options); });
   file.commit(options.durability);
 }
 

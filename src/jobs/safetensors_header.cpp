@@ -1,5 +1,5 @@
 // The safetensors format (include/nvio/safetensors.hpp), the part without I/O: the dtype table,
-// header parsing with nlohmann::json (kept out of the public header) and header serialisation. It
+// header parsing (a single-pass scan, safetensors_json.cpp) and header serialisation. It
 // depends on nothing but errors.cpp, so that the fuzz target (tests/fuzz) compiles it on its own.
 #include <fmt/format.h>
 
@@ -13,7 +13,7 @@
 #include <unordered_set>
 #include <utility>
 
-#include "core/json_excerpt.hpp"
+#include "jobs/safetensors_json.hpp"
 #include "nvio/errors.hpp"
 #include "nvio/safetensors.hpp"
 
@@ -26,33 +26,38 @@ using nlohmann::json;
 struct DtypeRow {
   Dtype dtype;
   const char* name;
-  std::size_t size;
+  std::size_t bits;
 };
 
-// In Dtype order.
-constexpr std::array<DtypeRow, 15> kDtypes{{
-    {Dtype::BOOL, "BOOL", 1},
-    {Dtype::U8, "U8", 1},
-    {Dtype::I8, "I8", 1},
-    {Dtype::F8_E5M2, "F8_E5M2", 1},
-    {Dtype::F8_E4M3, "F8_E4M3", 1},
-    {Dtype::I16, "I16", 2},
-    {Dtype::U16, "U16", 2},
-    {Dtype::F16, "F16", 2},
-    {Dtype::BF16, "BF16", 2},
-    {Dtype::I32, "I32", 4},
-    {Dtype::U32, "U32", 4},
-    {Dtype::F32, "F32", 4},
-    {Dtype::F64, "F64", 8},
-    {Dtype::I64, "I64", 8},
-    {Dtype::U64, "U64", 8},
+// In Dtype order (the reference's 0.8.0 list).
+constexpr std::array<DtypeRow, 22> kDtypes{{
+    {Dtype::BOOL, "BOOL", 8},
+    {Dtype::F4, "F4", 4},
+    {Dtype::F6_E2M3, "F6_E2M3", 6},
+    {Dtype::F6_E3M2, "F6_E3M2", 6},
+    {Dtype::U8, "U8", 8},
+    {Dtype::I8, "I8", 8},
+    {Dtype::F8_E5M2, "F8_E5M2", 8},
+    {Dtype::F8_E4M3, "F8_E4M3", 8},
+    {Dtype::F8_E8M0, "F8_E8M0", 8},
+    {Dtype::F8_E4M3FNUZ, "F8_E4M3FNUZ", 8},
+    {Dtype::F8_E5M2FNUZ, "F8_E5M2FNUZ", 8},
+    {Dtype::I16, "I16", 16},
+    {Dtype::U16, "U16", 16},
+    {Dtype::F16, "F16", 16},
+    {Dtype::BF16, "BF16", 16},
+    {Dtype::I32, "I32", 32},
+    {Dtype::U32, "U32", 32},
+    {Dtype::F32, "F32", 32},
+    {Dtype::C64, "C64", 64},
+    {Dtype::F64, "F64", 64},
+    {Dtype::I64, "I64", 64},
+    {Dtype::U64, "U64", 64},
 }};
 
 const DtypeRow& row(Dtype dtype) noexcept { return kDtypes[static_cast<std::size_t>(dtype)]; }
 
 constexpr const char* kMetadataKey = "__metadata__";
-// Deepest nesting a valid header has: the top object (0), an entry (1), its shape (2).
-constexpr int kMaxDepth = 2;
 // Names in messages are cut to this many bytes (a name may be megabytes long).
 constexpr std::size_t kShownName = 80;
 
@@ -61,142 +66,231 @@ std::string shown(const std::string& name) {
   return fmt::format("'{}...' ({} bytes)", name.substr(0, kShownName), name.size());
 }
 
+// [2, 3] as the header writes it: "[2,3]".
+std::string shape_text(const std::vector<std::uint64_t>& shape) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i) out += ',';
+    out += std::to_string(shape[i]);
+  }
+  return out + "]";
+}
+
 [[noreturn]] void fail(const std::string& path, const std::string& problem) {
   throw FormatError(path, "invalid safetensors header: " + problem);
 }
 
-// Thrown from the parser callback, turned into FormatError by the caller (which knows the path).
+using detail::JsonScanner;
+
+// A problem with a well-formed header, thrown inside the scan and turned into a FormatError by
+// parse_safetensors_header (which knows the path).
 struct StructureError {
   std::string problem;
 };
 
-// nlohmann keeps the last of duplicate keys silently, and its objects forget the order of their
-// keys; the callback sees every key and every nesting level, so it refuses duplicates and needless
-// depth while parsing, and lists the top object's keys in file order in `top_keys`.
-json parse_json(const unsigned char* begin, const unsigned char* end, const std::string& path,
-                std::vector<std::string>& top_keys) {
-  std::vector<std::unordered_set<std::string>> keys;
-  const json::parser_callback_t callback = [&](int depth, json::parse_event_t event, json& parsed) {
-    switch (event) {
-      case json::parse_event_t::object_start:
-      case json::parse_event_t::array_start:
-        if (depth > kMaxDepth) {
-          throw StructureError{"objects or arrays nested deeper than a header's entries"};
-        }
-        if (event == json::parse_event_t::object_start) keys.emplace_back();
-        break;
-      case json::parse_event_t::object_end: keys.pop_back(); break;
-      case json::parse_event_t::key:
-        if (!keys.back().insert(parsed.get_ref<const std::string&>()).second) {
-          throw StructureError{"duplicate key " + shown(parsed.get_ref<const std::string&>())};
-        }
-        if (depth == 1) top_keys.push_back(parsed.get_ref<const std::string&>());
-        break;
-      default: break;
+[[noreturn]] void refuse(std::string problem) { throw StructureError{std::move(problem)}; }
+
+// A value's text for a message, cut to kShownName bytes.
+std::string excerpt(std::string_view text) {
+  if (text.size() <= kShownName) return std::string(text);
+  return std::string(text.substr(0, kShownName)) + "...";
+}
+
+// Nesting levels: the top object is 1, an entry 2, its members' arrays 3.
+constexpr int kEntryDepth = 2;
+
+// The type of the value at the cursor, for a message refusing it; a value that is not JSON at all
+// is a syntax error first.
+const char* type_to_refuse(JsonScanner& scan, int depth) {
+  const char* type = scan.next_type();
+  if (std::string_view(type) == "invalid") scan.skip_value(depth);  // throws JsonSyntaxError
+  return type;
+}
+
+// An array of unsigned integers (a shape, data_offsets) at the scanner's cursor.
+std::vector<std::uint64_t> unsigned_array(JsonScanner& scan, const std::string& name,
+                                          const char* what) {
+  std::vector<std::uint64_t> out;
+  if (scan.peek() != '[') {
+    refuse(fmt::format("tensor {}: {} must be an array of non-negative integers, found {}",
+                       shown(name), what, excerpt(scan.skip_value_text(kEntryDepth + 1))));
+  }
+  scan.expect('[', "'['");
+  if (scan.consume(']')) return out;
+  do {
+    std::uint64_t v = 0;
+    std::string_view text;
+    if (!scan.unsigned_integer(v, kEntryDepth + 2, &text)) {
+      refuse(fmt::format("tensor {}: {} must hold non-negative integers, found {}", shown(name),
+                         what, excerpt(text)));
     }
-    return true;
-  };
-  try {
-    return json::parse(begin, end, callback);
-  } catch (const StructureError& e) {
-    fail(path, e.problem);
-  } catch (const json::exception& e) {
-    fail(path, std::string("not valid UTF-8 JSON: ") + e.what());
-  }
+    out.push_back(v);
+  } while (scan.consume(','));
+  scan.expect(']', "',' or ']'");
+  return out;
 }
 
-std::uint64_t unsigned_member(const json& v, const std::string& name, const char* what,
-                              const std::string& path) {
-  if (!v.is_number_unsigned()) {
-    fail(path, fmt::format("tensor {}: {} must hold non-negative integers, found {}", shown(name),
-                           what, detail::json_excerpt(v)));
-  }
-  return v.get<std::uint64_t>();
-}
-
-const json& member(const json& entry, const char* key, const std::string& name,
-                   const std::string& path) {
-  const auto it = entry.find(key);
-  if (it == entry.end()) fail(path, fmt::format("tensor {} has no \"{}\"", shown(name), key));
-  return *it;
-}
-
-TensorInfo parse_entry(const std::string& name, const json& entry, std::uint64_t data_size,
-                       const std::string& path) {
-  if (!entry.is_object()) {
-    fail(path,
-         fmt::format("tensor {}: expected an object, found {}", shown(name), entry.type_name()));
-  }
-  TensorInfo t;
-  t.name = name;
-  const json& dtype = member(entry, "dtype", name, path);
-  const std::optional<Dtype> parsed =
-      dtype.is_string() ? parse_dtype(dtype.get_ref<const std::string&>()) : std::nullopt;
-  if (!parsed)
-    fail(path,
-         fmt::format("tensor {}: unknown dtype {}", shown(name), detail::json_excerpt(dtype)));
-  t.dtype = *parsed;
-
-  const json& shape = member(entry, "shape", name, path);
-  if (!shape.is_array()) fail(path, fmt::format("tensor {}: shape is not an array", shown(name)));
-  // Elements are counted in the order the reference does, so an overflow is found where it finds
-  // one (a zero after two huge dimensions still overflows).
+// The sizes a shape of `dtype` needs, checked as the reference does: the element count, then
+// its bits (overflow in either refused), which must make whole bytes.
+std::uint64_t shape_bytes(const TensorInfo& t, const std::string& name) {
   std::uint64_t elements = 1;
   bool overflow = false;
-  for (const json& d : shape) {
-    const std::uint64_t dim = unsigned_member(d, name, "shape", path);
+  for (const std::uint64_t dim : t.shape) {
     if (dim > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
-      fail(path, fmt::format("tensor {}: shape element {} exceeds 2^63-1", shown(name), dim));
+      refuse(fmt::format("tensor {}: shape element {} exceeds 2^63-1", shown(name), dim));
     }
-    t.shape.push_back(dim);
     overflow = overflow || __builtin_mul_overflow(elements, dim, &elements);
   }
-  std::uint64_t nbytes = 0;
-  overflow = overflow || __builtin_mul_overflow(elements, row(t.dtype).size, &nbytes);
+  std::uint64_t bits = 0;
+  overflow = overflow || __builtin_mul_overflow(elements, row(t.dtype).bits, &bits);
   if (overflow) {
-    fail(path, fmt::format("tensor {}: shape {} of {} overflows 64 bits of bytes", shown(name),
-                           detail::json_excerpt(shape), row(t.dtype).name));
+    refuse(fmt::format("tensor {}: shape {} of {} overflows 64 bits of bytes", shown(name),
+                       shape_text(t.shape), row(t.dtype).name));
   }
+  if (bits % 8 != 0) {
+    refuse(fmt::format("tensor {}: shape {} of {} ({} bits each) is not a whole number of bytes",
+                       shown(name), shape_text(t.shape), row(t.dtype).name, row(t.dtype).bits));
+  }
+  return bits / 8;
+}
 
-  const json& offsets = member(entry, "data_offsets", name, path);
-  if (!offsets.is_array() || offsets.size() != 2) {
-    fail(path, fmt::format("tensor {}: data_offsets must be [begin, end], found {}", shown(name),
-                           detail::json_excerpt(offsets)));
+// One tensor entry, the scanner at its value. Members other than the three are skipped (any
+// JSON up to the depth limit), as the reference ignores them; a member given twice is refused.
+TensorInfo parse_entry(JsonScanner& scan, std::string name, std::uint64_t data_size,
+                       std::vector<std::string>& keys) {
+  if (scan.peek() != '{') {
+    refuse(fmt::format("tensor {}: expected an object, found {}", shown(name),
+                       type_to_refuse(scan, kEntryDepth)));
   }
-  t.begin = unsigned_member(offsets[0], name, "data_offsets", path);
-  t.end = unsigned_member(offsets[1], name, "data_offsets", path);
+  scan.expect('{', "'{'");
+  TensorInfo t;
+  bool has_dtype = false;
+  bool has_shape = false;
+  std::optional<std::vector<std::uint64_t>> offsets;
+  keys.clear();
+  if (!scan.consume('}')) {
+    do {
+      keys.push_back(scan.string());
+      const std::string& key = keys.back();
+      scan.expect(':', "':'");
+      if (key == "dtype") {
+        std::optional<Dtype> parsed;
+        std::string text;
+        if (scan.peek() == '"') {
+          text = scan.string();
+          parsed = parse_dtype(text);
+          text = "\"" + text + "\"";
+        } else {
+          text = scan.skip_value_text(kEntryDepth + 1);
+        }
+        if (!parsed) refuse(fmt::format("tensor {}: unknown dtype {}", shown(name), excerpt(text)));
+        t.dtype = *parsed;
+        has_dtype = true;
+      } else if (key == "shape") {
+        t.shape = unsigned_array(scan, name, "shape");
+        has_shape = true;
+      } else if (key == "data_offsets") {
+        offsets = unsigned_array(scan, name, "data_offsets");
+      } else {
+        scan.skip_value(kEntryDepth + 1);
+      }
+    } while (scan.consume(','));
+    scan.expect('}', "',' or '}'");
+  }
+  // Duplicates by sorting: entries have few members, so this stays linear in the header.
+  std::sort(keys.begin(), keys.end());
+  const auto twice = std::adjacent_find(keys.begin(), keys.end());
+  if (twice != keys.end())
+    refuse(fmt::format("tensor {}: duplicate key {}", shown(name), shown(*twice)));
+  if (!has_dtype) refuse(fmt::format("tensor {} has no \"dtype\"", shown(name)));
+  if (!has_shape) refuse(fmt::format("tensor {} has no \"shape\"", shown(name)));
+  if (!offsets) refuse(fmt::format("tensor {} has no \"data_offsets\"", shown(name)));
+  if (offsets->size() != 2) {
+    refuse(fmt::format("tensor {}: data_offsets must be [begin, end], found {}", shown(name),
+                       shape_text(*offsets)));
+  }
+  const std::uint64_t nbytes = shape_bytes(t, name);
+  t.begin = (*offsets)[0];
+  t.end = (*offsets)[1];
   if (t.end < t.begin) {
-    fail(path, fmt::format("tensor {}: data_offsets [{}, {}] end before they begin", shown(name),
-                           t.begin, t.end));
+    refuse(fmt::format("tensor {}: data_offsets [{}, {}] end before they begin", shown(name),
+                       t.begin, t.end));
   }
   if (t.end - t.begin != nbytes) {
-    fail(path, fmt::format("tensor {}: data_offsets [{}, {}] hold {} bytes, but shape {} of {} "
-                           "needs {}",
-                           shown(name), t.begin, t.end, t.end - t.begin,
-                           detail::json_excerpt(shape), row(t.dtype).name, nbytes));
+    refuse(
+        fmt::format("tensor {}: data_offsets [{}, {}] hold {} bytes, but shape {} of {} "
+                    "needs {}",
+                    shown(name), t.begin, t.end, t.end - t.begin, shape_text(t.shape),
+                    row(t.dtype).name, nbytes));
   }
   if (t.end > data_size) {
-    fail(path, fmt::format("tensor {}: data_offsets [{}, {}] reach past the data region of {} "
-                           "bytes",
-                           shown(name), t.begin, t.end, data_size));
+    refuse(
+        fmt::format("tensor {}: data_offsets [{}, {}] reach past the data region of {} "
+                    "bytes",
+                    shown(name), t.begin, t.end, data_size));
   }
+  t.name = std::move(name);
   return t;
 }
 
-std::map<std::string, std::string> parse_metadata(const json& value, const std::string& path) {
-  if (!value.is_object()) {
-    fail(path,
-         fmt::format("\"__metadata__\" must be an object of strings, found {}", value.type_name()));
+// "__metadata__": null (no metadata) or an object of strings; a key given twice is refused.
+std::optional<std::map<std::string, std::string>> parse_metadata(JsonScanner& scan) {
+  const char next = scan.peek();
+  if (next == 'n') {
+    scan.skip_value(kEntryDepth);
+    return std::nullopt;
   }
+  if (next != '{') {
+    refuse(fmt::format("\"__metadata__\" must be an object of strings, found {}",
+                       type_to_refuse(scan, kEntryDepth)));
+  }
+  scan.expect('{', "'{'");
   std::map<std::string, std::string> metadata;
-  for (const auto& [key, v] : value.items()) {
-    if (!v.is_string()) {
-      fail(path, fmt::format("\"__metadata__\" value of {} must be a string, found {}", shown(key),
-                             v.type_name()));
+  if (scan.consume('}')) return metadata;
+  do {
+    std::string key = scan.string();
+    scan.expect(':', "':'");
+    if (scan.peek() != '"') {
+      refuse(fmt::format("\"__metadata__\" value of {} must be a string, found {}", shown(key),
+                         type_to_refuse(scan, kEntryDepth + 1)));
     }
-    metadata.emplace(key, v.get<std::string>());
-  }
+    std::string value = scan.string();
+    if (!metadata.emplace(key, std::move(value)).second) {
+      refuse("\"__metadata__\": duplicate key " + shown(key));
+    }
+  } while (scan.consume(','));
+  scan.expect('}', "',' or '}'");
   return metadata;
+}
+
+// The top object, the scanner after its '{': entries in file order, the metadata, and duplicate
+// names found by sorting.
+void parse_top(JsonScanner& scan, Header& header) {
+  std::vector<std::string> keys;
+  bool has_metadata = false;
+  if (!scan.consume('}')) {
+    do {
+      std::string key = scan.string();
+      scan.expect(':', "':'");
+      if (key == kMetadataKey) {
+        if (has_metadata) refuse("duplicate key " + shown(key));
+        has_metadata = true;
+        header.metadata = parse_metadata(scan);
+      } else {
+        header.tensors.push_back(parse_entry(scan, std::move(key), header.data_size, keys));
+      }
+    } while (scan.consume(','));
+    scan.expect('}', "',' or '}'");
+  }
+  std::vector<const std::string*> names;
+  names.reserve(header.tensors.size());
+  for (const TensorInfo& t : header.tensors) names.push_back(&t.name);
+  std::sort(names.begin(), names.end(),
+            [](const std::string* a, const std::string* b) { return *a < *b; });
+  const auto twice =
+      std::adjacent_find(names.begin(), names.end(),
+                         [](const std::string* a, const std::string* b) { return *a == *b; });
+  if (twice != names.end()) refuse("duplicate key " + shown(**twice));
 }
 
 // The reference's rule: sorted by offsets, the entries tile the data region from 0 to its end.
@@ -252,7 +346,11 @@ std::optional<Dtype> parse_dtype(std::string_view text) noexcept {
   return std::nullopt;
 }
 
-std::size_t dtype_size(Dtype dtype) noexcept { return row(dtype).size; }
+std::size_t dtype_bits(Dtype dtype) noexcept { return row(dtype).bits; }
+
+std::size_t dtype_size(Dtype dtype) noexcept {
+  return row(dtype).bits % 8 == 0 ? row(dtype).bits / 8 : 0;
+}
 
 const TensorInfo* Header::find(std::string_view name) const noexcept {
   for (const TensorInfo& t : tensors) {
@@ -289,20 +387,23 @@ Header parse_safetensors_header(std::span<const unsigned char> bytes, std::uint6
                                       bytes.size(), path, json_end));
   }
   header.data_size = file_size - json_end;
-  if (header.header_size == 0 || bytes[kLengthFieldSize] != '{') {
-    fail(path, "the JSON does not start with '{'");
-  }
-  std::vector<std::string> keys;
-  const json doc = parse_json(bytes.data() + kLengthFieldSize, bytes.data() + json_end, path, keys);
-  if (!doc.is_object()) fail(path, "the JSON is not an object");
-  header.tensors.reserve(keys.size());
-  for (const std::string& key : keys) {
-    const json& value = doc.at(key);
-    if (key == kMetadataKey) {
-      if (!value.is_null()) header.metadata = parse_metadata(value, path);
-      continue;
+  JsonScanner scan(bytes.data() + kLengthFieldSize, bytes.data() + json_end);
+  try {
+    if (scan.peek() != '{') fail(path, "the JSON does not start with '{'");
+    scan.expect('{', "'{'");
+    parse_top(scan, header);
+    // The format pads the JSON with spaces; any other byte after it (a NUL, text) is refused.
+    if (!scan.at_end()) {
+      throw detail::JsonSyntaxError{scan.offset(), "trailing characters after the JSON object"};
     }
-    header.tensors.push_back(parse_entry(key, value, header.data_size, path));
+  } catch (const StructureError& e) {
+    fail(path, e.problem);
+  } catch (const detail::JsonSyntaxError& e) {
+    fail(path, fmt::format("not valid UTF-8 JSON: {} at byte {} of the JSON", e.problem, e.offset));
+  } catch (const detail::JsonDepthError& e) {
+    fail(path, fmt::format("objects or arrays nested deeper than {} levels (at byte {} of the "
+                           "JSON)",
+                           detail::kMaxJsonDepth, e.offset));
   }
   check_coverage(header.tensors, header.data_size, path);
   return header;
@@ -347,19 +448,22 @@ SerializedHeader serialize_safetensors_header(
     if (!names.insert(t.name).second) {
       throw InvalidArgument("safetensors: two tensors are called " + shown(t.name));
     }
-    std::uint64_t nbytes = dtype_size(t.dtype);
+    std::uint64_t bits = dtype_bits(t.dtype);
+    bool overflow = false;
     std::string shape;
     for (std::uint64_t d : t.shape) {
-      if (__builtin_mul_overflow(nbytes, d, &nbytes))
-        nbytes = std::numeric_limits<std::uint64_t>::max();
+      overflow = overflow || __builtin_mul_overflow(bits, d, &bits);
       if (!shape.empty()) shape += ',';
       shape += std::to_string(d);
     }
-    if (nbytes != t.length) {
+    if (overflow || bits % 8 != 0 || bits / 8 != t.length) {
+      const std::string needs = overflow        ? "more than 2^64 bits"
+                                : bits % 8 != 0 ? fmt::format("{} bits (not whole bytes)", bits)
+                                                : std::to_string(bits / 8);
       throw InvalidArgument(
           fmt::format("safetensors: tensor {} has {} bytes, but shape [{}] of "
                       "{} needs {}",
-                      shown(t.name), t.length, shape, to_string(t.dtype), nbytes));
+                      shown(t.name), t.length, shape, to_string(t.dtype), needs));
     }
     if (t.data == nullptr && t.length > 0) {
       throw InvalidArgument("safetensors: tensor " + shown(t.name) + " has no data");

@@ -7,7 +7,9 @@ import glob
 import os
 import pickle
 import random
+import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,8 +20,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import nvio  # noqa: E402
-from nvio import _nvio, checkpoint  # noqa: E402
+from nvio import _nvio, _torchzip  # noqa: E402
 
+TORCH2 = int(torch.__version__.split(".")[0]) >= 2
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64,
           torch.complex128, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
           torch.bool]
@@ -97,7 +100,7 @@ def test_records_answer_as_torchs_own_reader(tmp_path):
     serialization_id, which 1.13 did not, and nvio.load failed on torch 2.11 for want of them."""
     path = tmp_path / "r.pt"
     torch.save({"a": torch.arange(1000), "b": [torch.ones(3, 4, dtype=torch.float64)]}, path)
-    ours = checkpoint._Records(checkpoint._Archive(memoryview(path.read_bytes()), str(path)), torch)
+    ours = _torchzip._Records(_torchzip._Archive(memoryview(path.read_bytes()), str(path)), torch)
     theirs = torch._C.PyTorchFileReader(str(path))
     methods = [m for m in dir(theirs) if not m.startswith("_")]
     missing = [m for m in methods if not hasattr(ours, m)]
@@ -174,16 +177,22 @@ def test_nested_containers_and_optimizer_state(tmp_path):
            "nested": [1, (2.5, "x", None), {"t": torch.ones(2, 2), 7: b"bytes"}],
            "rng": torch.get_rng_state()}
     nvio.save(obj, tmp_path / "c.pt")
-    assert_same(obj, nvio.load(tmp_path / "c.pt"))
+    # torch 1.13's weights-only unpickler knows no floats (opcode BINFLOAT): there a trusted file
+    # with them loads with weights_only=False, and the default refuses it, as torch 1.13 would.
+    trusted = {} if TORCH2 else {"weights_only": False}
+    if not TORCH2:
+        with pytest.raises(nvio.UnsafeCheckpointError, match="torch 1"):
+            nvio.load(tmp_path / "c.pt")
+    assert_same(obj, nvio.load(tmp_path / "c.pt", **trusted))
     assert_same(obj, torch.load(tmp_path / "c.pt"))
     opt2 = torch.optim.Adam(model.parameters(), lr=1e-3)
-    opt2.load_state_dict(nvio.load(tmp_path / "c.pt")["optim"])
+    opt2.load_state_dict(nvio.load(tmp_path / "c.pt", **trusted)["optim"])
 
 
 def test_large_record_and_zip64_layout(tmp_path, monkeypatch):
     obj = {"big": _random((1 << 20) + 123, torch.float32, 5), "small": torch.arange(7),
            "empty": torch.empty(0)}
-    monkeypatch.setattr(checkpoint, "_ZIP64_LIMIT", 1000)  # every size and offset past it
+    monkeypatch.setattr(_torchzip, "_ZIP64_LIMIT", 1000)  # every size and offset past it
     nvio.save(obj, tmp_path / "z.pt")
     with open(tmp_path / "z.pt", "rb") as f:
         data = f.read()
@@ -243,16 +252,20 @@ class _Evil:
     def __init__(self, marker):
         self.marker = marker
 
-    def __reduce__(self):
-        return (os.mkdir, (self.marker,))
+    def __reduce__(self):  # a shell command, as an attacker's pickle would run
+        return (os.system, (f"mkdir {shlex.quote(self.marker)}",))
 
 
 def test_weights_only_refuses_code(tmp_path):
     marker = str(tmp_path / "pwned")
     path = tmp_path / "evil.pt"
     nvio.save({"w": torch.ones(3), "x": _Evil(marker)}, path)
-    with pytest.raises(pickle.UnpicklingError):
-        nvio.load(path, weights_only=True)
+    for kwargs in ({}, {"weights_only": True}):  # refused by default, whatever torch runs
+        with pytest.raises(nvio.UnsafeCheckpointError) as info:
+            nvio.load(path, **kwargs)
+        e = info.value
+        assert isinstance(e, pickle.UnpicklingError) and isinstance(e, nvio.Error)
+        assert e.path == str(path) and str(path) in str(e)
     with pytest.raises(pickle.UnpicklingError):  # as torch.load refuses it
         torch.load(path, weights_only=True)
     assert not os.path.exists(marker)
@@ -272,13 +285,13 @@ def _load_with_default(weights_only_default):
 
 
 @pytest.mark.parametrize("torch_default, env, refused", [
-    (False, {}, False),  # torch before 2.6
-    (None, {}, True),  # torch 2.6 on: weights only unless told otherwise
-    (None, {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}, False),
-    (None, {"TORCH_FORCE_WEIGHTS_ONLY_LOAD": "true"}, True),
+    (False, {}, True),  # torch before 2.6 loads anything by default; nvio.load does not
+    (None, {}, True),  # torch 2.6 on
+    (None, {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}, False),  # torch's opt-out, as torch has it
+    (False, {"TORCH_FORCE_WEIGHTS_ONLY_LOAD": "true"}, True),
 ])
-def test_weights_only_left_out_follows_the_installed_torch(tmp_path, monkeypatch, torch_default,
-                                                             env, refused):
+def test_weights_only_left_out_is_true_whatever_torch(tmp_path, monkeypatch, torch_default, env,
+                                                      refused):
     marker = str(tmp_path / "pwned")
     path = tmp_path / "evil.pt"
     nvio.save({"w": torch.ones(3), "x": _Evil(marker)}, path)
@@ -288,11 +301,13 @@ def test_weights_only_left_out_follows_the_installed_torch(tmp_path, monkeypatch
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     if refused:
-        with pytest.raises(pickle.UnpicklingError):
+        with pytest.raises(nvio.UnsafeCheckpointError) as info:
             nvio.load(path)
+        assert info.value.path == str(path)
         assert not os.path.exists(marker)
     else:
-        nvio.load(path)
+        with pytest.warns(UserWarning, match="TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"):
+            nvio.load(path)
         assert os.path.isdir(marker)
 
 
@@ -537,7 +552,22 @@ while True:
 """
 
 
-def test_sigkill_leaves_old_or_new_file(tmp_path):
+def _start_time(pid):
+    """Field 22 of /proc/<pid>/stat: when the process started, in clock ticks after boot."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[19])
+
+
+def _host():
+    return "".join(c if c.isalnum() and c.isascii() else "-"
+                   for c in socket.gethostname()[:63]) or "host"
+
+
+def test_sigkill_leaves_old_or_new_file_and_the_next_save_or_load_removes_its_temporary(
+        tmp_path):
+    """A save killed by SIGKILL leaves the old file or the new one, and its temporary, whose name
+    says which process made it; the next load (even rounds) or save (odd rounds) of the target
+    removes it (issue 28 #4: eight kills left four temporaries for ever)."""
     path = str(tmp_path / "ckpt.pt")
     expected = {}
     for seed in (1, 2):
@@ -548,22 +578,30 @@ def test_sigkill_leaves_old_or_new_file(tmp_path):
     package = os.path.dirname(os.path.dirname(nvio.__file__))
     rng = random.Random(12)
     seen, torn_temps = set(), 0
-    for _ in range(8):
+    for i in range(8):
         child = subprocess.Popen([sys.executable, "-c", _CHILD, package, path],
                                  stdout=subprocess.PIPE, env={**os.environ, "NVIO_CONFIG": "none"})
         assert child.stdout.readline() == b"ready\n"
+        start = _start_time(child.pid)
         time.sleep(rng.uniform(0.05, 1.0))
         child.send_signal(signal.SIGKILL)
         child.wait()
         assert child.returncode == -signal.SIGKILL
-        loaded = nvio.load(path)
+        temps = glob.glob(str(tmp_path / ".ckpt.pt.*.nvio-tmp"))
+        assert len(temps) <= 1
+        torn_temps += len(temps)  # a kill during a save leaves its temporary (never `path`)
+        for t in temps:
+            assert _nvio.temporary_writer("ckpt.pt", os.path.basename(t)) == \
+                (_host(), start, child.pid)
+        if i % 2 == 0:
+            loaded = nvio.load(path)
+        else:
+            loaded = torch.load(path)
+            nvio.save(loaded, path)
+        assert not glob.glob(str(tmp_path / ".ckpt.pt.*.nvio-tmp")), "the temporary stayed"
         assert_same(expected[loaded["seed"]], loaded)
         assert_same(expected[loaded["seed"]], torch.load(path))
         seen.add(loaded["seed"])
-        temps = glob.glob(str(tmp_path / ".ckpt.pt.*.nvio-tmp"))
-        torn_temps += len(temps)  # a kill during a save leaves its temporary (never `path`)
-        for t in temps:
-            os.unlink(t)
     assert seen == {1, 2}, "the child never replaced the file: the test proved nothing"
     assert torn_temps > 0, "no kill landed inside a save: the test proved nothing"
 

@@ -21,6 +21,10 @@ import nvio._deepspeed_install as inst
 import nvio.deepspeed as nds
 from conftest import as_bytes, random_bytes, read_file
 
+# The stand-in is not a DeepSpeed release: install() says so each time (test_deepspeed_real.py
+# checks that warning); here it is expected.
+pytestmark = pytest.mark.filterwarnings("ignore:.*0.0.standin is not a release:RuntimeWarning")
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 STANDIN = os.path.join(HERE, "standin_deepspeed")
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -252,9 +256,13 @@ def test_install_is_idempotent_and_uninstall_restores(standin):
     assert op_builder.AsyncIOBuilder is nds.AsyncIOBuilder
 
 
-def test_nothing_to_patch_without_deepspeed():
+def test_nothing_to_patch_without_deepspeed(monkeypatch):
     nds.uninstall()
     _purge()
+    # The environment may have the real DeepSpeed (requirements.txt): take its folder off the path.
+    monkeypatch.setattr(sys, "path", [p for p in sys.path
+                                      if not os.path.isdir(os.path.join(p or ".", "deepspeed"))])
+    importlib.invalidate_caches()
     assert importlib.util.find_spec("deepspeed") is None
     with pytest.raises(nds.NothingToPatch, match="not installed") as info:
         nds.install()
@@ -297,6 +305,9 @@ def test_environment_switch_on(value, standin, monkeypatch):
 def test_environment_switch_warns_never_raises(monkeypatch):
     nds.uninstall()
     _purge()
+    monkeypatch.setattr(sys, "path", [p for p in sys.path
+                                      if not os.path.isdir(os.path.join(p or ".", "deepspeed"))])
+    importlib.invalidate_caches()
     monkeypatch.setenv("NVIO_DEEPSPEED", "maybe")
     with pytest.warns(RuntimeWarning, match="'maybe' is neither on"):
         assert nds.install_from_environment() is False

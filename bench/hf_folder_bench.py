@@ -40,8 +40,7 @@ from safetensors_bench import make_tensors, same, touch  # noqa: E402
 
 # Names a one-call folder loader may have in nvio (issue 27 item 5); `auto` takes the first found.
 FOLDER_CALLS = ("nvio.safetensors.load_model_folder", "nvio.safetensors.load_folder",
-                "nvio.safetensors.load_pretrained",
-                "nvio.load_folder", "nvio.load_pretrained", "nvio.load_sharded")
+                "nvio.load_folder", "nvio.load_sharded")
 
 
 def resolve(name: str):

@@ -93,18 +93,6 @@ def _pool(workers: int):
 
 # ---- errors ---------------------------------------------------------------------------------
 
-_ERRNO_TYPES = {
-    _errno.ENOENT: _nvio.FileNotFound,
-    _errno.ENOTDIR: _nvio.FileNotFound,
-    _errno.EACCES: _nvio.PermissionDenied,
-    _errno.EPERM: _nvio.PermissionDenied,
-    _errno.EROFS: _nvio.ReadOnlyFileSystem,
-    _errno.EISDIR: _nvio.IsADirectory,
-    _errno.ENOSPC: _nvio.NoSpace,
-    _errno.EDQUOT: _nvio.NoSpace,
-}
-
-
 def _typed(e: OSError, what: str, path: str, temporary: Optional[str] = None) -> BaseException:
     """An OSError as nvio's typed exception naming the operation and `path`, the file the caller
     gave. One of nvio's own errors is kept as it is unless it names `temporary` (the file a save
@@ -120,7 +108,7 @@ def _typed(e: OSError, what: str, path: str, temporary: Optional[str] = None) ->
         detail = f" (its temporary file {temporary!r})" if temporary is not None else ""
         offset, length = 0, 0
     code = e.errno or _errno.EIO
-    kind = type(e) if isinstance(e, _nvio.Error) else _ERRNO_TYPES.get(code, _nvio.IOFailure)
+    kind = type(e) if isinstance(e, _nvio.Error) else _nvio.error_type(code)
     exc = kind(code, f"nvio: {what} {path!r}: {os.strerror(code)}{detail}", path)
     exc.path = path
     exc.offset = offset

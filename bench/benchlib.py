@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 # The repository the scripts belong to (bench/..): where a built nvio and the git commit are.
@@ -448,3 +449,58 @@ def select(contenders: dict, only: "str | None") -> dict:
     if not kept:
         raise Failure(f"--only {only!r} matches none of {list(contenders)}")
     return kept
+
+
+def timed_load(fn, paths, cold: bool, after=None):
+    """A contender for alternate(): makes paths (files or directories of files) cold
+    (drop_caches) or warm, collects garbage, then times fn() and after(its result), e.g. touching
+    every page of the tensors a load returned (the result is dropped before returning)."""
+    import gc
+
+    def run() -> float:
+        (drop_caches if cold else warm)(paths)
+        gc.collect()
+        t0 = time.perf_counter()
+        out = fn()
+        if after is not None:
+            after(out)
+        dt = time.perf_counter() - t0
+        del out
+        return dt
+    return run
+
+
+def common_args(ap: argparse.ArgumentParser, rounds: int = 3) -> None:
+    """The options every Python-level benchmark (safetensors, checkpoint, HF folder) takes."""
+    ap.add_argument("--dir", type=Path, default=Path("/var/tmp"),
+                    help="where the files go (a directory of their own is made inside)")
+    ap.add_argument("--size", type=parse_size, default=1 << 30, help="bytes of tensors (1G, 256M)")
+    ap.add_argument("--rounds", type=positive_int, default=rounds)
+    ap.add_argument("--nvio", default=None, help="the nvio CLI (default build/bin/nvio)")
+    ap.add_argument("--only", metavar="WORDS",
+                    help="run only the contenders whose name contains one of these "
+                    "comma-separated words (e.g. 'cold')")
+    ap.add_argument("--profile", metavar="NAME",
+                    help="after the rounds, cProfile one run of this contender (e.g. "
+                    "'nvio load_file cold') and print where its time goes")
+
+
+def run_rounds(args, contenders: dict, title: str, work: Path, nbytes: int):
+    """The rounds of a Python-level benchmark: the contenders --only keeps, alternated
+    --rounds times, the report's header (title, then bench_header's facts) and the medians
+    printed. Returns (name -> median, the --profile contender to run after the ratios or None);
+    Failure for a --profile that names no contender."""
+    profiled = contenders.get(args.profile) if args.profile else None
+    if args.profile and profiled is None:
+        raise Failure(f"--profile {args.profile!r}: one of {list(contenders)}")
+    contenders = select(contenders, args.only)
+    log(bench_header(title, work, nbytes, args.rounds))
+    times = alternate(contenders, args.rounds)
+    print(bench_header(title, args.dir, nbytes, args.rounds))
+    return print_times(times, nbytes), profiled
+
+
+def finish(args, profiled) -> None:
+    """Runs the --profile contender, if any, under cProfile (benchlib.profile_call)."""
+    if profiled is not None:
+        profile_call(args.profile, profiled)

@@ -20,7 +20,6 @@ On a RAM-backed directory (/dev/shm) only warm loads are run (the file cannot be
 from __future__ import annotations
 
 import argparse
-import gc
 import inspect
 import os
 import shutil
@@ -33,7 +32,7 @@ from pathlib import Path
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
-from benchlib import drop_cache, log, parse_size, positive_int  # noqa: E402
+from benchlib import drop_cache  # noqa: E402
 from safetensors_bench import touch  # noqa: E402
 
 
@@ -65,19 +64,9 @@ print(hwm() - base)
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dir", type=Path, default=Path("/var/tmp"),
-                    help="where the files go (a directory of their own is made inside)")
-    ap.add_argument("--size", type=parse_size, default=1 << 30, help="bytes of tensors (1G, 256M)")
-    ap.add_argument("--rounds", type=positive_int, default=3)
-    ap.add_argument("--nvio", default=None, help="the nvio CLI (default build/bin/nvio)")
+    benchlib.common_args(ap)
     ap.add_argument("--peak", action="store_true",
                     help="also the peak memory of a child process doing nvio.load (VmHWM growth)")
-    ap.add_argument("--only", metavar="WORDS",
-                    help="run only the contenders whose name contains one of these "
-                    "comma-separated words (e.g. 'cold')")
-    ap.add_argument("--profile", metavar="NAME",
-                    help="after the rounds, cProfile one run of this contender (e.g. "
-                    "'nvio.load cold')")
     args = ap.parse_args()
     benchlib.interrupt_on_sigterm()
     import torch
@@ -87,7 +76,7 @@ def main() -> int:
     nvio_cli = benchlib.find_nvio(args.nvio)
     args.dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="nvio-ckpt-bench-", dir=args.dir))
-    ram = benchlib.ram_backed(work)
+    modes = ["warm"] if benchlib.ram_backed(work) else ["cold", "warm"]
     nvio_mmap = "mmap" in inspect.signature(nvio.load).parameters
     try:
         sd = state_dict(torch, args.size)
@@ -109,62 +98,41 @@ def main() -> int:
             nvio.save(sd, work / "nvio-save.pt")
             return time.perf_counter() - t0
 
-        def loader(fn, cold: bool, available: bool = True):
-            def run():
-                if not available:
-                    return None
-                drop_cache(path) if cold else benchlib.warm([path])
-                gc.collect()
-                t0 = time.perf_counter()
-                out = fn()
-                touch(torch, out)
-                dt = time.perf_counter() - t0
-                del out
-                return dt
-            return run
-
         def bench_read() -> float:
             drop_cache(path)
             return benchlib.nvio_read_seconds(nvio_cli, path, size)
 
+        def load(fn, cold: bool):
+            return benchlib.timed_load(fn, [path], cold, lambda out: touch(torch, out))
+
         contenders = {"nvio.save": nvio_save, "torch.save+fsync": torch_save}
-        for mode in (["warm"] if ram else ["cold", "warm"]):
+        for mode in modes:
             cold = mode == "cold"
-            contenders[f"nvio.load {mode}"] = loader(lambda: nvio.load(path), cold)
-            contenders[f"torch.load {mode}"] = loader(lambda: torch.load(path), cold)
-            contenders[f"nvio.load mmap {mode}"] = loader(
-                lambda: nvio.load(path, mmap=True), cold, nvio_mmap)
-            contenders[f"torch.load mmap {mode}"] = loader(
-                lambda: torch.load(path, mmap=True), cold)
-            contenders[f"nvio.load into {mode}"] = loader(lambda: nvio.load(path, into=sd), cold)
-        contenders["nvio bench read" + (" warm" if ram else " cold")] = bench_read
-        log(benchlib.bench_header("checkpoint", work, nbytes, args.rounds))
-        profiled = contenders.get(args.profile)
-        if args.profile and profiled is None:
-            raise benchlib.Failure(f"--profile {args.profile!r}: one of {list(contenders)}")
-        contenders = benchlib.select(contenders, args.only)
-        times = benchlib.alternate(contenders, args.rounds)
-        print(benchlib.bench_header(f"torch {torch.__version__} vs nvio, {len(sd)} tensors "
-                                    f"(file {size / 2**30:.3f} GiB)", args.dir, nbytes,
-                                    args.rounds))
-        med = benchlib.print_times(times, nbytes)
+            contenders[f"nvio.load {mode}"] = load(lambda: nvio.load(path), cold)
+            contenders[f"torch.load {mode}"] = load(lambda: torch.load(path), cold)
+            contenders[f"nvio.load mmap {mode}"] = (
+                load(lambda: nvio.load(path, mmap=True), cold) if nvio_mmap else lambda: None)
+            contenders[f"torch.load mmap {mode}"] = load(lambda: torch.load(path, mmap=True), cold)
+            contenders[f"nvio.load into {mode}"] = load(lambda: nvio.load(path, into=sd), cold)
+        read = f"nvio bench read {modes[0]}"
+        contenders[read] = bench_read
+        med, profiled = benchlib.run_rounds(
+            args, contenders, f"torch {torch.__version__} vs nvio, {len(sd)} tensors (file "
+            f"{size / 2**30:.3f} GiB)", work, nbytes)
         print(benchlib.ratio_line(med, "nvio.save", "torch.save+fsync"))
-        for mode in (["warm"] if ram else ["cold", "warm"]):
+        for mode in modes:
             print(benchlib.ratio_line(med, f"nvio.load {mode}", f"torch.load {mode}"))
             print(benchlib.ratio_line(med, f"nvio.load mmap {mode}", f"torch.load mmap {mode}"))
             print(benchlib.ratio_line(med, f"nvio.load {mode}", f"torch.load mmap {mode}"))
-        read = "nvio bench read" + (" warm" if ram else " cold")
-        first = "warm" if ram else "cold"
-        print(benchlib.ratio_line(med, f"nvio.load {first}", read))
-        print(benchlib.ratio_line(med, f"nvio.load into {first}", read))
+        print(benchlib.ratio_line(med, f"nvio.load {modes[0]}", read))
+        print(benchlib.ratio_line(med, f"nvio.load into {modes[0]}", read))
         if args.peak:
             drop_cache(path)
             peak = int(subprocess.run([sys.executable, "-c", _PEAK_CHILD, str(path)], check=True,
                                       capture_output=True, text=True).stdout)
             print(f"  peak memory of nvio.load: {peak / 2**20:.0f} MiB over the interpreter, "
                   f"file {size / 2**20:.0f} MiB ({peak / size:.3f}x)")
-        if args.profile:
-            benchlib.profile_call(args.profile, profiled)
+        benchlib.finish(args, profiled)
     except (benchlib.Failure, KeyboardInterrupt) as e:
         return benchlib.error_exit("checkpoint_bench", e)
     finally:

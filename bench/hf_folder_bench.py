@@ -23,19 +23,17 @@ includes touching one byte of every page of every tensor. On a RAM-backed direct
 from __future__ import annotations
 
 import argparse
-import gc
 import importlib
 import json
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
-from benchlib import log, parse_size, positive_int  # noqa: E402
+from benchlib import positive_int  # noqa: E402
 from safetensors_bench import make_tensors, same, touch  # noqa: E402
 
 # Names a one-call folder loader may have in nvio (issue 27 item 5); `auto` takes the first found.
@@ -76,23 +74,30 @@ def write_folder(ref, tensors: dict, folder: Path, shards: int) -> list:
     return paths
 
 
+def nvio_calls(spec: str, st, shards: list, folder: Path) -> dict:
+    """--nvio-calls as contender name -> a call returning the state dict."""
+    calls = {}
+    for name in spec.split(","):
+        if name == "per-shard":
+            calls["nvio per-shard load_file"] = lambda: {
+                k: v for p in shards for k, v in st.load_file(p).items()}
+            continue
+        fname = next((n for n in FOLDER_CALLS if resolve(n)), None) if name == "auto" else name
+        fn = resolve(fname) if fname else None
+        if fn is None:
+            raise benchlib.Failure(f"--nvio-calls {name}: no such function in this nvio")
+        calls[fname] = lambda fn=fn: fn(folder)
+    return calls
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dir", type=Path, default=Path("/var/tmp"),
-                    help="where the folder goes (a directory of its own is made inside)")
-    ap.add_argument("--size", type=parse_size, default=1 << 30, help="bytes of tensors (1G, 256M)")
+    benchlib.common_args(ap)
     ap.add_argument("--tensors", type=positive_int, default=300)
     ap.add_argument("--shards", type=positive_int, default=4)
-    ap.add_argument("--rounds", type=positive_int, default=3)
     ap.add_argument("--nvio-calls", default="auto,per-shard",
                     help="nvio's contenders: auto, per-shard or dotted function names")
-    ap.add_argument("--nvio", default=None, help="the nvio CLI (default build/bin/nvio)")
-    ap.add_argument("--only", metavar="WORDS",
-                    help="run only the contenders whose name contains one of these "
-                    "comma-separated words (e.g. 'cold')")
-    ap.add_argument("--profile", metavar="NAME",
-                    help="after the rounds, cProfile one run of this contender")
     args = ap.parse_args()
     benchlib.interrupt_on_sigterm()
     import safetensors.torch as ref
@@ -103,7 +108,7 @@ def main() -> int:
     nvio_cli = benchlib.find_nvio(args.nvio)
     args.dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="nvio-hf-bench-", dir=args.dir))
-    ram = benchlib.ram_backed(work)
+    modes = ["warm"] if benchlib.ram_backed(work) else ["cold", "warm"]
     try:
         folder = work / "model"
         folder.mkdir()
@@ -123,17 +128,7 @@ def main() -> int:
                 out.update(ref.load_file(str(p)))
             return out
 
-        calls = {}
-        for name in args.nvio_calls.split(","):
-            if name == "per-shard":
-                calls["nvio per-shard load_file"] = lambda: {
-                    k: v for p in shards for k, v in st.load_file(p).items()}
-                continue
-            fname = next((n for n in FOLDER_CALLS if resolve(n)), None) if name == "auto" else name
-            fn = resolve(fname) if fname else None
-            if fn is None:
-                raise benchlib.Failure(f"--nvio-calls {name}: no such function in this nvio")
-            calls[fname] = lambda fn=fn: fn(folder)
+        calls = nvio_calls(args.nvio_calls, st, shards, folder)
         expected = ref_per_shard()
         for name, fn in calls.items():
             if not same(torch, dict(sorted(fn().items())), dict(sorted(expected.items()))):
@@ -141,19 +136,10 @@ def main() -> int:
         count = len(expected)
         del expected
 
-        def loader(fn, cold: bool):
-            def run() -> float:
-                (benchlib.drop_caches if cold else benchlib.warm)([folder])
-                gc.collect()
-                t0 = time.perf_counter()
-                out = fn()
-                touch(torch, out)
-                dt = time.perf_counter() - t0
-                if len(out) != count:
-                    raise benchlib.Failure(f"a load returned {len(out)} tensors, not {count}")
-                del out
-                return dt
-            return run
+        def checked(out: dict) -> None:
+            touch(torch, out)
+            if len(out) != count:
+                raise benchlib.Failure(f"a load returned {len(out)} tensors, not {count}")
 
         def read_whole() -> float:
             benchlib.drop_cache(whole)
@@ -163,24 +149,18 @@ def main() -> int:
             benchlib.drop_caches(shards)
             return sum(benchlib.nvio_read_seconds(nvio_cli, p, p.stat().st_size) for p in shards)
 
-        modes = ["warm"] if ram else ["cold", "warm"]
         contenders = {}
         for mode in modes:
-            contenders[f"ref per-shard load_file {mode}"] = loader(ref_per_shard, mode == "cold")
+            contenders[f"ref per-shard load_file {mode}"] = benchlib.timed_load(
+                ref_per_shard, [folder], mode == "cold", checked)
             for name, fn in calls.items():
-                contenders[f"{name} {mode}"] = loader(fn, mode == "cold")
-        read = "warm" if ram else "cold"
+                contenders[f"{name} {mode}"] = benchlib.timed_load(
+                    fn, [folder], mode == "cold", checked)
+        read = modes[0]
         contenders[f"nvio bench read, 1 file {read}"] = read_whole
         contenders[f"nvio bench read, per shard {read}"] = read_shards
-        log(benchlib.bench_header("HF folder", work, nbytes, args.rounds))
-        profiled = contenders.get(args.profile)
-        if args.profile and profiled is None:
-            raise benchlib.Failure(f"--profile {args.profile!r}: one of {list(contenders)}")
-        contenders = benchlib.select(contenders, args.only)
-        times = benchlib.alternate(contenders, args.rounds)
-        print(benchlib.bench_header(f"HF folder of {len(shards)} shards, {count} tensors",
-                                    args.dir, nbytes, args.rounds))
-        med = benchlib.print_times(times, nbytes)
+        med, profiled = benchlib.run_rounds(
+            args, contenders, f"HF folder of {len(shards)} shards, {count} tensors", work, nbytes)
         for mode in modes:
             for name in calls:
                 print(benchlib.ratio_line(med, f"{name} {mode}", f"ref per-shard load_file {mode}"))
@@ -188,8 +168,7 @@ def main() -> int:
             print(benchlib.ratio_line(med, f"{name} {read}", f"nvio bench read, 1 file {read}",
                                       0.9))
             print(benchlib.ratio_line(med, f"{name} {read}", f"nvio bench read, per shard {read}"))
-        if args.profile:
-            benchlib.profile_call(args.profile, profiled)
+        benchlib.finish(args, profiled)
     except (benchlib.Failure, KeyboardInterrupt) as e:
         return benchlib.error_exit("hf_folder_bench", e)
     finally:

@@ -19,7 +19,6 @@ lives in the page cache: only warm loads are run.
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import shutil
 import sys
@@ -30,7 +29,7 @@ from pathlib import Path
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
-from benchlib import drop_cache, log, parse_size, positive_int  # noqa: E402
+from benchlib import drop_cache, positive_int  # noqa: E402
 
 
 def make_tensors(torch, total: int, count: int) -> dict:
@@ -64,21 +63,11 @@ def same(torch, a: dict, b: dict) -> bool:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dir", type=Path, default=Path("/var/tmp"),
-                    help="where the files go (a directory of their own is made inside)")
-    ap.add_argument("--size", type=parse_size, default=1 << 30, help="bytes of tensors (1G, 256M)")
+    benchlib.common_args(ap)
     ap.add_argument("--tensors", type=positive_int, default=200)
-    ap.add_argument("--rounds", type=positive_int, default=3)
-    ap.add_argument("--nvio", default=None, help="the nvio CLI (default build/bin/nvio)")
     ap.add_argument("--ref-backends", default="mmap,pread",
                     help="the reference load_file backends to run (safetensors >= 0.7 has pread)")
     ap.add_argument("--no-save", action="store_true", help="loads only")
-    ap.add_argument("--only", metavar="WORDS",
-                    help="run only the contenders whose name contains one of these "
-                    "comma-separated words (e.g. 'cold')")
-    ap.add_argument("--profile", metavar="NAME",
-                    help="after the rounds, cProfile one run of this contender (e.g. 'nvio "
-                    "load_file cold') and print where its time goes")
     args = ap.parse_args()
     benchlib.interrupt_on_sigterm()
     import safetensors
@@ -90,7 +79,8 @@ def main() -> int:
     nvio_cli = benchlib.find_nvio(args.nvio)
     args.dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="nvio-st-bench-", dir=args.dir))
-    ram = benchlib.ram_backed(work)
+    modes = ["warm"] if benchlib.ram_backed(work) else ["cold", "warm"]
+    backends = args.ref_backends.split(",")
     try:
         tensors = make_tensors(torch, args.size, args.tensors)
         path = work / "model.safetensors"
@@ -115,23 +105,10 @@ def main() -> int:
             st.save_file(tensors, work / "nvio-save.safetensors")  # durable: fsync'd, renamed
             return time.perf_counter() - t0
 
-        def loader(fn, cold: bool):
-            def run() -> float:
-                if cold:
-                    drop_cache(path)
-                else:
-                    benchlib.warm([path])
-                gc.collect()
-                t0 = time.perf_counter()
-                out = fn()
-                touch(torch, out)
-                dt = time.perf_counter() - t0
-                if len(out) != len(tensors):
-                    raise benchlib.Failure(
-                        f"a load returned {len(out)} tensors, not {len(tensors)}")
-                del out
-                return dt
-            return run
+        def checked(out: dict) -> None:
+            touch(torch, out)
+            if len(out) != len(tensors):
+                raise benchlib.Failure(f"a load returned {len(out)} tensors, not {len(tensors)}")
 
         def bench_read(cold: bool):
             def run() -> float:
@@ -143,35 +120,31 @@ def main() -> int:
         if not args.no_save:
             contenders["nvio save_file"] = nvio_save
             contenders["ref save_file+fsync"] = ref_save
-        for mode in (["warm"] if ram else ["cold", "warm"]):
+        for mode in modes:
             cold = mode == "cold"
-            contenders[f"nvio load_file {mode}"] = loader(lambda: st.load_file(path), cold)
-            for backend in args.ref_backends.split(","):
-                fn = ((lambda: ref.load_file(str(path))) if backend == "mmap" else
-                      (lambda b=backend: ref.load_file(str(path), backend=b)))
-                contenders[f"ref load_file({backend}) {mode}"] = loader(fn, cold)
-            if cold or ram:
+            contenders[f"nvio load_file {mode}"] = benchlib.timed_load(
+                lambda: st.load_file(path), [path], cold, checked)
+            for b in backends:
+                # The default backend without the keyword: safetensors < 0.7 has none.
+                fn = ((lambda: ref.load_file(str(path))) if b == "mmap" else
+                      (lambda b=b: ref.load_file(str(path), backend=b)))
+                contenders[f"ref load_file({b}) {mode}"] = benchlib.timed_load(
+                    fn, [path], cold, checked)
+            if cold or modes == ["warm"]:
                 contenders[f"nvio bench read {mode}"] = bench_read(cold)
-        log(benchlib.bench_header("safetensors", work, size, args.rounds))
-        profiled = contenders.get(args.profile)
-        if args.profile and profiled is None:
-            raise benchlib.Failure(f"--profile {args.profile!r}: one of {list(contenders)}")
-        contenders = benchlib.select(contenders, args.only)
-        times = benchlib.alternate(contenders, args.rounds)
-        print(benchlib.bench_header(f"safetensors {safetensors.__version__} vs nvio, "
-                                    f"{args.tensors} tensors, file", args.dir, size, args.rounds))
-        med = benchlib.print_times(times, size)
+        med, profiled = benchlib.run_rounds(
+            args, contenders, f"safetensors {safetensors.__version__} vs nvio, {args.tensors} "
+            "tensors, file", work, size)
         if not args.no_save:
             print(benchlib.ratio_line(med, "nvio save_file", "ref save_file+fsync", 2))
-        for mode in (["warm"] if ram else ["cold", "warm"]):
+        for mode in modes:
             ours = f"nvio load_file {mode}"
-            for backend in args.ref_backends.split(","):
-                print(benchlib.ratio_line(med, ours, f"ref load_file({backend}) {mode}",
+            for b in backends:
+                print(benchlib.ratio_line(med, ours, f"ref load_file({b}) {mode}",
                                           2 if mode == "cold" else None))
             if f"nvio bench read {mode}" in med:
                 print(benchlib.ratio_line(med, ours, f"nvio bench read {mode}", 0.9))
-        if args.profile:
-            benchlib.profile_call(args.profile, profiled)
+        benchlib.finish(args, profiled)
     except (benchlib.Failure, KeyboardInterrupt) as e:
         return benchlib.error_exit("safetensors_bench", e)
     finally:

@@ -11,8 +11,8 @@
 
 #include <atomic>
 #include <cstdint>
-#include <functional>
 #include <deque>
+#include <functional>
 #include <limits>
 #include <map>
 #include <mutex>

@@ -40,7 +40,9 @@ class File:
         if handle is None:
             handle = Handle()
         elif not isinstance(handle, Handle):
-            raise _args.InvalidType(f"nvio: handle must be an nvio.Handle, got {type(handle).__name__}")
+            raise _args.InvalidType(
+                f"nvio: handle must be an nvio.Handle, got {type(handle).__name__}"
+            )
         if not isinstance(mode, str):
             raise _args.InvalidType(f"nvio: mode must be a str, got {type(mode).__name__}")
         self._handle = handle
@@ -54,7 +56,9 @@ class File:
         self._core.read(ref.address, ref.nbytes, offset, ref.device)
         return ref.nbytes
 
-    def write(self, buf: Any, offset: int = 0, *, truncate: bool = False, sync: bool = False) -> int:
+    def write(
+        self, buf: Any, offset: int = 0, *, truncate: bool = False, sync: bool = False
+    ) -> int:
         """Writes ``buf`` at ``offset``; returns the bytes written. ``truncate=True`` makes the
         file end where the write ends; ``sync=True`` fdatasyncs before returning."""
         ref = _buffers.resolve(buf, writable=False)

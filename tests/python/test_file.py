@@ -53,7 +53,8 @@ def test_batches(tmp_path):
     offsets = np.cumsum([0] + sizes[:-1]).tolist()
     with nvio.Handle() as h:
         with nvio.File(path, "w", handle=h) as w:
-            items = [(np.frombuffer(data[o:o + s], dtype=np.uint8), o) for o, s in zip(offsets, sizes)]
+            items = [(np.frombuffer(data[o:o + s], dtype=np.uint8), o)
+                     for o, s in zip(offsets, sizes)]
             assert w.write_batch(items, sync=True) == len(data)
         with nvio.File(path, "r", handle=h) as r:
             outs = [np.zeros(s, dtype=np.uint8) for s in sizes]

@@ -436,3 +436,15 @@ def profile_call(what: str, fn, top: int = 15) -> None:
     pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(top)
     print(f"--- cProfile of {what} (top {top} by cumulative time) ---")
     print("\n".join(line for line in out.getvalue().splitlines() if line.strip()))
+
+
+def select(contenders: dict, only: "str | None") -> dict:
+    """The contenders whose name contains one of the comma-separated words of `only` (all of
+    them for None), e.g. --only "nvio.load cold,bench read"; Failure if none is left."""
+    if not only:
+        return contenders
+    words = [w for w in only.split(",") if w]
+    kept = {k: v for k, v in contenders.items() if any(w in k for w in words)}
+    if not kept:
+        raise Failure(f"--only {only!r} matches none of {list(contenders)}")
+    return kept

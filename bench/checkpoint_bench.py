@@ -72,6 +72,9 @@ def main() -> int:
     ap.add_argument("--nvio", default=None, help="the nvio CLI (default build/bin/nvio)")
     ap.add_argument("--peak", action="store_true",
                     help="also the peak memory of a child process doing nvio.load (VmHWM growth)")
+    ap.add_argument("--only", metavar="WORDS",
+                    help="run only the contenders whose name contains one of these "
+                    "comma-separated words (e.g. 'cold')")
     ap.add_argument("--profile", metavar="NAME",
                     help="after the rounds, cProfile one run of this contender (e.g. "
                     "'nvio.load cold')")
@@ -136,6 +139,10 @@ def main() -> int:
             contenders[f"nvio.load into {mode}"] = loader(lambda: nvio.load(path, into=sd), cold)
         contenders["nvio bench read" + (" warm" if ram else " cold")] = bench_read
         log(benchlib.bench_header("checkpoint", work, nbytes, args.rounds))
+        profiled = contenders.get(args.profile)
+        if args.profile and profiled is None:
+            raise benchlib.Failure(f"--profile {args.profile!r}: one of {list(contenders)}")
+        contenders = benchlib.select(contenders, args.only)
         times = benchlib.alternate(contenders, args.rounds)
         print(benchlib.bench_header(f"torch {torch.__version__} vs nvio, {len(sd)} tensors "
                                     f"(file {size / 2**30:.3f} GiB)", args.dir, nbytes,
@@ -157,9 +164,7 @@ def main() -> int:
             print(f"  peak memory of nvio.load: {peak / 2**20:.0f} MiB over the interpreter, "
                   f"file {size / 2**20:.0f} MiB ({peak / size:.3f}x)")
         if args.profile:
-            if args.profile not in contenders:
-                raise benchlib.Failure(f"--profile {args.profile!r}: one of {list(contenders)}")
-            benchlib.profile_call(args.profile, contenders[args.profile])
+            benchlib.profile_call(args.profile, profiled)
     except (benchlib.Failure, KeyboardInterrupt) as e:
         return benchlib.error_exit("checkpoint_bench", e)
     finally:

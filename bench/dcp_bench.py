@@ -35,7 +35,8 @@ import torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
 import nvio.dcp
 sys.path.insert(0, sys.argv[7])
 from benchlib import drop_cache
-store, rank, world, size, root, plan = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], json.loads(sys.argv[6])
+store, rank, world, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+root, plan = sys.argv[5], json.loads(sys.argv[6])
 dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
 sizes = [size // 64] * 60 + [size // 160] * 10
 sd = {f"rank{rank}.t{i}": torch.full((max(1, n // 4),), float(i + 100 * rank))

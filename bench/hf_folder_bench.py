@@ -40,8 +40,7 @@ from safetensors_bench import make_tensors, same, touch  # noqa: E402
 
 # Names a one-call folder loader may have in nvio (issue 27 item 5); `auto` takes the first found.
 FOLDER_CALLS = ("nvio.safetensors.load_model_folder", "nvio.safetensors.load_folder",
-                "nvio.safetensors.load_pretrained",
-                "nvio.load_folder", "nvio.load_pretrained", "nvio.load_sharded")
+                "nvio.load_folder", "nvio.load_sharded")
 
 
 def resolve(name: str):
@@ -89,6 +88,9 @@ def main() -> int:
     ap.add_argument("--nvio-calls", default="auto,per-shard",
                     help="nvio's contenders: auto, per-shard or dotted function names")
     ap.add_argument("--nvio", default=None, help="the nvio CLI (default build/bin/nvio)")
+    ap.add_argument("--only", metavar="WORDS",
+                    help="run only the contenders whose name contains one of these "
+                    "comma-separated words (e.g. 'cold')")
     ap.add_argument("--profile", metavar="NAME",
                     help="after the rounds, cProfile one run of this contender")
     args = ap.parse_args()
@@ -171,6 +173,10 @@ def main() -> int:
         contenders[f"nvio bench read, 1 file {read}"] = read_whole
         contenders[f"nvio bench read, per shard {read}"] = read_shards
         log(benchlib.bench_header("HF folder", work, nbytes, args.rounds))
+        profiled = contenders.get(args.profile)
+        if args.profile and profiled is None:
+            raise benchlib.Failure(f"--profile {args.profile!r}: one of {list(contenders)}")
+        contenders = benchlib.select(contenders, args.only)
         times = benchlib.alternate(contenders, args.rounds)
         print(benchlib.bench_header(f"HF folder of {len(shards)} shards, {count} tensors",
                                     args.dir, nbytes, args.rounds))
@@ -183,9 +189,7 @@ def main() -> int:
                                       0.9))
             print(benchlib.ratio_line(med, f"{name} {read}", f"nvio bench read, per shard {read}"))
         if args.profile:
-            if args.profile not in contenders:
-                raise benchlib.Failure(f"--profile {args.profile!r}: one of {list(contenders)}")
-            benchlib.profile_call(args.profile, contenders[args.profile])
+            benchlib.profile_call(args.profile, profiled)
     except (benchlib.Failure, KeyboardInterrupt) as e:
         return benchlib.error_exit("hf_folder_bench", e)
     finally:

@@ -37,6 +37,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import shutil
 import statistics
 import sys
@@ -88,6 +89,7 @@ class PythonForms:
         self.batch_buf = nvio.empty_locked(args.batch * args.bs, torch.uint8)
         self.views = [self.batch_buf[i * args.bs:(i + 1) * args.bs] for i in range(args.batch)]
         self.fd = os.open(self.path, os.O_RDONLY)
+        self.cpu_us: dict[str, list[float]] = {}
 
     def close(self) -> None:
         os.close(self.fd)
@@ -132,9 +134,16 @@ class PythonForms:
             self.handle.read_batch(self.batch_buf, offsets=chunk, size=size, file=self.path)
 
     def timed(self, form: str) -> float:
+        """ops/s of one run of `form`; its CPU time per read (the whole process: the calling
+        thread and nvio's workers, user + system) is appended to self.cpu_us[form]."""
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
         getattr(self, form)()
-        return len(self.offsets) / (time.perf_counter() - t0)
+        elapsed = time.perf_counter() - t0
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+        self.cpu_us.setdefault(form, []).append(cpu / len(self.offsets) * 1e6)
+        return len(self.offsets) / elapsed
 
 
 def benchmark(args, directory: Path, fio: str | None) -> dict:
@@ -166,6 +175,7 @@ def benchmark(args, directory: Path, fio: str | None) -> dict:
         "runs": runs,
         "median_ops_per_s": medians,
         "ratio_to_fio": {f: (m / fio_median if fio_median else None) for f, m in medians.items()},
+        "median_cpu_us_per_op": {f: statistics.median(v) for f, v in forms.cpu_us.items()},
     }
 
 
@@ -219,10 +229,12 @@ def main(argv=None) -> int:
     s = result["settings"]
     print(f"random reads, {human(s['bs'])} at queue depth {s['qd']}, {s['ops']} reads a run, "
           f"{human(s['size'])} file on {where}; medians of {s['rounds']} rounds")
-    print(f"{'form':<15}{'ops/s':>12}{'x fio':>8}")
+    print(f"{'form':<15}{'ops/s':>12}{'x fio':>8}{'CPU us/op':>11}")
     for form, m in result["median_ops_per_s"].items():
         ratio = result["ratio_to_fio"][form]
-        print(f"{form:<15}{m:>12,.0f}{'-' if ratio is None else format(ratio, '.2f'):>8}")
+        cpu = result["median_cpu_us_per_op"].get(form)
+        print(f"{form:<15}{m:>12,.0f}{'-' if ratio is None else format(ratio, '.2f'):>8}"
+              f"{'-' if cpu is None else format(cpu, '.1f'):>11}")
     return 0
 
 

@@ -73,6 +73,9 @@ def main() -> int:
     ap.add_argument("--ref-backends", default="mmap,pread",
                     help="the reference load_file backends to run (safetensors >= 0.7 has pread)")
     ap.add_argument("--no-save", action="store_true", help="loads only")
+    ap.add_argument("--only", metavar="WORDS",
+                    help="run only the contenders whose name contains one of these "
+                    "comma-separated words (e.g. 'cold')")
     ap.add_argument("--profile", metavar="NAME",
                     help="after the rounds, cProfile one run of this contender (e.g. 'nvio "
                     "load_file cold') and print where its time goes")
@@ -150,6 +153,10 @@ def main() -> int:
             if cold or ram:
                 contenders[f"nvio bench read {mode}"] = bench_read(cold)
         log(benchlib.bench_header("safetensors", work, size, args.rounds))
+        profiled = contenders.get(args.profile)
+        if args.profile and profiled is None:
+            raise benchlib.Failure(f"--profile {args.profile!r}: one of {list(contenders)}")
+        contenders = benchlib.select(contenders, args.only)
         times = benchlib.alternate(contenders, args.rounds)
         print(benchlib.bench_header(f"safetensors {safetensors.__version__} vs nvio, "
                                     f"{args.tensors} tensors, file", args.dir, size, args.rounds))
@@ -164,9 +171,7 @@ def main() -> int:
             if f"nvio bench read {mode}" in med:
                 print(benchlib.ratio_line(med, ours, f"nvio bench read {mode}", 0.9))
         if args.profile:
-            if args.profile not in contenders:
-                raise benchlib.Failure(f"--profile {args.profile!r}: one of {list(contenders)}")
-            benchlib.profile_call(args.profile, contenders[args.profile])
+            benchlib.profile_call(args.profile, profiled)
     except (benchlib.Failure, KeyboardInterrupt) as e:
         return benchlib.error_exit("safetensors_bench", e)
     finally:

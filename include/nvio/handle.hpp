@@ -116,8 +116,9 @@ struct WriteExtent {
 // another's and a reset could not tear against operations in flight.
 struct HandleStats {
   // Operations that succeeded (each extent of a batch counts as one), and their lengths. A failed
-  // operation counts in `errors` only. A call refused before anything started (a bad argument, a
-  // file that cannot be opened, a read found to go past the end of the file) counts nowhere.
+  // operation counts in `errors` only, and so does a call refused before anything started (a bad
+  // argument, a file that cannot be opened, a read found to go past the end of the file): once,
+  // a refused batch too.
   std::uint64_t reads = 0;
   std::uint64_t writes = 0;
   std::uint64_t bytes_read = 0;

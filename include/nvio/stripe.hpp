@@ -8,7 +8,10 @@
 // records its place (part i of N, the stripe size) in the extended attribute user.nvio.stripe, so
 // that another layout (directories swapped, another stripe size) is a FormatError instead of
 // bytes read from the wrong places, even where the parts' sizes fit both; so are parts whose sizes
-// do not add up to one striped file of the layout. A part without the record (a copy that dropped
+// do not add up to one striped file of the layout. Each part also records the file's logical size
+// (user.nvio.stripe.length, set whenever a write resizes the parts), so that a part truncated at a
+// stripe boundary, which leaves sizes that fit a smaller striped file, is a ShortFile for size()
+// as for a read. A part without the record (a copy that dropped
 // it, a file system without extended attributes) is checked by its size only. A write with
 // Truncate::AtEnd at offset 0 replaces the file and may change its layout. stripe_size is a
 // multiple of 4096, so every stripe starts at an offset of its part file that is aligned for
@@ -94,7 +97,8 @@ class StripedHandle {
                        std::uint64_t offset = 0, const ReadOptions& read_options = {});
 
   // The logical size of `name`. Throws FileNotFound when no part exists, FormatError when the
-  // parts' sizes do not form one striped file of this layout.
+  // parts' sizes do not form one striped file of this layout, ShortFile when they form a smaller
+  // one than the size the parts record (a part cut short at a stripe boundary).
   std::uint64_t size(const std::string& name) const;
   // Removes every part of `name`; returns how many existed. Throws IoError for a part that exists
   // and cannot be removed.

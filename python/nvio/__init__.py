@@ -8,6 +8,8 @@ Two APIs over one core:
   operation with one future.
 * ``nvio.save(obj, path)`` / ``nvio.load(path)``: torch checkpoints (the ``torch.save`` format),
   written atomically and durably, read with one parallel read (checkpoint.py).
+* ``nvio.dcp``: storage writer and reader for ``torch.distributed.checkpoint`` (DCP's own files,
+  sharded and resharded over ranks; ``import nvio.dcp``).
 * ``nvio.tune(dir)``: finds the fastest options for a drive within a time budget; with
   ``save=True`` they become the default of every handle (``nvio.Handle()``).
 * ``nvio.TensorSwapper(dir, budget_bytes)``: named tensors swapped out to NVMe and back under a

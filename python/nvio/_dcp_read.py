@@ -104,8 +104,8 @@ class _Stored:
                                  f"tensor {fqn!r}", blob.path, fqn)
         self.meta = meta
         self.start, self.size = records.offsets[_buffers.untyped_storage(meta)._cdata]
-        names = [n for n, e in archive.entries.items() if e[0] == self.start]
-        self.crc = archive.entries[names[0]][2]
+        self.crc = next(e[2] for e in archive.entries.values()
+                        if e[0] == self.start and e[1] == self.size)
         self.blob = blob
 
 

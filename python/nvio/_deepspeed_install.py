@@ -225,9 +225,10 @@ def _warn_ops_loaded_before() -> None:
     ours = {getattr(cls, "NAME", None) for cls in _nvio_builders().values()}
     early = sorted(name for name in loaded if name in ours)
     if early:
-        warnings.warn(f"nvio: DeepSpeed had already loaded its own {', '.join(early)} op before "
-                      "nvio.deepspeed.install(): the handles, swappers and engines it made with it "
-                      "keep using it; builders loaded from now on give nvio's",
+        ops = " and ".join(early) + (" ops" if len(early) > 1 else " op")
+        warnings.warn(f"nvio: DeepSpeed had already loaded its own {ops} before "
+                      "nvio.deepspeed.install(): the handles, swappers and engines it made with "
+                      "them keep using them; builders loaded from now on give nvio's",
                       RuntimeWarning, stacklevel=3)
 
 
@@ -329,17 +330,51 @@ def uninstall() -> None:
                 setattr(owner, attribute, previous)
             elif attribute in vars(owner):
                 delattr(owner, attribute)
+        replaced = [prev for _, _, prev, _ in _records if isinstance(prev, type)]
         _records.clear()
-        # Modules imported while installed bound nvio's classes without a record.
-        by_identity = {id(cls): name for name, cls in _nvio_builders().items()}
-        for name, module in list(sys.modules.items()):
-            if not (_is_deepspeed_module(name) and isinstance(module, types.ModuleType)):
-                continue
+        _restore_unrecorded(replaced)
+        _originals.clear()
+
+
+def _restore_unrecorded(replaced: List[type]) -> None:
+    """Modules imported while installed bound nvio's classes without a record (they imported them
+    from a module already patched): each gets what DeepSpeed's own code would have bound there. A
+    package gets the one class of that name defined inside it (deepspeed.ops.op_builder.cpu: its
+    async_io module's); what is still nvio's after that, what the accelerator now gives."""
+    ours = _nvio_builders()
+    by_identity = {id(cls): name for name, cls in ours.items()}
+    modules = sorted(((name, module) for name, module in list(sys.modules.items())
+                      if _is_deepspeed_module(name) and isinstance(module, types.ModuleType)),
+                     key=lambda item: -item[0].count("."))  # the deepest first
+    for by_package in (True, False):
+        for module_name, module in modules:
             for attribute, value in list(vars(module).items()):
                 builder = by_identity.get(id(value))
-                if builder is not None and builder in _originals:
-                    setattr(module, attribute, _originals[builder])
-        _originals.clear()
+                if builder is None:
+                    continue
+                if by_package:
+                    inside = {id(c): c for c in replaced if c.__name__ == builder
+                              and c.__module__.startswith(module_name + ".")}
+                    original = next(iter(inside.values())) if len(inside) == 1 else None
+                else:
+                    original = _deepspeed_builder(builder, ours[builder])
+                if original is not None:
+                    setattr(module, attribute, original)
+
+
+def _deepspeed_builder(name: str, ours: type) -> Optional[type]:
+    """DeepSpeed's class for a builder name with nvio's patch undone: what the current accelerator
+    gives (as deepspeed.ops.op_builder binds it at import), else the first class replaced."""
+    real = sys.modules.get("deepspeed.accelerator.real_accelerator")
+    accelerator = getattr(real, "ds_accelerator", None) if real is not None else None
+    if accelerator is not None:
+        try:
+            found = accelerator.get_op_builder(name)
+        except Exception:  # noqa: BLE001 - then the recorded original will do
+            found = None
+        if isinstance(found, type) and found is not ours:
+            return found
+    return _originals.get(name)
 
 
 def install_from_environment() -> bool:

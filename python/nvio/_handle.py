@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import os
 import threading
-from typing import Any, Iterable, List, Optional, Tuple, Union
+from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
 
 from . import _args, _buffers, _nvio
 from ._future import Count, Future, PendingFutures
@@ -288,9 +288,10 @@ class Handle:
 
         A handle keeps the files it opened, so that the next operation on the same name costs one
         ``statx`` instead of two opens; a removed file it holds keeps its disk space. It lets go
-        of a removed or unused file within about a second by itself; call this to free the space
-        of removed files at once (before checking free space, or before removing a file written
-        through the handle, say)."""
+        of a removed or unused file within about a second by itself, of removed files before it
+        opens a file to write, and (every handle of the process) when a write runs out of space,
+        which is then tried once more; call this to free the space of removed files at once
+        (before checking free space, say)."""
         if file is None:
             self._core.close_files()
         else:
@@ -351,3 +352,20 @@ def shared_handle() -> Handle:
         if _shared is None:
             _shared = Handle()
         return _shared
+
+
+def replace_file(handle: Optional[Handle], path: str, pieces: Sequence[Tuple[Any, int]],
+                 sync: bool) -> None:
+    """Writes ``pieces`` ((buffer, file offset) pairs) as a new file in place of ``path`` with one
+    write_batch, atomically (and durably with ``sync``), through the core's ReplacementFile: the
+    one replace-a-file mechanism (temporary named after its writer, rename, directory sync).
+    ``handle`` None: the shared handle."""
+    h = handle if handle is not None else shared_handle()
+    file = _nvio.ReplacementFile(h._core, path)
+    try:
+        if pieces:
+            h.write_batch(pieces, file.fd, sync=sync)
+        file.commit(sync)
+    except BaseException:
+        file.discard()
+        raise

@@ -87,11 +87,25 @@ def _populate(memory: mmap.mmap, size: int, stop: threading.Event) -> None:
             _base_pages_from(memory, start + length, size)
 
 
-def read_region(handle: Any, path: Any, offset: int, length: int) -> memoryview:
+def read_region(handle: Any, path: Any, offset: int, length: int, *,
+                whole_file: bool = False) -> memoryview:
     """Bytes [offset, offset + length) of `path` in fresh anonymous memory whose addresses match
     the file offsets modulo the page size (so the whole read goes through O_DIRECT without a bounce
     copy). Returns a writable view of exactly `length` bytes; it keeps the mapping alive.
-    `handle` is an ``nvio.Handle``; its errors propagate unchanged."""
+    `handle` is an ``nvio.Handle``; its errors propagate unchanged.
+
+    ``whole_file=True`` (a one-shot load of the file: nothing more will be read of it) lets go of
+    the descriptors the handle keeps of `path` afterwards, also after a failure: a loaded file
+    removed right after ("delete the old checkpoint, then save") must give its blocks back at
+    once, not when the handle's cache lets go of it (issue 28 #3)."""
+    try:
+        return _read_region(handle, path, offset, length)
+    finally:
+        if whole_file:
+            handle.close_files(path)
+
+
+def _read_region(handle: Any, path: Any, offset: int, length: int) -> memoryview:
     if length == 0:
         return memoryview(bytearray())
     shift = offset % _PAGE

@@ -77,6 +77,15 @@ def _crc_results(tasks: List[List[Tuple[Any, int]]]) -> List[int]:
     return out
 
 
+def _crcs(buffers: List[Any]) -> List[int]:
+    """The CRC-32 of each buffer: on a pool's threads, or here where they are too small together
+    to pay for starting threads (a mapped load checks only data.pkl and the small records)."""
+    if sum(memoryview(b).nbytes for b in buffers) <= _CRC_CHUNK:
+        return [_nvio.crc32(b) for b in buffers]
+    with _pool(os.cpu_count() or 1) as pool:
+        return _crc_results(_crc_tasks(pool, buffers))
+
+
 def _pool(workers: int):
     return concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers),
                                                  thread_name_prefix="nvio-crc")
@@ -84,23 +93,11 @@ def _pool(workers: int):
 
 # ---- errors ---------------------------------------------------------------------------------
 
-_ERRNO_TYPES = {
-    _errno.ENOENT: _nvio.FileNotFound,
-    _errno.ENOTDIR: _nvio.FileNotFound,
-    _errno.EACCES: _nvio.PermissionDenied,
-    _errno.EPERM: _nvio.PermissionDenied,
-    _errno.EROFS: _nvio.ReadOnlyFileSystem,
-    _errno.EISDIR: _nvio.IsADirectory,
-    _errno.ENOSPC: _nvio.NoSpace,
-    _errno.EDQUOT: _nvio.NoSpace,
-}
-
-
 def _typed(e: OSError, what: str, path: str, temporary: Optional[str] = None) -> BaseException:
     """An OSError as nvio's typed exception naming the operation and `path`, the file the caller
     gave. One of nvio's own errors is kept as it is unless it names `temporary` (the file a save
     wrote to be renamed over `path`): it is then the same error about `path`, with the temporary
-    file, offset and length as detail (issue 28 #10: a full disk named the user's file)."""
+    file, offset and length as detail (issue 28 #10: a full disk's error named the temporary)."""
     if isinstance(e, _nvio.Error):
         if temporary is None or e.errno is None or temporary not in str(getattr(e, "path", "")):
             return e
@@ -108,9 +105,10 @@ def _typed(e: OSError, what: str, path: str, temporary: Optional[str] = None) ->
                   f"{e.length})")
         offset, length = e.offset, e.length
     else:
-        detail, offset, length = "", 0, 0
+        detail = f" (its temporary file {temporary!r})" if temporary is not None else ""
+        offset, length = 0, 0
     code = e.errno or _errno.EIO
-    kind = type(e) if isinstance(e, _nvio.Error) else _ERRNO_TYPES.get(code, _nvio.IOFailure)
+    kind = type(e) if isinstance(e, _nvio.Error) else _nvio.error_type(code)
     exc = kind(code, f"nvio: {what} {path!r}: {os.strerror(code)}{detail}", path)
     exc.path = path
     exc.offset = offset
@@ -298,14 +296,13 @@ class _Archive:
         except KeyError:
             raise self._bad(f"no record {self.prefix + name!r}") from None
 
-    def verify(self, pool, storages: bool = True) -> None:
-        """Checks every record's CRC-32 (on the pool's threads); without `storages`, only those
-        of the records that are not a storage's bytes (<dir>/data/<key>)."""
+    def verify(self, storages: bool = True) -> None:
+        """Checks every record's CRC-32 (see _crcs); without `storages`, only those of the records
+        that are not a storage's bytes (<dir>/data/<key>)."""
         names = [n for n in self.entries
                  if storages or not n.startswith(self.prefix + "data/")]
-        tasks = _crc_tasks(pool, [self.data[s:s + n] for s, n, _ in
-                                  (self.entries[name] for name in names)])
-        for name, crc in zip(names, _crc_results(tasks)):
+        crcs = _crcs([self.data[s:s + n] for s, n, _ in (self.entries[name] for name in names)])
+        for name, crc in zip(names, crcs):
             if crc != self.entries[name][2]:
                 raise self._bad(f"CRC-32 mismatch in record {name!r} (stored "
                                 f"{self.entries[name][2]:#010x}, computed {crc:#010x})")

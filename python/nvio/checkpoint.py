@@ -324,9 +324,9 @@ def load(f: Any = None, map_location: Any = None, weights_only: Optional[bool] =
     """Loads what ``torch.save`` or ``nvio.save`` wrote to ``f``: a path (``path=`` is the older
     name of the argument) or a file object with ``read`` (read from its current position).
 
-    The file is read with one parallel O_DIRECT read into page-aligned memory, every record's CRC-32 is
-    checked (``nvio.CheckpointFormatError`` on a mismatch or a malformed file), and the tensors
-    are views of that memory: no second copy. ``map_location`` behaves as in ``torch.load``
+    The file is read with one parallel O_DIRECT read into page-aligned memory, every record's
+    CRC-32 is checked (``nvio.CheckpointFormatError`` on a mismatch or a malformed file), and the
+    tensors are views of that memory: no second copy. ``map_location`` behaves as in ``torch.load``
     (torch's own code applies it).
 
     ``weights_only`` left out is True, whatever torch is installed: a pickle that would build
@@ -372,8 +372,7 @@ def load(f: Any = None, map_location: Any = None, weights_only: Optional[bool] =
     if _is_legacy(data):
         return _load_legacy(torch, data, text, map_location, weights_only, mmap)
     archive = _Archive(data, text)
-    with _pool(os.cpu_count() or 1) as pool:
-        archive.verify(pool, storages=not mmap)
+    archive.verify(storages=not mmap)
     return _unpickle(torch, _Records(archive, torch), map_location, weights_only)
 
 
@@ -387,7 +386,8 @@ def _read_whole(path: bytes, text: str, handle: Any) -> memoryview:
         raise _typed(e, "load", text) from e
     if os.path.isdir(path):
         raise _typed(IsADirectoryError(_errno.EISDIR, "is a directory"), "load", text)
-    return _landing.read_region(handle if handle is not None else shared_handle(), path, 0, size)
+    return _landing.read_region(handle if handle is not None else shared_handle(), path, 0, size,
+                                whole_file=True)
 
 
 def _map_whole(path: bytes, text: str) -> memoryview:
@@ -512,6 +512,14 @@ def _torch_major(torch) -> int:
         return 2
 
 
+def _raised_in(e: BaseException, module: Any) -> bool:
+    """Whether `e` was raised by code of `module` (the innermost frame of its traceback)."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_code.co_filename == getattr(module, "__file__", None)
+
+
 def _unpickle(torch, records: Any, map_location: Any, weights_only: bool) -> Any:
     """torch.serialization._load over our records: the same unpickler, storage handling,
     map_location and weights_only checks as torch.load."""
@@ -520,19 +528,23 @@ def _unpickle(torch, records: Any, map_location: Any, weights_only: bool) -> Any
     if weights_only:
         from torch import _weights_only_unpickler
 
-        # The exception that torch.load itself turns into its "weights only" refusal: the
-        # restricted unpickler raises UnpicklingError on torch 2, RuntimeError on 1.13 (where
-        # torch.load also wraps a bad map_location that way). Anything else passes through, as
-        # in torch.load.
-        refused = (pickle.UnpicklingError,) if _torch_major(torch) >= 2 else (RuntimeError,)
+        # The restricted unpickler's refusal: UnpicklingError on torch 2; on 1.13 a RuntimeError
+        # raised in its module (torch.load 1.13 also turned a bad map_location into its refusal;
+        # that one stays torch's RuntimeError here, as on torch 2). Anything else passes through.
+        legacy = _torch_major(torch) < 2
         text = records.archive.path
         try:
             return serialization._load(records, map_location, _weights_only_unpickler,
                                        encoding="utf-8")
         except _nvio.Error:
             raise
-        except refused as e:
+        except (pickle.UnpicklingError, RuntimeError) as e:
+            restricted = not isinstance(e, RuntimeError) or \
+                (legacy and _raised_in(e, _weights_only_unpickler))
+            if not restricted:
+                raise
             raise UnsafeCheckpointError(
-                f"nvio.load(weights_only=True) refused {text!r}: {e} (weights_only=False loads "
-                "it, running what its pickle says: only for a file you trust)", text) from None
+                f"nvio.load(weights_only=True) refused {text!r} (torch {torch.__version__}'s "
+                f"weights-only unpickler): {e}. weights_only=False loads it, running what its "
+                "pickle says: only for a file you trust", text) from None
     return serialization._load(records, map_location, pickle, encoding="utf-8")

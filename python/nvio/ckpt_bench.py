@@ -203,7 +203,10 @@ import torch, nvio
 path, which = sys.argv[1], sys.argv[2]
 nvio.evict(path)
 t0 = time.perf_counter()
-loaded = nvio.load(path) if which == "nvio" else torch.load(path)
+# Files this run wrote itself: both loads unpickle them the same way, without the restricted
+# unpickler (torch 1.13's refuses the floats an optimizer's state holds).
+load = nvio.load if which == "nvio" else torch.load
+loaded = load(path, weights_only=False)
 print(time.perf_counter() - t0)
 """
 
@@ -439,7 +442,8 @@ def run(args: argparse.Namespace, out: Any = None,
                 times[name].append(timed(fn))
             if r == 0:  # untimed: what the timed loads read is the checkpoint saved
                 for who, load in (("nvio.load", nvio.load), ("torch.load", torch.load)):
-                    problem = same_checkpoint(ckpt, load(mine))  # one loaded copy at a time
+                    # one loaded copy at a time; weights_only=False as in _LOAD_CHILD
+                    problem = same_checkpoint(ckpt, load(mine, weights_only=False))
                     if problem:
                         raise RuntimeError(f"{who} of nvio's file returned another checkpoint: "
                                            f"{problem}")

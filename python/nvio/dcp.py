@@ -19,7 +19,7 @@ nvio's, drop-in for torch's ``FileSystemWriter`` / ``FileSystemReader``:
   second batch that fdatasyncs the file; then the rename. ``finish`` (the coordinator, once every
   rank has written) replaces ``.metadata`` the same way, last (rename, directory fsync); then it
   removes the data files of earlier saves into the same directory that the new ``.metadata`` no
-  longer names.
+  longer names, and data files' temporaries whose writer is gone (a rank killed mid-save).
 - Every save draws a new tag for its file names (``__<rank>_<tag>_0.distcp``): the files of the
   checkpoint already in the directory are never overwritten, so a save that fails on any rank, or a
   crash at any moment, leaves the previous checkpoint loadable (its ``.metadata`` and files are
@@ -42,6 +42,7 @@ import secrets
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import _buffers, _nvio
+from ._handle import replace_file as _replace_file
 from ._torchzip import (_ARCHIVE_DIR, _FORMAT_VERSION, _Entry, _central_directory, _crc_results,
                         _crc_tasks, _layout, _local_header, _pool, _typed)
 from .checkpoint import _StoragePickler, _storage_bytes
@@ -54,6 +55,7 @@ _MERGE_GAP = 4096  # small pieces closer than this are written as one extent (ze
 # Data files of a checkpoint in this layout: torch's (__0_0.distcp) and this module's
 # (__0_<tag>_0.distcp). finish() removes those the new .metadata does not name.
 _DATA_FILE = re.compile(r"__\d+_(?:[0-9a-f]{16}_)?\d+\.distcp$")
+_DATA_TEMP = re.compile(r"\.(__\d+_[0-9a-f]{16}_\d+\.distcp)\..*\.nvio-tmp$")  # its target
 
 
 class DCPFormatError(_nvio.FormatError):
@@ -93,17 +95,8 @@ def _handle(handle: Any) -> Any:
 
 
 def replace_file(handle: Any, path: str, pieces: Sequence[Tuple[Any, int]], sync: bool) -> None:
-    """Writes ``pieces`` ((buffer, file offset) pairs) as a new file in place of ``path`` with
-    one write_batch, atomically (and durably with ``sync``): the core's ReplacementFile."""
-    h = _handle(handle)
-    file = _nvio.ReplacementFile(h._core, path)
-    try:
-        if pieces:
-            h.write_batch(pieces, file.fd, sync=sync)
-        file.commit(sync)
-    except BaseException:
-        file.discard()
-        raise
+    """The core's atomic replacement of ``path`` by ``pieces`` (nvio._handle.replace_file)."""
+    _replace_file(_handle(handle), path, pieces, sync)
 
 
 # ---- writing -----------------------------------------------------------------------------------
@@ -255,8 +248,10 @@ def _write_file(path: str, name: str, items: Sequence[Any], planner: Any, handle
 
 
 def _remove_unnamed(directory: str, keep: set) -> None:
-    """Removes the data files of earlier saves that the new .metadata does not name (best
-    effort: one that cannot be removed stays)."""
+    """Removes the data files of earlier saves that the new .metadata does not name, and the
+    temporaries of data files whose writer is gone (a rank killed mid-save; the core's
+    remove_stale_temporaries decides, as for every replacing save). Best effort: a file that
+    cannot be removed stays."""
     try:
         names = os.listdir(directory)
     except OSError:
@@ -267,6 +262,10 @@ def _remove_unnamed(directory: str, keep: set) -> None:
                 os.unlink(os.path.join(directory, name))
             except OSError:
                 pass
+        elif name.startswith(".__") and name.endswith(".nvio-tmp"):
+            base = _DATA_TEMP.match(name)
+            if base:
+                _nvio.remove_stale_temporaries(os.path.join(directory, base.group(1)))
 
 
 def _writer_base():
@@ -280,11 +279,13 @@ class FileSystemWriter(_writer_base()):  # type: ignore[misc]
     fdatasync'ed before they are renamed into place (default; without it a crash may leave a
     checkpoint whose files are not all on the drive). ``overwrite=False`` refuses a directory that
     holds a checkpoint. ``handle``: the ``nvio.Handle`` to write with (default: the shared one).
-    One file per rank; torch's ``thread_count``/``single_file_per_rank`` have no counterpart (the
-    handle's workers write in parallel)."""
+    Options after ``path`` are keywords. One file per rank; torch's ``thread_count`` and
+    ``single_file_per_rank`` have no counterpart (the handle's workers write in parallel), nor
+    its experimental ``_extensions`` and ``serialization_format`` (the files are always
+    ``torch.save``'s format)."""
 
-    def __init__(self, path: Any, sync_files: bool = True, overwrite: bool = True,
-                 cache_staged_state_dict: bool = False, *, handle: Any = None) -> None:
+    def __init__(self, path: Any, *, sync_files: bool = True, overwrite: bool = True,
+                 cache_staged_state_dict: bool = False, handle: Any = None) -> None:
         super().__init__(path, single_file_per_rank=True, sync_files=sync_files,
                          thread_count=1, cache_staged_state_dict=cache_staged_state_dict,
                          overwrite=overwrite)

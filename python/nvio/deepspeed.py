@@ -37,6 +37,9 @@ _AIO_DEFAULTS = {
 }
 # Older DeepSpeed configs and ds_nvme_tune output name the parallelism differently.
 _PARALLELISM_ALIASES = ("thread_count", "num_threads")
+# The handle option's range, from the core's option table.
+_PARALLELISM_RANGE = next((s["min"], s["max"]) for s in _nvio.option_specs()
+                          if s["name"] == "intra_op_parallelism")
 _SECTION_KEYS = frozenset(_AIO_DEFAULTS) | frozenset(_PARALLELISM_ALIASES)
 # Top-level keys of a whole DeepSpeed config: a mapping with one of these and no "aio" section is
 # a DeepSpeed config that leaves aio at its defaults. Without one, the mapping must be an aio
@@ -264,6 +267,16 @@ def _as_int(key: str, value: Any) -> int:
     return value
 
 
+def _parallelism(key: str, value: Any) -> int:
+    """An intra_op_parallelism (or a deprecated alias of it) in the range of the handle option."""
+    value = _as_int(key, value)
+    low, high = _PARALLELISM_RANGE
+    if not low <= value <= high:
+        raise _nvio.InvalidArgument(
+            f"aio config: {key} must be between {low} and {high}, got {value}")
+    return value
+
+
 def _gds_usable() -> "tuple[bool, str]":
     """Whether cuFile can move CUDA tensors here (peer-to-peer or compatibility mode), and why not."""
     info = _nvio.gpu_info()
@@ -320,6 +333,10 @@ def aio_handle_from_config(config: Mapping[str, Any]) -> _aio.aio_handle:
                 stacklevel=2,
             )
             value = section.pop(alias)
+            if "intra_op_parallelism" in section:
+                # Overridden, but still a value the user wrote: refused as the key it stands for
+                # would refuse it (issue 28 #9), never silently dropped.
+                _parallelism(alias, value)
             section.setdefault("intra_op_parallelism", value)
     unknown = set(section) - set(_AIO_DEFAULTS)
     if unknown:
@@ -330,7 +347,7 @@ def aio_handle_from_config(config: Mapping[str, Any]) -> _aio.aio_handle:
         queue_depth=_as_int("queue_depth", merged["queue_depth"]),
         single_submit=_as_bool("single_submit", merged["single_submit"]),
         overlap_events=_as_bool("overlap_events", merged["overlap_events"]),
-        intra_op_parallelism=_as_int("intra_op_parallelism", merged["intra_op_parallelism"]),
+        intra_op_parallelism=_parallelism("intra_op_parallelism", merged["intra_op_parallelism"]),
     )
     if not _as_bool("use_gds", merged["use_gds"]):
         return _aio.aio_handle(**settings)

@@ -15,13 +15,18 @@ replace the index (a temporary file, fdatasync, rename, directory fsync) and the
 shards the new index no longer names. A crash at any moment leaves the old index with its old
 shards, or the new index with its new shards.
 
-Errors: a failure on any rank raises on every rank (``nvio.Error`` naming the failing ranks and
-their errors), so that no rank waits for ever for a peer that gave up.
+Errors: a failure on any rank, a bad argument included, raises on every rank (``nvio.Error``
+naming the failing ranks and their errors), so that no rank waits for ever for a peer that gave
+up: each rank checks its arguments before the first collective but raises only after it, with
+the others. A failed save removes the shards it wrote (the old index and shards stay). Rank 0
+holds an exclusive flock of the directory from before any shard is written until the old shards
+are removed, so two saves into one directory never remove each other's shards.
 """
 
 from __future__ import annotations
 
 import errno as _errno
+import fcntl
 import json
 import os
 import re
@@ -71,48 +76,36 @@ def _broadcast(obj: Any, group: Any, world: int) -> Any:
     return box[0]
 
 
+def _failure_text(error: Optional[BaseException]) -> Optional[str]:
+    return None if error is None else f"{type(error).__name__}: {error}"
+
+
+def _raise_failures(what: str, texts: Sequence[Optional[str]], error: Optional[BaseException],
+                    directory: str) -> None:
+    """Raises when any rank's text (gathered by rank) names a failure: this rank's own error
+    where it is the only rank, else the nvio.Error naming every failing rank."""
+    failed = [(r, e) for r, e in enumerate(texts) if e is not None]
+    if not failed:
+        return
+    if error is not None and len(texts) == 1:
+        raise error
+    detail = "; ".join(f"rank {r}: {e}" for r, e in failed)
+    raise _nvio.Error(f"nvio.{what}({directory!r}) failed on {len(failed)} of {len(texts)} "
+                      f"ranks: {detail}") from error
+
+
 def _raise_if_any_failed(what: str, error: Optional[BaseException], group: Any, world: int,
                          directory: str) -> None:
     """Every rank learns whether any rank failed; all raise together (none waits for ever)."""
-    text = None if error is None else f"{type(error).__name__}: {error}"
-    errors = _all_gather(text, group, world)
-    failed = [(r, e) for r, e in enumerate(errors) if e is not None]
-    if not failed:
-        return
-    if error is not None and world == 1:
-        raise error
-    detail = "; ".join(f"rank {r}: {e}" for r, e in failed)
-    raise _nvio.Error(f"nvio.{what}({directory!r}) failed on {len(failed)} of {world} ranks: "
-                      f"{detail}")
+    _raise_failures(what, _all_gather(_failure_text(error), group, world), error, directory)
 
 
 def _write_index(path: str, index: Dict[str, Any]) -> None:
-    """Replaces the index file atomically and durably."""
-    directory = os.path.dirname(path) or "."
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(8)}.nvio-tmp")
+    """Replaces the index file atomically and durably (the core's replace-a-file mechanism)."""
+    from ._handle import replace_file
+
     data = (json.dumps(index, indent=2, sort_keys=False) + "\n").encode()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fdatasync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, path)
-        tmp = ""
-        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    finally:
-        if tmp:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+    replace_file(None, path, [(data, 0)], sync=True)
 
 
 def _remove_unlisted_shards(directory: str, prefix: str, keep: Iterable[str]) -> None:
@@ -128,17 +121,16 @@ def _remove_unlisted_shards(directory: str, prefix: str, keep: Iterable[str]) ->
                 pass
 
 
-def save_sharded(state_dict: Dict[str, Any], directory: Any, group: Any = None, *,
-                 prefix: str = "model", metadata: Optional[Dict[str, str]] = None) -> str:
-    """Collective: every rank of ``group`` (default: the whole world; no process group: this
-    process alone) calls it with the tensors it holds. Writes this rank's shard of ``directory``
-    in parallel with the others, then rank 0 writes ``<prefix>.safetensors.index.json``.
-    Returns the index's path (on every rank)."""
+def _check_save(state_dict: Any, directory: Any, prefix: Any) -> tuple:
+    """The directory as text and this rank's key facts (shape, dtype, bytes), or the typed error
+    of a bad argument."""
     import torch
 
-    from . import safetensors
-
     text = os.fsdecode(_args.path(directory, "directory"))
+    _args.utf8(prefix, "prefix")
+    if not prefix or "/" in prefix or "\0" in prefix:
+        raise _nvio.InvalidArgument(f"nvio.save_sharded: prefix {prefix!r} is not a file name "
+                                    "prefix (empty, or holding '/' or NUL)")
     if not isinstance(state_dict, dict):
         raise _args.InvalidType(f"nvio.save_sharded: state_dict must be a dict of tensors, not "
                                 f"{type(state_dict).__name__}")
@@ -146,11 +138,91 @@ def save_sharded(state_dict: Dict[str, Any], directory: Any, group: Any = None, 
         if not isinstance(key, str) or not isinstance(value, torch.Tensor):
             raise _args.InvalidType(f"nvio.save_sharded: every item must be str -> Tensor; "
                                     f"{key!r} -> {type(value).__name__}")
-    rank, world = _rank_and_size(group)
-    save_id = _broadcast(secrets.token_hex(8) if rank == 0 else None, group, world)
     mine = {k: (tuple(v.shape), str(v.dtype), v.numel() * v.element_size())
             for k, v in state_dict.items()}
-    everyone = _all_gather(mine, group, world)
+    return text, mine
+
+
+def _make_directory(text: str) -> None:
+    try:
+        os.makedirs(text, exist_ok=True)
+    except OSError as e:
+        if os.path.exists(text) and not os.path.isdir(text):
+            e = NotADirectoryError(_errno.ENOTDIR, os.strerror(_errno.ENOTDIR))
+        raise _typed(e, "save_sharded: creating the directory", text) from None
+
+
+def _lock_directory(text: str) -> int:
+    """An exclusive flock of the checkpoint directory (its descriptor, to close), held by rank 0
+    from before any shard is written until its old shards are removed: a second save into the
+    directory (another job, another thread) waits, instead of removing this one's new shards as
+    unlisted or having its own removed. The directory itself is locked, so no lock file is left
+    beside the checkpoint."""
+    try:
+        fd = os.open(text, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as e:
+        raise _typed(e, "save_sharded: opening the directory", text) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except BaseException as e:
+        os.close(fd)
+        if isinstance(e, OSError):
+            raise _typed(e, "save_sharded: locking the directory", text) from None
+        raise
+    return fd
+
+
+def _index_names(index_path: str, shard_names: Sequence[str]) -> bool:
+    """Whether the index on disk names these shards (rank 0 failed after replacing it)."""
+    try:
+        with open(index_path, "rb") as f:
+            weight_map = json.loads(f.read()).get("weight_map", {})
+        return bool(weight_map) and set(weight_map.values()) <= set(shard_names)
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def save_sharded(state_dict: Dict[str, Any], directory: Any, group: Any = None, *,
+                 prefix: str = "model", metadata: Optional[Dict[str, str]] = None) -> str:
+    """Collective: every rank of ``group`` (default: the whole world; no process group: this
+    process alone) calls it with the tensors it holds. Writes this rank's shard of ``directory``
+    in parallel with the others, then rank 0 writes ``<prefix>.safetensors.index.json``.
+    Returns the index's path (on every rank).
+
+    Any failure on any rank, a bad argument included, raises on every rank (the ``nvio.Error``
+    naming the failing ranks; alone, the rank's own error); the shards a failed save wrote are
+    removed. Saves into one directory wait for each other (rank 0 locks it)."""
+    rank, world = _rank_and_size(group)
+    # Every check and local step before the first exchange only records its failure: a rank that
+    # raised there would leave its peers waiting in the collective (gloo's timeout is 30 minutes
+    # by default; issue 28 #5).
+    error: Optional[BaseException] = None
+    text = repr(directory)
+    mine: Dict[str, Any] = {}
+    lock = -1
+    try:
+        text, mine = _check_save(state_dict, directory, prefix)
+        _make_directory(text)
+        if rank == 0:
+            lock = _lock_directory(text)
+    except BaseException as e:  # every rank must hear of it (KeyboardInterrupt included)
+        error = e
+    try:
+        gathered = _all_gather((_failure_text(error), mine,
+                                secrets.token_hex(8) if rank == 0 else None), group, world)
+        _raise_failures("save_sharded", [g[0] for g in gathered], error, text)
+        return _save_shards(state_dict, text, group, rank, world, prefix, metadata,
+                            save_id=gathered[0][2], everyone=[g[1] for g in gathered])
+    finally:
+        if lock >= 0:
+            os.close(lock)
+
+
+def _save_shards(state_dict: Dict[str, Any], text: str, group: Any, rank: int, world: int,
+                 prefix: str, metadata: Optional[Dict[str, str]], save_id: str,
+                 everyone: List[Dict[str, Any]]) -> str:
+    """save_sharded once every rank's arguments are known good: the shards, then the index."""
+    from . import safetensors
 
     owner: Dict[str, int] = {}
     error: Optional[BaseException] = None
@@ -166,21 +238,16 @@ def save_sharded(state_dict: Dict[str, Any], directory: Any, group: Any = None, 
 
     shard_names = [f"{prefix}-{r + 1:05d}-of-{world:05d}.{save_id}.safetensors"
                    for r in range(world)]
+    mine = os.path.join(text, shard_names[rank])
     try:
-        try:
-            os.makedirs(text, exist_ok=True)
-        except OSError as e:
-            if os.path.exists(text) and not os.path.isdir(text):
-                e = NotADirectoryError(_errno.ENOTDIR, os.strerror(_errno.ENOTDIR))
-            raise _typed(e, "save_sharded: creating the directory", text) from None
         own = {k: v for k, v in state_dict.items() if owner[k] == rank}
-        safetensors.save_file(own, os.path.join(text, shard_names[rank]), metadata=metadata)
-    except BaseException as e:  # every rank must hear of it (KeyboardInterrupt included)
+        safetensors.save_file(own, mine, metadata=metadata)
+    except BaseException as e:
         error = e
-    _raise_if_any_failed("save_sharded", error, group, world, text)
-
     index_path = os.path.join(text, prefix + INDEX_SUFFIX)
-    if rank == 0:
+    texts = _all_gather(_failure_text(error), group, world)
+    published = False
+    if not any(texts) and rank == 0:
         try:
             index = {
                 "metadata": dict(metadata or {}, total_size=sum(
@@ -188,10 +255,21 @@ def save_sharded(state_dict: Dict[str, Any], directory: Any, group: Any = None, 
                 "weight_map": {k: shard_names[owner[k]] for k in sorted(owner)},
             }
             _write_index(index_path, index)
+            published = True
             _remove_unlisted_shards(text, prefix, shard_names)
         except BaseException as e:
             error = e
-    _raise_if_any_failed("save_sharded", error, group, world, text)
+            published = _index_names(index_path, shard_names)
+    if not any(texts):  # the index phase: rank 0 says whether the new index is in place
+        gathered = _all_gather((_failure_text(error), published), group, world)
+        texts, published = [g[0] for g in gathered], gathered[0][1]
+    if any(texts) and not published:
+        # Failed: the old index (and its shards) stays; the new shards would only take space.
+        try:
+            os.unlink(mine)
+        except OSError:
+            pass
+    _raise_failures("save_sharded", texts, error, text)
     return index_path
 
 

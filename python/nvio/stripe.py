@@ -77,7 +77,8 @@ class StripedHandle:
                                ref.device)
 
     def size(self, name: PathLike) -> int:
-        """The striped file's size in bytes (``FileNotFoundError`` when no part exists)."""
+        """The striped file's size in bytes (``FileNotFoundError`` when no part exists,
+        ``ShortFile`` when a part is shorter than the size the parts record)."""
         return self._core.size(_name(name))
 
     def remove(self, name: PathLike) -> int:

@@ -310,13 +310,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         plot(load(args.result), args.output, args.mode)
     except KeyboardInterrupt:
-        _remove_unfinished(args.output, existed)
-        print("nvio.tune_plot: interrupted", file=sys.stderr)
-        return 130
+        return _interrupted(args.output, existed)
     except TunePlotError as e:
         print(f"nvio.tune_plot: error: {e}", file=sys.stderr)
         return 1
     except ImportError as e:
+        # Ctrl-C while matplotlib loads a pybind11 extension (ft2font): pybind11 turns the
+        # KeyboardInterrupt into ImportError("initialization failed") raised from it.
+        if isinstance(e.__cause__ or e.__context__, KeyboardInterrupt):
+            return _interrupted(args.output, existed)
         print(f"nvio.tune_plot: error: matplotlib is needed ({e}); "
               "apt-get install python3-matplotlib", file=sys.stderr)
         return 1
@@ -330,6 +332,12 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"({type(e).__name__}: {e})", file=sys.stderr)
         return 1
     return 0
+
+
+def _interrupted(output: str, existed: bool) -> int:
+    _remove_unfinished(output, existed)
+    print("nvio.tune_plot: interrupted", file=sys.stderr)
+    return 130
 
 
 if __name__ == "__main__":

@@ -1298,6 +1298,27 @@ PYBIND11_MODULE(_nvio, m) {
       "or None when it is not one of its temporaries.");
 
   m.def(
+      "error_type",
+      [](int err) -> py::object {
+        // The exception type the core raises for errno `err`: its one errno table
+        // (throw_io_error), translated as every error of the binding is, so that Python code
+        // typing an OSError of its own keeps no table of its own.
+        try {
+          nvio::throw_io_error(nvio::IoOp::Open, std::string(), 0, 0, err);
+        } catch (...) {
+          translate(std::current_exception());
+        }
+        PyObject* type = nullptr;
+        PyObject* value = nullptr;
+        PyObject* trace = nullptr;
+        PyErr_Fetch(&type, &value, &trace);
+        Py_XDECREF(value);
+        Py_XDECREF(trace);
+        return py::reinterpret_steal<py::object>(type);
+      },
+      py::arg("errno"), "The nvio.Error subclass the core raises for this errno value.");
+
+  m.def(
       "dlpack_address",
       [](py::capsule capsule) {
         // DLPack's ABI (dlpack.h, stable since v0.2): a "dltensor" capsule holds a

@@ -8,10 +8,12 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -107,14 +109,23 @@ bool writer_may_run(const TemporaryWriter& w) {
 }
 
 // Removes `name` in `dirfd` unless someone holds its flock (a writer this host's /proc does not
-// show, e.g. in another pid namespace). Returns whether it removed it.
+// show, e.g. in another pid namespace). Returns whether it removed it. The lock is tried for up to
+// kLockPatience: a killed writer's descriptors can outlive it for a moment, since the kernel tears
+// down its io_uring instance (which holds the files of requests in flight) asynchronously.
 bool remove_unlocked(int dirfd, const std::string& name) {
+  constexpr auto kLockPatience = std::chrono::milliseconds(500);
+  constexpr auto kLockPoll = std::chrono::milliseconds(5);
   const int fd = ::openat(dirfd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return false;
   const FileDescriptor owner(fd);
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return false;
-  if (::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) return false;
+  const auto give_up = std::chrono::steady_clock::now() + kLockPatience;
+  while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (errno != EWOULDBLOCK) break;  // no flock on this file system: the name decided
+    if (std::chrono::steady_clock::now() >= give_up) return false;
+    std::this_thread::sleep_for(kLockPoll);
+  }
   return ::unlinkat(dirfd, name.c_str(), 0) == 0;
 }
 

@@ -7,8 +7,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <mutex>
+#include <vector>
 
+#include "core/fork.hpp"
 #include "core/posix.hpp"
 #include "core/retry.hpp"
 #include "nvio/errors.hpp"
@@ -111,15 +115,55 @@ bool removed(const OpenFile& file) {
   return fd >= 0 && ::fstat(fd, &st) == 0 && st.st_nlink == 0;
 }
 
+// Every FileCache of the process, for release_removed_files. Constant-initialised (a worker may
+// reach it), held across fork (core/fork.hpp).
+std::mutex caches_mutex;
+std::vector<FileCache*> caches;
+std::atomic<std::uint64_t> releases{0};  // removed_files_released()
+
 }  // namespace
 
+FileCache::FileCache(DirectIo direct) : direct_(direct) {
+  static const bool registered = (hold_across_fork(caches_mutex), true);
+  (void)registered;
+  std::lock_guard lock(caches_mutex);
+  caches.push_back(this);
+}
+
+FileCache::~FileCache() {
+  std::lock_guard lock(caches_mutex);
+  std::erase(caches, this);
+}
+
+std::uint64_t release_removed_files() noexcept {
+  std::size_t dropped = 0;
+  std::lock_guard lock(caches_mutex);
+  for (FileCache* cache : caches) dropped += cache->release_removed();
+  if (dropped > 0) return releases.fetch_add(1, std::memory_order_relaxed) + 1;
+  return removed_files_released();
+}
+
+std::uint64_t removed_files_released() noexcept { return releases.load(std::memory_order_relaxed); }
+
 template <class Drop>
-void FileCache::drop_if(Drop drop) {
+std::size_t FileCache::drop_if(Drop drop) {
+  std::size_t dropped = 0;
   for (Table* table : {&read_paths_, &write_paths_, &adopted_}) {
     for (auto it = table->begin(); it != table->end();) {
-      it = drop(it->second) ? table->erase(it) : std::next(it);
+      if (drop(it->second)) {
+        it = table->erase(it);
+        ++dropped;
+      } else {
+        ++it;
+      }
     }
   }
+  return dropped;
+}
+
+std::size_t FileCache::release_removed() {
+  std::lock_guard lock(mutex_);
+  return drop_if([](const Entry& e) { return removed(*e.file); });
 }
 
 std::shared_ptr<OpenFile> FileCache::find(Table& table, const std::string& key) {
@@ -247,6 +291,8 @@ void FileCache::open_path(Operation& op) {
       return;
     }
   }
+  // A new file to write: the removed files kept may hold the blocks it needs.
+  if (!op.is_read()) release_removed();
   std::shared_ptr<OpenFile> file = open_new(op);
   check_size(op, file->facts.size);
   use(op, file);

@@ -11,8 +11,11 @@
 // The price of keeping files open: a file removed while the handle holds it keeps its disk space
 // until the handle lets it go, and ext4 keeps a written file's block preallocation. So the handle
 // lets go of a file soon: a file unused for kIdle (one second) is closed by an idle worker, a
-// removed one (no links left) is closed within kIdle while the handle is busy, and
-// Handle::close_files() closes all at once. At most capacity() files are kept per table.
+// removed one (no links left) is closed within kIdle while the handle is busy, before the handle
+// opens a file for writing (whose blocks the removed one may hold: "delete the old checkpoint,
+// then save"), and in every handle of the process when a write runs out of space (the write is
+// then tried once more: release_removed_files); Handle::close_files() closes all at once. At most
+// capacity() files are kept per table.
 #pragma once
 
 #include <chrono>
@@ -72,7 +75,11 @@ class FileCache {
   static std::size_t capacity() noexcept;
   static constexpr std::chrono::milliseconds kIdle{1000};
 
-  explicit FileCache(DirectIo direct) : direct_(direct) {}
+  // Each cache is listed process-wide for release_removed_files while it exists.
+  explicit FileCache(DirectIo direct);
+  ~FileCache();
+  FileCache(const FileCache&) = delete;
+  FileCache& operator=(const FileCache&) = delete;
 
   // Opens `op`'s file by name (op.path, op.direction), or reuses the open one that the name still
   // refers to; sets op.file, op.direct_fd and op.buffered_fd and checks a read's size. Throws
@@ -91,6 +98,8 @@ class FileCache {
   // Lets go of the files unused for kIdle and of the removed ones. Returns whether any is still
   // kept (then it wants to be called again after another kIdle).
   bool release_unused();
+  // Lets go of the removed files (no name left); returns how many entries it dropped.
+  std::size_t release_removed();
   // Files kept now (both tables), for tests.
   std::size_t size() const;
 
@@ -102,9 +111,10 @@ class FileCache {
   };
   using Table = std::unordered_map<std::string, Entry>;
 
-  // Drops the entries of every table for which `drop` is true. Called with mutex_ held.
+  // Drops the entries of every table for which `drop` is true; returns how many. Called with
+  // mutex_ held.
   template <class Drop>
-  void drop_if(Drop drop);
+  std::size_t drop_if(Drop drop);
 
   std::shared_ptr<OpenFile> find(Table& table, const std::string& key);
   // open_file(); when the process is out of descriptors (EMFILE, ENFILE), lets go of every file
@@ -122,5 +132,14 @@ class FileCache {
   Table adopted_;
   Clock::time_point last_sweep_ = Clock::now();  // of removed files, while busy
 };
+
+// Lets go of the removed files every FileCache of the process keeps (each handle's), for a write
+// that ran out of space (issue 28 #3): a file removed while a handle kept it open holds its
+// blocks. Returns removed_files_released() after it. Thread-safe; a worker calls it.
+std::uint64_t release_removed_files() noexcept;
+// How many calls of release_removed_files let go of some file, in this process so far. A write
+// that ran out of space is worth trying again when this changed since it was submitted: its
+// pieces in flight fail together, and only the first one's call finds files to let go of.
+std::uint64_t removed_files_released() noexcept;
 
 }  // namespace nvio::detail

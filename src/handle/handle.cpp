@@ -149,16 +149,39 @@ struct Handle::Impl final : detail::FinishListener {
   // Makes the operation for one request: checks the arguments, opens the file (or uses the
   // descriptors `same_file` opened, for an extent of a batch), plans its pieces.
   OperationPtr prepare(Direction dir, std::byte* buf, std::size_t length, const std::string* path,
-                       int fd, std::uint64_t offset, const WriteOptions& wopts,
-                       const Operation* same_file = nullptr,
-                       const detail::Opened* opened = nullptr);
+                       int fd, std::uint64_t offset, const WriteOptions& wopts) {
+    return counting_refusal([&] { return prepare_op(dir, buf, length, path, fd, offset, wopts); });
+  }
+  // prepare() without counting a refusal (an extent of a batch: the batch counts once). With
+  // `opened`, the request is on an nvio::File's file (path and fd are not used).
+  OperationPtr prepare_op(Direction dir, std::byte* buf, std::size_t length,
+                          const std::string* path, int fd, std::uint64_t offset,
+                          const WriteOptions& wopts, const Operation* same_file = nullptr,
+                          const detail::Opened* opened = nullptr);
+  // Runs `make`, which prepares a request; a request refused before anything was submitted (a bad
+  // argument, a file that cannot be opened, a read past the end) counts as a failed operation in
+  // stats' `errors` (issue 28 #11), under its errno, before the error propagates.
+  template <class Make>
+  auto counting_refusal(Make make) -> decltype(make()) {
+    try {
+      return make();
+    } catch (...) {
+      counters.others().failed(std::current_exception());
+      throw;
+    }
+  }
   // Device memory: finds its device and the transport (bounce or GDS) once the file is open.
   void prepare_device(Operation& op);
   // The operations of a batch of extents, prepared together: the extents of one file share its
   // descriptors, and a write batch's durability is one fdatasync per file after the last extent.
   template <class Extent>
   JobPtr prepare_batch(Direction dir, std::span<const Extent> extents, const WriteOptions& wopts,
-                       const detail::Opened* opened = nullptr);
+                       const detail::Opened* opened = nullptr) {
+    return counting_refusal([&] { return prepare_extents(dir, extents, wopts, opened); });
+  }
+  template <class Extent>
+  JobPtr prepare_extents(Direction dir, std::span<const Extent> extents, const WriteOptions& wopts,
+                         const detail::Opened* opened);
   void run_blocking(const JobPtr& job);
   Ticket register_async(const JobPtr& job);
   // Queues the job's operations, once all of them are prepared (a batch refused for one extent
@@ -398,10 +421,10 @@ void plan(Operation& op, std::size_t block_size, DirectIo direct) {
 
 }  // namespace
 
-OperationPtr Handle::Impl::prepare(Direction dir, std::byte* buf, std::size_t length,
-                                   const std::string* path, int fd, std::uint64_t offset,
-                                   const WriteOptions& wopts, const Operation* same_file,
-                                   const detail::Opened* opened) {
+OperationPtr Handle::Impl::prepare_op(Direction dir, std::byte* buf, std::size_t length,
+                                      const std::string* path, int fd, std::uint64_t offset,
+                                      const WriteOptions& wopts, const Operation* same_file,
+                                      const detail::Opened* opened) {
   // A handle whose worker died runs nothing more (see Worker::die in worker.cpp).
   if (std::exception_ptr dead = queue.worker_failure()) std::rethrow_exception(dead);
   auto op = std::allocate_shared<Operation>(detail::PoolAllocator<Operation>{});
@@ -520,8 +543,8 @@ void Handle::Impl::prepare_device(Operation& op) {
 }
 
 template <class Extent>
-JobPtr Handle::Impl::prepare_batch(Direction dir, std::span<const Extent> extents,
-                                   const WriteOptions& wopts, const detail::Opened* opened) {
+JobPtr Handle::Impl::prepare_extents(Direction dir, std::span<const Extent> extents,
+                                     const WriteOptions& wopts, const detail::Opened* opened) {
   if (wopts.truncate == Truncate::AtEnd) {
     throw InvalidArgument(
         "truncate=at_end does not apply to a batch (its extents end in different places): "
@@ -548,8 +571,8 @@ JobPtr Handle::Impl::prepare_batch(Direction dir, std::span<const Extent> extent
       same = it->second;
     }
     auto* bytes = static_cast<std::byte*>(const_cast<void*>(static_cast<const void*>(e.buf)));
-    OperationPtr op = prepare(dir, bytes, e.length, by_name ? &e.path : nullptr, e.fd, e.offset,
-                              per_extent, same, opened);
+    OperationPtr op = prepare_op(dir, bytes, e.length, by_name ? &e.path : nullptr, e.fd, e.offset,
+                                 per_extent, same, opened);
     if (same == nullptr) {
       if (by_name) {
         by_path.emplace(e.path, op.get());
@@ -868,7 +891,9 @@ Ticket Handle::run_opened(bool write, std::span<const WriteExtent> extents, bool
   } else {
     const WriteExtent& e = extents.front();
     auto* bytes = static_cast<std::byte*>(const_cast<void*>(e.buf));
-    job = single(s.prepare(dir, bytes, e.length, nullptr, -1, e.offset, options, nullptr, &opened));
+    job = single(s.counting_refusal([&] {
+      return s.prepare_op(dir, bytes, e.length, nullptr, -1, e.offset, options, nullptr, &opened);
+    }));
   }
   if (async) return s.register_async(job);
   s.run_blocking(job);

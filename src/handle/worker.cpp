@@ -48,6 +48,7 @@
 
 #include "core/retry.hpp"
 #include "cuda/device_lane.hpp"
+#include "handle/files.hpp"
 #include "memory/bounce_pool.hpp"
 #include "memory/user_copy.hpp"
 
@@ -88,6 +89,8 @@ struct Slot {
   std::byte* bounce = nullptr;  // the aligned copy used for I/O, or null for zero-copy
   int region = -1;              // the kernel engine's region holding `bounce`, or -1
   RetryCounter retries{kTransferRetries};  // EINTR / EAGAIN / no progress, in a row
+  bool freed_space = false;                // retried once after ENOSPC freed removed files' blocks
+  std::uint64_t releases = removed_files_released();  // when the slot was last set up
 };
 
 // What the kernel or a device copy may use while a worker runs: its engine (an io_uring ring or
@@ -647,7 +650,11 @@ void Worker::on_completion(unsigned lane, const engine::Completion& c) {
   const std::size_t left = s.length - s.done;
   if (c.result < 0) {
     const int err = static_cast<int>(-c.result);
-    if (s.retries.retry(err)) {
+    // Out of space while some handle of the process keeps removed files (their blocks): let go
+    // of them everywhere and try once more (see handle/files.hpp).
+    const bool freed = err == ENOSPC && !s.freed_space && release_removed_files() != s.releases;
+    s.freed_space = s.freed_space || freed;
+    if (freed || s.retries.retry(err)) {
       stats_.add(Counter::Retries, 1);
       make_ready(i);
       return;

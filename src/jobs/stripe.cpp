@@ -9,11 +9,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <limits>
 #include <mutex>
 #include <numeric>
 #include <set>
+#include <string>
 
 #include "core/posix.hpp"
 #include "nvio/errors.hpp"
@@ -26,6 +28,10 @@ namespace {
 constexpr std::size_t kStripeAlign = 4096;
 // The extended attribute that records a part's place in its layout (see nvio/stripe.hpp).
 constexpr const char* kLayoutAttr = "user.nvio.stripe";
+// The extended attribute that records the striped file's logical size in each part, set whenever
+// a write resizes the parts: a part truncated to a stripe boundary leaves sizes that fit a smaller
+// striped file, which only this record tells apart (issue 28 #7).
+constexpr const char* kLengthAttr = "user.nvio.stripe.length";
 
 using Clock = std::chrono::steady_clock;
 
@@ -147,8 +153,9 @@ struct StripedHandle::Impl {
                        layout.directories.size(), layout.stripe_size);
   }
   struct PartState {
-    std::int64_t size = -1;  // -1: missing
-    bool recorded = false;   // holds this layout's record
+    std::int64_t size = -1;    // -1: missing
+    bool recorded = false;     // holds this layout's record
+    std::int64_t length = -1;  // the logical size it records (kLengthAttr); -1: none
   };
   // Each part's size and record. A part whose layout record differs from this layout's is a
   // FormatError (unless `replacing`: a write that replaces the whole file).
@@ -181,8 +188,25 @@ struct StripedHandle::Impl {
                         "written with)",
                         parts[i], std::string_view(got, static_cast<std::size_t>(len)), want));
       }
+      const ssize_t n = ::getxattr(parts[i].c_str(), kLengthAttr, got, sizeof(got));
+      std::uint64_t length = 0;
+      if (n > 0 && std::from_chars(got, got + n, length).ptr == got + n &&
+          length <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+        states[i].length = static_cast<std::int64_t>(length);
+      }
     }
     return states;
+  }
+  // Records the file's logical size `length` in each part it has; best effort where the file
+  // system keeps no extended attributes.
+  void set_length(const std::vector<std::string>& parts, std::uint64_t length) const {
+    const std::string text = std::to_string(length);
+    for (const std::string& part : parts) {
+      if (::setxattr(part.c_str(), kLengthAttr, text.data(), text.size(), 0) != 0 &&
+          errno != ENOTSUP && errno != ENOENT) {
+        throw_io_error(IoOp::Write, part, 0, 0, errno, "recording the striped file's size");
+      }
+    }
   }
   // Records part `drive`'s place in the layout, where the file system keeps extended attributes.
   void set_record(const std::string& part, std::size_t drive) const {
@@ -211,6 +235,13 @@ struct StripedHandle::Impl {
       std::int64_t size;  // -1: it was created
     };
     std::vector<Undo> undo;
+    // The size recorded before a shrink and after a growth, so that a crash between the two
+    // leaves a record no larger than the parts hold.
+    std::uint64_t before = 0;
+    for (const PartState& st : states)
+      before += static_cast<std::uint64_t>(std::max<std::int64_t>(st.size, 0));
+    const bool shrinking = exact && end < before;
+    if (shrinking) set_length(parts, end);
     try {
       for (std::size_t i = 0; i < parts.size(); ++i) {
         const auto want = static_cast<std::int64_t>(layout.part_size(i, end));
@@ -236,6 +267,9 @@ struct StripedHandle::Impl {
           throw_io_error(IoOp::Sync, parts[i], 0, 0, errno, "a part of a striped file");
         }
       }
+      // Grown (or created): the parts now hold a file of `end` bytes (Grow never shrinks a
+      // part, and part_size grows with the size).
+      if (!shrinking && (!undo.empty() || replacing)) set_length(parts, end);
     } catch (...) {
       // Best effort: the error being thrown is the one to report.
       for (const Undo& u : undo) {
@@ -424,6 +458,14 @@ std::uint64_t StripedHandle::size(const std::string& name) const {
                     "or stripe size than it was written with?)",
                     missing.empty() ? "" : fmt::format("{} missing; ", fmt::join(missing, ", ")),
                     fmt::join(held, ", "), impl_->layout.stripe_size, parts.size()));
+  }
+  // Sizes that fit a smaller striped file than the one written (a part truncated at a stripe
+  // boundary): short, as a read of the file's bytes finds it.
+  std::int64_t recorded = -1;
+  for (const auto& s : states) recorded = std::max(recorded, s.length);
+  if (recorded >= 0 && total < static_cast<std::uint64_t>(recorded)) {
+    throw ShortFile(IoOp::Read, impl_->display(name), 0, static_cast<std::uint64_t>(recorded),
+                    total);
   }
   return total;
 }

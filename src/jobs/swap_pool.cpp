@@ -67,7 +67,7 @@ class SwapPool::Lent final : public SwapBuffer {
 
 // AlignedBuffer's own rounding (memory/aligned_buffer.cpp): what a buffer of `size` bytes maps.
 std::uint64_t SwapPool::mapping_size(std::size_t size) noexcept {
-  return size >= kHugePage ? round_up(size, kHugePage) : round_up(size, kPage);
+  return size >= kHugePage ? round_up_saturating(size, kHugePage) : round_up(size, kPage);
 }
 
 std::uint64_t SwapPool::footprint(std::size_t size) noexcept {

@@ -300,20 +300,24 @@ struct Swapper::Impl {
       std::map<std::string, std::uint64_t> file_ids;
       for (const json& e : doc.at("entries")) {
         Entry entry;
+        const std::string name = e.at("name").get<std::string>();
         // nlohmann converts -5 to 2^64 - 5 without a word: each count must be one already.
         const auto count = [&](const char* key) {
           const json& v = e.at(key);
           if (!v.is_number_unsigned()) {
-            throw FormatError(
-                path, fmt::format("entry {} {} is not a byte count", key, detail::json_excerpt(v)));
+            throw FormatError(path, fmt::format("tensor '{}': entry {} {} is not a byte count",
+                                                name, key, detail::json_excerpt(v)));
           }
           return v.get<std::uint64_t>();
         };
         entry.size = count("size");
         entry.offset = count("offset");
-        if (entry.offset > std::numeric_limits<std::uint64_t>::max() - entry.size) {
-          throw FormatError(
-              path, fmt::format("entry offset {} + size {} overflows", entry.offset, entry.size));
+        // Checked before any rounding of the size (to pages, to slots) could wrap it to nothing.
+        constexpr auto kMaxOffset = static_cast<std::uint64_t>(std::numeric_limits<off_t>::max());
+        if (entry.size > kMaxOffset || entry.offset > kMaxOffset - entry.size) {
+          throw FormatError(path, fmt::format("tensor '{}': entry offset {} + size {} overflows "
+                                              "the largest file offset {}",
+                                              name, entry.offset, entry.size, kMaxOffset));
         }
         entry.meta = e.at("meta").get<std::string>();
         if (!e.at("checksum").is_null()) entry.checksum = count("checksum");
@@ -330,7 +334,6 @@ struct Swapper::Impl {
           entry.file = it->second;
           names.insert(file);
         }
-        const std::string name = e.at("name").get<std::string>();
         if (!entries.emplace(name, std::move(entry)).second) {
           throw FormatError(path, fmt::format("tensor '{}' is listed twice", name));
         }

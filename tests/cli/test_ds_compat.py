@@ -65,6 +65,14 @@ def test_accepted_no_op_flags_say_so(tmp_path):
     assert "nvio: note: --use_accelerator_pin_memory" in r.stderr
 
 
+def test_engine_aio_handle_is_accepted(tmp_path):
+    """ds_io's default engine, which ds_nvme_tune passes to every ds_io run, is nvio's handle."""
+    doc, r = ds_io_json("--folder", tmp_path, "--loops", 1, "--engine", "aio_handle",
+                        "--include_warmup_time")
+    assert "nvio: note: --include_warmup_time" in r.stderr
+    assert doc["results"], doc
+
+
 def test_table_names_the_units(tmp_path):
     r = nvio("ds-io", "--folder", tmp_path, "--io_size", SIZE, "--loops", 1)
     assert r.returncode == 0, r.stderr
@@ -76,7 +84,9 @@ def test_table_names_the_units(tmp_path):
     "args, needle",
     [
         (["--slow_bounce_buffer"], "--slow_bounce_buffer: not supported by nvio"),
-        (["--engine", "torch_io"], "--engine: not supported by nvio"),
+        (["--engine", "torch_io"], "--engine torch_io: not supported by nvio"),
+        (["--different_file_each_iteration"],
+         "--different_file_each_iteration: not supported by nvio"),
         (["--torch_legacy_save"], "--torch_legacy_save: not supported by nvio"),
         (["--use_fast_io"], "--use_fast_io: not supported by nvio"),
         (["--fast_io_size", "1M"], "--fast_io_size: not supported by nvio"),

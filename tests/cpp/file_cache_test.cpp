@@ -213,6 +213,44 @@ TEST_P(FileCache, RemovedFileIsLetGoOf) {
   EXPECT_EQ(h.open_files(), 0u) << "an idle handle kept its files";
 }
 
+// issue 28 #3: a removed file the handle keeps (its blocks held) is let go of before the handle
+// opens a file to write, which may need those blocks ("delete the old checkpoint, then save").
+TEST_P(FileCache, RemovedFileIsLetGoOfBeforeAFileIsOpenedToWrite) {
+  nvio::Handle h(base_options());
+  GuardedBuffer buf(64 * KiB, BufKind::Aligned);
+  buf.fill_pattern(0, 9);
+  const int before = deleted_fds();
+  h.write(buf.data(), buf.size(), file("old.bin"), 0);
+  h.read(buf.data(), buf.size(), file("old.bin"), 0);
+  ASSERT_EQ(::unlink(file("old.bin").c_str()), 0);
+  EXPECT_GT(deleted_fds(), before) << "the handle should keep the removed file open";
+  h.write(buf.data(), buf.size(), file("new.bin"), 0);
+  EXPECT_EQ(deleted_fds(), before) << "opening a file to write kept a removed one";
+  EXPECT_EQ(h.open_files(), 1u) << "new.bin stays";
+}
+
+// A write that runs out of space lets go of the removed files of every handle in the process
+// (release_removed_files); files with a name stay kept.
+TEST_P(FileCache, ReleaseRemovedFilesLetsGoInEveryHandle) {
+  nvio::Handle a(base_options());
+  nvio::Handle b(base_options());
+  GuardedBuffer buf(64 * KiB, BufKind::Aligned);
+  buf.fill_pattern(0, 3);
+  const int before = deleted_fds();
+  a.write(buf.data(), buf.size(), file("gone.bin"), 0);
+  a.write(buf.data(), buf.size(), file("kept.bin"), 0);
+  b.read(buf.data(), buf.size(), file("gone.bin"), 0);
+  ASSERT_EQ(::unlink(file("gone.bin").c_str()), 0);
+  EXPECT_EQ(a.open_files(), 2u);
+  EXPECT_EQ(b.open_files(), 1u);
+  const std::uint64_t before_release = nvio::detail::removed_files_released();
+  EXPECT_EQ(nvio::detail::release_removed_files(), before_release + 1);
+  EXPECT_EQ(nvio::detail::release_removed_files(), before_release + 1) << "nothing left to drop";
+  EXPECT_EQ(deleted_fds(), before);
+  EXPECT_EQ(a.open_files(), 1u) << "kept.bin stays";
+  EXPECT_EQ(b.open_files(), 0u);
+}
+
 // A process with few descriptors to spare (RLIMIT_NOFILE): the handle keeps fewer files (an
 // eighth of the limit's descriptors at most), and where even those leave too few it lets go of
 // the files it keeps instead of failing with EMFILE: every read and write succeeds, bytes

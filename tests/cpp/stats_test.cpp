@@ -8,9 +8,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <map>
 #include <memory>
 #include <ostream>
+#include <vector>
 
 #include "engine_override.hpp"
 #include "fake_device.hpp"
@@ -329,6 +331,31 @@ TEST_P(Stats, FailuresAreCountedByErrno) {
   EXPECT_EQ(s.errors, failures);
   EXPECT_EQ(s.reads + s.writes, 0u);
   EXPECT_EQ(s.bytes_read + s.bytes_written, 0u);
+}
+
+// issue 28 #11: calls refused before anything was submitted counted nowhere. Each counts once in
+// `errors` under its errno (0 where the error has none), a refused batch once.
+TEST_P(Stats, RefusedCallsAreCountedAsFailures) {
+  Handle h(options());
+  std::vector<std::byte> buf(8192);
+  const std::string small = file("small");
+  write_file(small, "four", 4);
+  EXPECT_THROW(h.read(buf.data(), buf.size(), file("missing"), 0), nvio::IoError);
+  EXPECT_THROW(h.read(buf.data(), buf.size(), small, 0), nvio::ShortFile);
+  EXPECT_THROW(h.submit_read(buf.data(), buf.size(), small, 0), nvio::ShortFile);
+  EXPECT_THROW(h.read(nullptr, 1, small, 0), nvio::InvalidArgument);
+  std::vector<nvio::ReadExtent> extents(2);
+  for (auto& e : extents) {
+    e.buf = buf.data();
+    e.length = 4;
+    e.path = small;
+  }
+  extents[1].path = file("missing");
+  EXPECT_THROW(h.read_batch(extents), nvio::IoError);
+  const HandleStats s = h.stats();
+  const std::map<int, std::uint64_t> want{{0, 3}, {ENOENT, 2}};
+  EXPECT_EQ(s.errors, want);
+  EXPECT_EQ(s.reads + s.writes, 0u);
 }
 
 // A forked child's handle state is fresh: its counters start at zero and count its own

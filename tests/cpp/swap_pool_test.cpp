@@ -213,3 +213,14 @@ TEST(SwapPool, ThreadsAllocatingAndReleasingStayInTheBudget) {
 }
 
 }  // namespace
+
+// issue 28 #8: a size within a huge page of 2^64 (a swap index's `size` of 2^64 - 1) rounded to
+// whole pages wrapped to 0, which the budget then took as nothing to allocate.
+TEST(SwapPool, FootprintOfAnAbsurdSizeNeverWraps) {
+  constexpr auto kMost = std::numeric_limits<std::uint64_t>::max();
+  EXPECT_EQ(SwapPool::footprint(static_cast<std::size_t>(kMost)), kMost);
+  EXPECT_EQ(SwapPool::footprint(static_cast<std::size_t>(kMost - kMiB)), kMost);
+  EXPECT_EQ(SwapPool::footprint(static_cast<std::size_t>(3 * kMiB)), 4 * kMiB);
+  auto pool = make_pool(64 * kMiB);
+  EXPECT_EQ(pool->try_allocate(static_cast<std::size_t>(kMost)), nullptr);
+}

@@ -34,11 +34,12 @@ WORLD = 3
 def full_values():
     g = torch.Generator().manual_seed(31)
     return {
-        "plain.w": torch.randn(37, 19, generator=g),
+        # Most above 8 KiB: read in part (only the rows a rank needs), not whole.
+        "plain.w": torch.randn(137, 19, generator=g),
         "plain.idx": torch.randint(0, 1 << 40, (11,), generator=g),
-        "plain.half": torch.randn(1000, generator=g).to(torch.bfloat16),
-        "dt.rows": torch.randn(50, 7, generator=g),
-        "dt.cols": torch.randn(6, 41, generator=g).to(torch.float64),
+        "plain.half": torch.randn(10000, generator=g).to(torch.bfloat16),
+        "dt.rows": torch.randn(30001, 7, generator=g),  # most of the bytes
+        "dt.cols": torch.randn(40, 301, generator=g).to(torch.float64),  # read through scratch
     }
 
 
@@ -100,10 +101,32 @@ def save(mesh, group, kind, path):
     dcp.save(state(mesh, False), storage_writer=writer(kind, path), process_group=group)
 
 
+def local_bytes(sd):
+    total = 0
+    for v in sd.values():
+        if isinstance(v, dict):
+            total += local_bytes(v)
+        elif isinstance(v, torch.Tensor):
+            t = v.to_local() if hasattr(v, "to_local") else v
+            total += t.numel() * t.element_size()
+    return total
+
+
 def load_and_check(mesh, group, kind, path, findings, what):
     sd = state(mesh, True)
-    dcp.load(sd, storage_reader=reader(kind, path), process_group=group)
+    handle = nvio.Handle()
+    rd = nvio.dcp.FileSystemReader(path, handle=handle) if kind == "nvio" else reader(kind, path)
+    dcp.load(sd, storage_reader=rd, process_group=group)
     compare(sd, state(mesh, False), what, findings)
+    if kind == "nvio":
+        # Only what this rank needs: its tensors' bytes, the ends of each stored archive, and
+        # for the column-sharded tensor the rows' span of each stored chunk it overlaps.
+        probes = sum(min(info.length, 2 * 4096) for info in rd.storage_data.values())
+        cols = full_values()["dt.cols"]
+        limit = local_bytes(sd) + probes + cols.numel() * cols.element_size()
+        got = handle.stats()["bytes_read"]
+        if got > limit:
+            findings["errors"].append(f"{what}: read {got} bytes, at most {limit} needed")
 
 
 def failing_save(mesh, group, rank, path, findings):

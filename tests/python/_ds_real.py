@@ -46,7 +46,10 @@ def missing_reason() -> "str | None":
     except ImportError as e:
         return (f"DeepSpeed is not installed in {sys.prefix} ({e}); scripts/venv.sh installs "
                 "requirements.txt's pin")
-    if os.environ["TORCH_EXTENSIONS_DIR"] != EXTENSIONS_DIR or not _built():
+    if os.environ["TORCH_EXTENSIONS_DIR"] != EXTENSIONS_DIR:
+        return (f"TORCH_EXTENSIONS_DIR is {os.environ['TORCH_EXTENSIONS_DIR']}; the tests use "
+                f"DeepSpeed's ops as scripts/deepspeed_ops.sh builds them, in {EXTENSIONS_DIR}")
+    if not _built():
         return (f"DeepSpeed's async_io op is not built for {stamp_text().strip()} in "
                 f"{EXTENSIONS_DIR}; scripts/deepspeed_ops.sh builds it (minutes, once)")
     return None

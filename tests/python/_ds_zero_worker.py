@@ -36,7 +36,7 @@ from torch import nn  # noqa: E402
 VOCAB = 2048
 WIDTH = 256  # the embedding and output weights are VOCAB * WIDTH = 2 MiB of fp32
 FEED_FORWARD = 2048  # each feed-forward weight 2 MiB
-LAYERS = 2
+LAYERS = 1
 SEQUENCE = 16
 BATCH = 2
 
@@ -112,15 +112,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(folder: str, world: int, use_nvio: bool, steps: int = 20,
-           aio: "dict | None" = None) -> list:
-    """Runs this script as `world` ranks (one process each) with the NVMe folder under `folder`;
-    each rank's result. Raises RuntimeError with a rank's output when one fails."""
+def start(folder: str, world: int, use_nvio: bool, steps: int = 20,
+          aio: "dict | None" = None) -> "tuple[list, list]":
+    """Starts this script as `world` ranks (one process each) with the NVMe folder under
+    `folder`; finish() waits for them."""
     nvme = os.path.join(folder, "nvme")
     os.makedirs(nvme, exist_ok=True)
-    port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("NVIO_")}
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(world),
                OMP_NUM_THREADS="1", NVIO_CONFIG="none",
                PYTHONPATH=os.pathsep.join([_nvio_root(), env.get("PYTHONPATH", "")]))
     procs, outs = [], []
@@ -134,23 +133,37 @@ def launch(folder: str, world: int, use_nvio: bool, steps: int = 20,
                                                 "LOCAL_RANK": str(rank)},
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True))
+    return procs, outs
+
+
+def finish(started: "tuple[list, list]", timeout: float = 600) -> list:
+    """Each rank's result of a start(). Raises RuntimeError with a rank's output when one fails
+    (the others are killed)."""
+    procs, outs = started
     logs = []
-    for proc in procs:
-        try:
-            logs.append(proc.communicate(timeout=300)[0])
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            raise
+    try:
+        for proc in procs:
+            logs.append(proc.communicate(timeout=timeout)[0])
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     for rank, proc in enumerate(procs):
         if proc.returncode != 0:
-            raise RuntimeError(f"ZeRO worker rank {rank} of {world} exited with status "
+            raise RuntimeError(f"ZeRO worker rank {rank} of {len(procs)} exited with status "
                                f"{proc.returncode}:\n{logs[rank][-4000:]}")
     results = []
     for out in outs:
         with open(out) as f:
             results.append(json.load(f))
     return results
+
+
+def launch(folder: str, world: int, use_nvio: bool, steps: int = 20,
+           aio: "dict | None" = None) -> list:
+    """start() and finish(): each rank's result."""
+    return finish(start(folder, world, use_nvio, steps, aio))
 
 
 def main() -> None:

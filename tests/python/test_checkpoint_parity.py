@@ -256,6 +256,13 @@ def test_file_objects_both_ways(tmp_path):
         assert f.read() == b""  # left at the end of the archive
     with open(path, "rb", buffering=0) as f:
         assert_same(obj, nvio.load(f, map_location="cpu"))
+    with open(tmp_path / "after.bin", "wb") as f:  # an archive after other bytes
+        f.write(b"header")
+        nvio.save(obj, f)
+    for load in (nvio.load, lambda f: torch.load(f, weights_only=True)):
+        with open(tmp_path / "after.bin", "rb") as f:
+            assert f.read(6) == b"header"
+            assert_same(obj, load(f))  # read from where the file stands
     nvio.save(obj, path=path)  # the older keyword still works
     assert_same(obj, nvio.load(path=path))
     with pytest.raises(TypeError):
@@ -299,20 +306,24 @@ def test_mmap_maps_the_file_copy_on_write(tmp_path):
         assert_same(theirs, back)
 
 
+def data_offset(data, name):
+    """Where entry `name`'s data starts in zip archive `data` (after its local header)."""
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        at = z.getinfo(name).header_offset
+    name_len, extra_len = (int.from_bytes(data[at + k:at + k + 2], "little") for k in (26, 28))
+    return at + 30 + name_len + extra_len
+
+
 def test_mmap_checks_data_pkl_but_not_the_storages(tmp_path):
     path = tmp_path / "c.pt"
     nvio.save({"w": torch.arange(1000, dtype=torch.float32)}, path)
     data = bytearray(path.read_bytes())
-    info = zipfile.ZipFile(path).getinfo("archive/data/0")
-    storage_at = info.header_offset + 30 + len(info.filename) + \
-        int.from_bytes(data[info.header_offset + 28:info.header_offset + 30], "little")
-    data[storage_at + 8] ^= 1
+    data[data_offset(data, "archive/data/0") + 8] ^= 1  # a bit of w[2]
     path.write_bytes(bytes(data))
     with pytest.raises(nvio.CheckpointFormatError, match="CRC-32"):
         nvio.load(path)
     assert nvio.load(path, mmap=True)["w"][2] != 2.0  # the pages as they are, unread until used
-    pkl = zipfile.ZipFile(path).getinfo("archive/data.pkl").header_offset + 100
-    data[pkl] ^= 1
+    data[data_offset(data, "archive/data.pkl") + 20] ^= 1
     path.write_bytes(bytes(data))
     with pytest.raises(nvio.CheckpointFormatError, match="CRC-32 mismatch in record "
                                                           "'archive/data.pkl'"):

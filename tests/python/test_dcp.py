@@ -62,10 +62,10 @@ def assert_same(got, want):
             assert got[k] == v, k
 
 
-def stock_save(sd, path):
+def stock_save(sd, path, **kw):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        dcp.save(sd, storage_writer=dcp.FileSystemWriter(str(path)))
+        dcp.save(sd, storage_writer=dcp.FileSystemWriter(str(path), **kw))
 
 
 def nvio_load(sd, path, **kw):
@@ -88,9 +88,11 @@ def test_nvio_written_loads_with_torchs_reader(tmp_path):
     assert names[0] == ".metadata" and len(names) == 2 and names[1].endswith(".distcp")
 
 
-def test_torch_written_loads_with_nvios_reader(tmp_path):
+@pytest.mark.parametrize("options", [{}, {"thread_count": 3},
+                                     {"single_file_per_rank": False}])
+def test_torch_written_loads_with_nvios_reader(tmp_path, options):
     sd = state()
-    stock_save(sd, tmp_path / "c")
+    stock_save(sd, tmp_path / "c", **options)
     got = blank(sd)
     nvio.dcp.load(got, tmp_path / "c")
     assert_same(got, sd)
@@ -121,7 +123,32 @@ def test_a_new_save_replaces_the_checkpoint_and_removes_its_files(tmp_path):
     got = {"x": torch.zeros(5)}
     dcp.load(got, storage_reader=dcp.FileSystemReader(str(c)))
     assert torch.equal(got["x"], torch.arange(5.0))
-    assert not [p for p in c.iterdir() if ".tmp." in p.name]
+    assert not [p for p in c.iterdir() if p.name.endswith(".nvio-tmp")]
+
+
+def test_a_save_removes_temporaries_of_dead_writers(tmp_path):
+    """A rank killed mid-save leaves its data file's temporary; the next save removes it (the
+    core's check: its writer is gone), never one of a running writer."""
+    import subprocess
+    import sys
+
+    from nvio import _nvio
+
+    c = tmp_path / "c"
+    nvio.dcp.save({"x": torch.ones(3)}, c)
+    target = str(c / "__0_0123456789abcdef_0.distcp")
+    code = (f"from nvio import _nvio; import os; p, fd = _nvio.create_temporary({target!r}); "
+            "print(p)")
+    dead = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    alive, fd = _nvio.create_temporary(str(c / "__1_0123456789abcdef_0.distcp"))
+    try:
+        assert os.path.exists(dead) and os.path.exists(alive)
+        nvio.dcp.save({"x": torch.ones(3)}, c)
+        assert not os.path.exists(dead) and os.path.exists(alive)
+    finally:
+        os.close(fd)
+        os.unlink(alive)
 
 
 def test_async_save(tmp_path):
@@ -226,6 +253,14 @@ def test_metadata_naming_a_file_outside(tmp_path):
     assert isinstance(err, DCPFormatError) and "outside" in str(err)
 
 
+def test_missing_data_file(tmp_path):
+    sd, _, info = saved(tmp_path)
+    path = tmp_path / "c" / info["a"].relative_path
+    path.unlink()
+    err = load_error(tmp_path, sd)
+    assert isinstance(err, nvio.FileNotFound) and str(path) in str(err)
+
+
 def test_damaged_metadata(tmp_path):
     sd, _, _ = saved(tmp_path)
     path = tmp_path / "c" / ".metadata"
@@ -254,3 +289,27 @@ def test_a_checkpoint_of_another_model_shape(tmp_path):
     assert err.path == os.path.join(str(tmp_path / "c"), ".metadata")
     assert "(64, 65)" in str(err) and "(64, 64)" in str(err)
     assert torch.count_nonzero(other["b"]) == 0  # nothing was loaded
+
+
+def test_replacement_file_commits_or_leaves_nothing(tmp_path):
+    """_nvio.ReplacementFile, the binding nvio.dcp writes every file through."""
+    from nvio import _nvio
+
+    target = tmp_path / "f"
+    target.write_bytes(b"old")
+    h = nvio.Handle()
+    f = _nvio.ReplacementFile(h._core, str(target))
+    temp = f.temp_path
+    h.write_batch([(b"new contents", 0)], f.fd, sync=True)
+    assert target.read_bytes() == b"old" and os.path.exists(temp)
+    f.commit(True)
+    assert target.read_bytes() == b"new contents" and not os.path.exists(temp)
+    with pytest.raises(nvio.InvalidArgument):
+        f.commit(True)
+    g = _nvio.ReplacementFile(h._core, str(target))
+    h.write_batch([(b"discarded", 0)], g.fd)
+    temp = g.temp_path
+    g.discard()
+    assert target.read_bytes() == b"new contents" and not os.path.exists(temp)
+    with pytest.raises(nvio.FileNotFound):
+        _nvio.ReplacementFile(h._core, str(tmp_path / "missing" / "f"))

@@ -277,6 +277,22 @@ def test_config_parallelism_aliases_warn(alias):
     assert h.get_block_size() == 4096
 
 
+@pytest.mark.parametrize("alias", ["thread_count", "num_threads"])
+@pytest.mark.parametrize("value", [-1, 0, None, [], "2", 2.0, 10**6])
+def test_config_alias_is_checked_beside_intra_op_parallelism(alias, value):
+    """issue 28 #9: an alias overridden by intra_op_parallelism was dropped unchecked, so a
+    config holding thread_count -1, None or [] loaded with only a DeprecationWarning."""
+    with pytest.warns(DeprecationWarning, match=alias):
+        with pytest.raises(ValueError, match=alias):
+            aio_handle_from_config({"aio": {alias: value, "intra_op_parallelism": 2}})
+
+
+def test_config_alias_and_intra_op_parallelism_both_valid():
+    with pytest.warns(DeprecationWarning, match="thread_count"):
+        h = aio_handle_from_config({"aio": {"thread_count": 4, "intra_op_parallelism": 2}})
+    assert h.get_intra_op_parallelism() == 2
+
+
 def test_config_without_alias_does_not_warn():
     with warnings.catch_warnings():
         warnings.simplefilter("error")

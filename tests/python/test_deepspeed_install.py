@@ -1,8 +1,9 @@
 """nvio.deepspeed.install(): an installed DeepSpeed's builders resolve to nvio, tested against the
-stand-in DeepSpeed in standin_deepspeed/ (DeepSpeed itself cannot be installed here), whose own
-builders cannot build anything: its swapper, pinned-memory and FastPersist code works only through
-nvio. Installing before and after `import deepspeed`, idempotence, uninstall, nothing to patch,
-the NVIO_DEEPSPEED switch and the .pth file that reads it."""
+stand-in DeepSpeed in standin_deepspeed/, whose own builders cannot build anything: its swapper,
+pinned-memory and FastPersist code works only through nvio (test_deepspeed_real.py does the same
+against the real DeepSpeed, whose own ops work too). Installing before and after
+`import deepspeed`, idempotence, uninstall, nothing to patch, the NVIO_DEEPSPEED switch and the
+.pth file that reads it."""
 
 from __future__ import annotations
 

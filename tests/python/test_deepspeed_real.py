@@ -91,7 +91,7 @@ def _routes() -> dict:
 
 
 def _round_trip(handle, tmp_path, name: str) -> None:
-    data = _random(300_001, seed=len(name))
+    data = _random(300_032, seed=len(name))  # 4 KiB multiple: DeepSpeed reads O_DIRECT
     path = str(tmp_path / name)
     assert handle.sync_pwrite(data, path) == 1
     assert read_file(path) == as_bytes(data)
@@ -142,7 +142,7 @@ def test_install_after_deepspeed_loaded_its_op(tmp_path):
     """DeepSpeed's own op loaded and a handle made before install(): a warning says that handle
     stays DeepSpeed's; what is loaded from then on is nvio's."""
     theirs = op_builder.AsyncIOBuilder().load(verbose=False).aio_handle(*HANDLE_ARGS)
-    with pytest.warns(RuntimeWarning, match="already loaded its own async_io op"):
+    with pytest.warns(RuntimeWarning, match="already loaded its own async_io"):
         nds.install()
     assert nds.installed()
     assert type(op_builder.AsyncIOBuilder().load().aio_handle(*HANDLE_ARGS)) is nvio.aio_handle
@@ -164,7 +164,9 @@ def test_a_route_left_unpatched_rolls_everything_back(monkeypatch):
     nothing patched."""
     own = _routes()
     monkeypatch.setattr(inst, "_patch_accelerator_class", lambda cls: False)
-    with pytest.raises(nds.InstallFailed, match=r"accelerator.get_op_builder\('AsyncIOBuilder'\)"):
+    # (AsyncIOBuilder still comes out nvio's: the CPU accelerator imports it from a module patched
+    # anyway; GDSBuilder, which it answers with NotImplementedBuilder, does not.)
+    with pytest.raises(nds.InstallFailed, match=r"accelerator.get_op_builder\('GDSBuilder'\)"):
         nds.install()
     assert not nds.installed()
     assert inst._finder not in sys.meta_path and not inst._records
@@ -337,9 +339,11 @@ def _adam_in_memory() -> list:
 
 
 def _both(run, tmp_path):
-    own = run("deepspeed", str(tmp_path / "deepspeed"))
-    ours = run("nvio", str(tmp_path / "nvio"))
-    return own, ours
+    results = []
+    for mode in ("deepspeed", "nvio"):
+        os.makedirs(tmp_path / mode)
+        results.append(run(mode, str(tmp_path / mode)))
+    return results
 
 
 def test_async_tensor_swapper(tmp_path):
@@ -364,3 +368,35 @@ def test_partitioned_optimizer_swapper(tmp_path):
     assert sorted(own_files) == sorted(our_files)
     assert any(name.endswith("exp_avg_sq-0_1.tensor.swp") for name in own_files)
     assert own_files == our_files
+
+
+_FAILING_BEFORE_IMPORT = """
+import sys, warnings
+sys.path.insert(0, sys.argv[1])
+import _ds_real
+_ds_real.configure_environment()
+import nvio._deepspeed_install as inst
+inst._patch_accelerator_class = lambda cls: False  # a route install() cannot patch (simulated)
+inst.install()
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import deepspeed
+from deepspeed.ops.op_builder import AsyncIOBuilder, GDSBuilder
+print([str(w.message) for w in caught if "could not route" in str(w.message)])
+print(inst.installed(), AsyncIOBuilder.__module__, GDSBuilder.__name__, len(inst._records),
+      inst._finder in sys.meta_path)
+"""
+
+
+def test_install_before_import_that_cannot_route_leaves_deepspeed_alone():
+    """Through the finder the check runs once deepspeed has imported: a warning, and DeepSpeed
+    on its own ops with nothing of nvio's left in it."""
+    env = {**os.environ,
+           "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(nvio.__file__)))}
+    r = subprocess.run([sys.executable, "-c", _FAILING_BEFORE_IMPORT,
+                        os.path.dirname(os.path.abspath(__file__))],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    warned, state = r.stdout.strip().splitlines()[-2:]
+    assert "accelerator.get_op_builder('GDSBuilder')" in warned
+    assert state == ("False deepspeed.ops.op_builder.cpu.async_io NotImplementedBuilder 0 False")

@@ -386,3 +386,25 @@ def test_read_into_read_only_memmap_is_efault(tmp_path):
                        capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, f"exit status {r.returncode}: {r.stderr[-2000:]}"
     assert r.stdout.split("\n")[:3] == ["read EFAULT", "read_async EFAULT", "aio EFAULT"], r.stdout
+
+
+def test_python_code_types_an_errno_as_the_core_does():
+    # One errno table (the core's throw_io_error): an OSError that Python code turns into nvio's
+    # typed error gets the type a failing core call would raise (issue 29: the checkpoint module's
+    # own table said FileNotFound for ENOTDIR, the core IOFailure).
+    import errno as errno_module
+    from nvio import _nvio
+    from nvio.checkpoint import _typed
+
+    expected = {errno_module.ENOENT: nvio.FileNotFound, errno_module.ENOTDIR: nvio.IOFailure,
+                errno_module.EACCES: nvio.PermissionDenied, errno_module.EPERM: nvio.PermissionDenied,
+                errno_module.EROFS: nvio.ReadOnlyFileSystem, errno_module.EISDIR: nvio.IsADirectory,
+                errno_module.ENOSPC: nvio.NoSpace, errno_module.EDQUOT: nvio.NoSpace,
+                errno_module.EIO: nvio.IOFailure}
+    for code, kind in expected.items():
+        assert _nvio.error_type(code) is kind, errno_module.errorcode[code]
+        e = _typed(OSError(code, "x"), "load", "/some/file")
+        assert type(e) is kind and e.errno == code and e.path == "/some/file"
+    with pytest.raises(nvio.IOFailure) as info:  # the core itself, for comparison
+        nvio.load(os.path.join(__file__, "not-a-directory", "x.pt"))
+    assert type(info.value) is nvio.IOFailure and info.value.errno == errno_module.ENOTDIR

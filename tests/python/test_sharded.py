@@ -107,6 +107,71 @@ def test_a_conflict_fails_on_every_rank_and_keeps_the_old_checkpoint(tmp_path):
     assert {p.name: p.read_bytes() for p in ckpt.iterdir()} == before
 
 
+@pytest.mark.parametrize("mode, words", [
+    ("badtype", "rank 1: InvalidType: nvio.save_sharded: every item must be str -> Tensor"),
+    ("badmeta", "rank 1: "),
+])
+def test_one_ranks_bad_input_fails_every_rank_and_leaves_no_shard(tmp_path, mode, words):
+    """issue 28 #5: a non-tensor on rank 1 raised there before the first collective, and rank 0
+    waited in it until gloo's timeout. Every rank now raises the nvio.Error naming rank 1; and a
+    save that failed after some ranks wrote their shards removes them (the old checkpoint stays,
+    byte for byte, and nothing else is left)."""
+    ckpt = tmp_path / "ckpt"
+    nvio.save_sharded(union(expected_state(2)), ckpt)  # the old checkpoint, in this process
+    before = {p.name: p.read_bytes() for p in ckpt.iterdir()}
+    for code, text, _ in run_ranks(tmp_path, 2, mode, ckpt):
+        assert code == 3, text
+        assert "failed on 1 of 2 ranks" in text and words in text, text
+    assert {p.name: p.read_bytes() for p in ckpt.iterdir()} == before
+
+
+def test_saves_into_one_directory_wait_for_each_other(tmp_path, monkeypatch):
+    """Two saves into one directory at once (two threads here; two jobs alike): without a lock,
+    the first to write its index removed the other's new shard as unlisted, and the other's
+    index then named a removed file. The first save's index write waits here until the second
+    save has written its shard, or a second has passed (it cannot while the lock holds it)."""
+    import threading
+    import time
+
+    from nvio import sharded
+
+    ckpt = tmp_path / "ckpt"
+    real = sharded._write_index
+    first = threading.Event()
+
+    def slow_write_index(path, index):
+        if not first.is_set():
+            first.set()
+            until = time.monotonic() + 1.0
+            while time.monotonic() < until and len(
+                    [n for n in os.listdir(ckpt) if n.endswith(".safetensors")]) < 2:
+                time.sleep(0.01)
+        real(path, index)
+
+    monkeypatch.setattr(sharded, "_write_index", slow_write_index)
+    a = {"w": torch.full((1000,), 1.0)}
+    b = {"w": torch.full((1000,), 2.0)}
+    errors = []
+
+    def save(sd):
+        try:
+            nvio.save_sharded(sd, ckpt)
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    ta = threading.Thread(target=save, args=(a,))
+    ta.start()
+    first.wait(10)
+    tb = threading.Thread(target=save, args=(b,))
+    tb.start()
+    ta.join(30)
+    tb.join(30)
+    assert not errors
+    got = nvio.load_sharded(ckpt)["w"]
+    assert torch.equal(got, b["w"]), "the later save is the checkpoint"
+    assert len([n for n in os.listdir(ckpt) if n.endswith(".safetensors")]) == 1
+
+
 def test_errors_are_typed(tmp_path):
     with pytest.raises(nvio.FileNotFound):
         nvio.load_sharded(tmp_path / "missing")

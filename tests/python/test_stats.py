@@ -113,3 +113,22 @@ def test_forked_child_starts_at_zero(tmp_path):
             os._exit(code)
     assert wait_child(pid) == 0
     assert h.stats() == parent
+
+
+def test_refused_calls_count_in_errors(tmp_path):
+    """issue 28 #11: a call the handle refuses before submitting anything (a missing file, a read
+    past the end) counts in ``errors``; one the binding refuses for its Python type does not."""
+    import errno
+    small = tmp_path / "small"
+    small.write_bytes(b"four")
+    h = nvio.Handle()
+    buf = np.zeros(8192, np.uint8)
+    with pytest.raises(nvio.FileNotFound):
+        h.read(buf, tmp_path / "missing")
+    with pytest.raises(nvio.ShortFile):
+        h.read(buf, small)
+    with pytest.raises(nvio.ShortFile):
+        h.read_async(buf, small)
+    with pytest.raises(TypeError):
+        h.read(buf, small, offset=1.5)
+    assert h.stats()["errors"] == {errno.ENOENT: 1, 0: 2}

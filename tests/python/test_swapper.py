@@ -394,6 +394,9 @@ def test_cuda_tensors(tmp_path):
     ("offset", -5, "entry offset -5 is not a byte count"),
     ("size", 4.5, "entry size 4.5 is not a byte count"),
     ("offset", 2**64 - 8, "overflows"),
+    # issue 28 #8: rounded up to pages, 2^64 - 1 wrapped to an empty buffer
+    ("size", 2**64 - 1, "tensor 'a': entry offset 0 \\+ size 18446744073709551615 overflows"),
+    ("size", 2**63, "tensor 'a'.*overflows the largest file offset"),
 ])
 def test_an_edited_index_is_a_format_error_naming_the_tensor(tmp_path, field, value, words):
     """The index's checksums cover the data, not the descriptions: an index edited or damaged

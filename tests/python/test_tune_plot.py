@@ -182,3 +182,25 @@ def test_module_errors(tmp_path, content, message):
     assert len(lines) == 1 and lines[0].startswith("nvio.tune_plot: error: ")
     assert message in lines[0]
     assert not out.exists()
+
+
+def test_ctrl_c_while_matplotlib_loads_an_extension_is_an_interruption(tmp_path, monkeypatch, capsys):
+    # pybind11 (matplotlib's ft2font) turns a KeyboardInterrupt during its module's initialization
+    # into ImportError("initialization failed") raised from it: that is Ctrl-C, not a missing
+    # matplotlib (seen when SIGINT landed while the font library loaded).
+    def interrupted_import(*args, **kwargs):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as k:
+            raise ImportError("initialization failed") from k
+
+    src = tmp_path / "result.json"
+    src.write_text(json.dumps({"points": []}))
+    monkeypatch.setattr(tune_plot, "load", lambda path: {})
+    monkeypatch.setattr(tune_plot, "plot", interrupted_import)
+    assert tune_plot.main([str(src), "-o", str(tmp_path / "out.png")]) == 130
+    assert capsys.readouterr().err == "nvio.tune_plot: interrupted\n"
+    # A real missing matplotlib still says so.
+    monkeypatch.setattr(tune_plot, "plot", lambda *a: (_ for _ in ()).throw(ImportError("no")))
+    assert tune_plot.main([str(src), "-o", str(tmp_path / "out.png")]) == 1
+    assert "matplotlib is needed" in capsys.readouterr().err

@@ -142,6 +142,8 @@ struct DsIoArgs {
   bool use_gds = false;
   bool handle = false;
   bool use_accelerator_pin_memory = false;
+  std::optional<std::string> engine;  // only ds_io's default, aio_handle, is nvio's
+  bool include_warmup_time = false;
   bool json = false;
   std::vector<std::string> refused;  // DeepSpeed flags given that nvio cannot honour
 };

@@ -42,13 +42,17 @@ constexpr Refused kDsIoRefused[] = {
     {"--slow_bounce_buffer", false,
      "nvio's GPU path has one bounce buffer, pipelined and locked once; there is no slow variant "
      "to measure"},
-    {"--engine", true,
-     "ds_io's engines (aio_handle, aio_basic, torch_io, torch_fast_io) are DeepSpeed and torch "
-     "code paths; nvio bench measures nvio's handle, whose I/O engine is --engine of nvio bench"},
     {"--torch_legacy_save", false, "nvio moves bytes, not torch.save files"},
     {"--use_fast_io", false, "nvio moves bytes, not torch.save files (fast_io is a torch writer)"},
     {"--fast_io_size", true, "nvio moves bytes, not torch.save files (fast_io is a torch writer)"},
+    {"--different_file_each_iteration", false,
+     "nvio bench measures each process's one scratch file, laid out before the timed loops"},
 };
+// ds_io's --engine values other than its default, aio_handle (the handle nvio's is).
+constexpr const char* kDsEngineRefused =
+    "ds_io's other engines (aio_basic, torch_io, torch_fastio) are DeepSpeed and torch code paths; "
+    "nvio ds-io measures nvio's handle, ds_io's aio_handle (nvio bench --engine chooses nvio's I/O "
+    "engine)";
 
 // Registers the refused flags so that each is named with its reason instead of CLI11's generic
 // "not expected"; the first one given is raised by refuse_given.
@@ -128,12 +132,22 @@ void add_ds_io_options(CLI::App& app, DsIoArgs& args) {
                "Accepted: nvio always moves data through a handle (ds_io's aio_handle path)");
   app.add_flag("--use_accelerator_pin_memory", args.use_accelerator_pin_memory,
                "Accepted with a note: nvio locks its own host buffers");
+  app.add_option("--engine", args.engine,
+                 "aio_handle (ds_io's default and ds_nvme_tune's, the handle nvio's is); other "
+                 "engines are refused")
+      ->type_name("ENGINE");
+  app.add_flag("--include_warmup_time", args.include_warmup_time,
+               "Accepted with a note: nvio runs no warm-up loops");
   app.add_flag("--json", args.json, "Print nvio bench's JSON instead of its table (nvio's flag)");
   add_refused(app, kDsIoRefused, args.refused);
 }
 
 int run_ds_io(const DsIoArgs& args) {
   refuse_given(kDsIoRefused, args.refused);
+  if (args.engine && *args.engine != "aio_handle") {
+    throw UsageError(
+        fmt::format("--engine {}: not supported by nvio: {}", *args.engine, kDsEngineRefused));
+  }
   const bool mapped = !args.folder_to_device_mapping.empty();
   if (args.folder && mapped) {
     throw UsageError("--folder and --folder_to_device_mapping exclude each other (as in ds_io)");
@@ -184,6 +198,9 @@ int run_ds_io(const DsIoArgs& args) {
         fmt::format("--warmup_loops {}: no warm-up loops are run; nvio bench reports the median "
                     "of --loops timed loops, which one slow first loop does not move",
                     *args.warmup_loops));
+  }
+  if (args.include_warmup_time) {
+    note("--include_warmup_time: no warm-up loops are run, so there is no warm-up time to include");
   }
   if (args.use_accelerator_pin_memory) {
     note(

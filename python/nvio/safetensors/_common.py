@@ -177,6 +177,8 @@ class File:
         self.data_offset, self.data_size, self.meta, raw = _nvio.safetensors_read_header(
             self.handle, self.path)
         self.entries = entries_of(raw)
+        # The temporaries killed saves of this file left (core/replace_file), as nvio.load does.
+        _nvio.remove_stale_temporaries(self.path)
 
     def entry(self, name: str) -> Entry:
         try:
@@ -190,7 +192,8 @@ class File:
     def region(self) -> Any:
         """The whole data region, read with one parallel call into fresh memory placed like the
         file (see _landing)."""
-        return _landing.read_region(shared_handle(), self.path, self.data_offset, self.data_size)
+        return _landing.read_region(shared_handle(), self.path, self.data_offset, self.data_size,
+                                    whole_file=True)
 
     def tensor(self, e: Entry, device: Any, shape: Optional[Tuple[int, ...]] = None,
                file_offset: Optional[int] = None) -> Any:

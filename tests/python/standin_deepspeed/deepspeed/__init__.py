@@ -1,4 +1,4 @@
-"""A stand-in for DeepSpeed, which cannot be installed here, for tests/python/test_deepspeed_install.py.
+"""A stand-in for DeepSpeed (its own builders cannot build), for test_deepspeed_install.py.
 
 It has the parts nvio.deepspeed.install() must reach, laid out and reached as DeepSpeed's are:
 op builders that its op_builder package takes from the accelerator at import, an accelerator with

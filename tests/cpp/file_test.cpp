@@ -207,6 +207,27 @@ TEST_P(FileTest, OperationsOpenNoDescriptor) {
   EXPECT_EQ(open_fd_count(), fds - own) << "close() let go of the descriptors";
 }
 
+// A File's requests count in the handle's stats as the path form's do: reads and bytes, and a read
+// refused before submission (past the end) as a failed operation.
+TEST_P(FileTest, CountsInTheHandlesStats) {
+  nvio::Handle h(base_options());
+  const std::string path = file("st.bin");
+  write_pattern_file(path, 64 * KiB, 6);
+  nvio::File f(h, path, "r");
+  std::vector<unsigned char> buf(10 * KiB);
+  const nvio::HandleStats before = h.stats();
+  f.read(buf.data(), buf.size(), 3);
+  const std::vector<nvio::FileReadExtent> two = {{buf.data(), 100, 0}, {buf.data() + 100, 5, 9}};
+  f.read_batch(two);
+  EXPECT_THROW(f.read(buf.data(), 10, 64 * KiB - 5), nvio::ShortFile);
+  const nvio::HandleStats d = h.stats() - before;
+  EXPECT_EQ(d.reads, 3u);
+  EXPECT_EQ(d.bytes_read, 10 * KiB + 105);
+  std::uint64_t failed = 0;
+  for (const auto& [err, count] : d.errors) failed += count;
+  EXPECT_EQ(failed, 1u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Engines, FileTest, NVIO_ALL_ENGINES, EngineParamName());
 
 // A gate that holds every read of the file until opened.

@@ -236,6 +236,21 @@ class ShortFile : public IoError {
   std::uint64_t file_size_;
 };
 
+// File::close() (file.hpp) refused: operations on the file are still in flight (blocking calls
+// running in other threads, or asynchronous ones not finished yet). Nothing was closed; close
+// again once they have finished (a wait collected them).
+class FileBusy : public Error {
+ public:
+  FileBusy(const std::string& what, std::string path, std::size_t in_flight)
+      : Error(what), path_(std::move(path)), in_flight_(in_flight) {}
+  const std::string& path() const noexcept { return path_; }
+  std::size_t in_flight() const noexcept { return in_flight_; }
+
+ private:
+  std::string path_;
+  std::size_t in_flight_;
+};
+
 // Builds and throws the IoError subclass that matches `err` (a positive errno value).
 [[noreturn]] void throw_io_error(IoOp op, const std::string& path, std::uint64_t offset,
                                  std::uint64_t length, int err, const std::string& detail = {});

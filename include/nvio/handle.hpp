@@ -54,6 +54,11 @@
 
 namespace nvio {
 
+namespace detail {
+struct Opened;  // handle/opened.hpp
+}  // namespace detail
+class File;
+
 enum class Truncate { No, AtEnd };     // AtEnd: the file size becomes offset + length
 enum class Durability { None, Data };  // Data: fdatasync before the operation completes
 
@@ -279,6 +284,13 @@ class Handle {
   const std::string& engine_reason() const noexcept;
 
  private:
+  friend class File;
+  // nvio::File's operations (file.hpp): `extents` of the file `opened` (their path and fd are
+  // not used), as one operation (`batch` false: one extent) or a batch; blocking (returns 0) or
+  // asynchronous (returns the ticket).
+  Ticket run_opened(bool write, std::span<const WriteExtent> extents, bool batch,
+                    const detail::Opened& opened, const WriteOptions& options, bool async);
+
   struct Impl;
   // The state for this process: after a fork(), a fresh one is made in the child (see above).
   // Mutable: a const call in a forked child also needs the child's own state.

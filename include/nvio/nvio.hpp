@@ -4,6 +4,7 @@
 #include "nvio/checksum.hpp"
 #include "nvio/config.hpp"
 #include "nvio/errors.hpp"
+#include "nvio/file.hpp"
 #include "nvio/gpu.hpp"
 #include "nvio/handle.hpp"
 #include "nvio/interrupt.hpp"

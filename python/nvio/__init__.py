@@ -97,6 +97,12 @@ from .stripe import StripedHandle  # noqa: E402
 
 __all__ += ["StripedHandle"]
 
+# An opened file (issue 32): many small operations on one file without a statx each.
+from ._file import File  # noqa: E402
+from ._nvio import FileBusy  # noqa: E402
+
+__all__ += ["File", "FileBusy"]
+
 
 def _is_torch_dtype(dtype: Any) -> bool:
     return type(dtype).__module__ == "torch" and type(dtype).__name__ == "dtype"

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -1066,6 +1067,14 @@ void bind_striped(py::module_& m) {
 
 }  // namespace
 
+namespace nvio_py {
+// For the bindings in other files (file.cpp): unlocked() without its template.
+void run_unlocked(const std::function<void()>& f, bool signals) {
+  unlocked(f, signals ? Signals::Handle : Signals::Keep);
+}
+void bind_file(py::module_& m);  // file.cpp
+}  // namespace nvio_py
+
 PYBIND11_MODULE(_nvio, m) {
   m.doc() = "nvio core bindings (internal: use the nvio package)";
 
@@ -1582,4 +1591,6 @@ PYBIND11_MODULE(_nvio, m) {
 
   m.attr("__version__") = nvio::version();
   m.attr("MIN_BLOCK_SIZE") = nvio::kMinBlockSize;
+  // After Handle (its argument type) and `translate` (its translator for FileBusy goes first).
+  nvio_py::bind_file(m);
 }

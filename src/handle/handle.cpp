@@ -39,6 +39,7 @@
 #include "cuda/device_ops.hpp"
 #include "engine/engine.hpp"
 #include "handle/files.hpp"
+#include "handle/opened.hpp"
 #include "handle/operation.hpp"
 #include "handle/stats.hpp"
 #include "handle/worker.hpp"
@@ -151,10 +152,12 @@ struct Handle::Impl final : detail::FinishListener {
                        int fd, std::uint64_t offset, const WriteOptions& wopts) {
     return counting_refusal([&] { return prepare_op(dir, buf, length, path, fd, offset, wopts); });
   }
-  // prepare() without counting a refusal (an extent of a batch: the batch counts once).
+  // prepare() without counting a refusal (an extent of a batch: the batch counts once). With
+  // `opened`, the request is on an nvio::File's file (path and fd are not used).
   OperationPtr prepare_op(Direction dir, std::byte* buf, std::size_t length,
                           const std::string* path, int fd, std::uint64_t offset,
-                          const WriteOptions& wopts, const Operation* same_file = nullptr);
+                          const WriteOptions& wopts, const Operation* same_file = nullptr,
+                          const detail::Opened* opened = nullptr);
   // Runs `make`, which prepares a request; a request refused before anything was submitted (a bad
   // argument, a file that cannot be opened, a read past the end) counts as a failed operation in
   // stats' `errors` (issue 28 #11), under its errno, before the error propagates.
@@ -172,11 +175,13 @@ struct Handle::Impl final : detail::FinishListener {
   // The operations of a batch of extents, prepared together: the extents of one file share its
   // descriptors, and a write batch's durability is one fdatasync per file after the last extent.
   template <class Extent>
-  JobPtr prepare_batch(Direction dir, std::span<const Extent> extents, const WriteOptions& wopts) {
-    return counting_refusal([&] { return prepare_extents(dir, extents, wopts); });
+  JobPtr prepare_batch(Direction dir, std::span<const Extent> extents, const WriteOptions& wopts,
+                       const detail::Opened* opened = nullptr) {
+    return counting_refusal([&] { return prepare_extents(dir, extents, wopts, opened); });
   }
   template <class Extent>
-  JobPtr prepare_extents(Direction dir, std::span<const Extent> extents, const WriteOptions& wopts);
+  JobPtr prepare_extents(Direction dir, std::span<const Extent> extents, const WriteOptions& wopts,
+                         const detail::Opened* opened);
   void run_blocking(const JobPtr& job);
   Ticket register_async(const JobPtr& job);
   // Queues the job's operations, once all of them are prepared (a batch refused for one extent
@@ -418,7 +423,8 @@ void plan(Operation& op, std::size_t block_size, DirectIo direct) {
 
 OperationPtr Handle::Impl::prepare_op(Direction dir, std::byte* buf, std::size_t length,
                                       const std::string* path, int fd, std::uint64_t offset,
-                                      const WriteOptions& wopts, const Operation* same_file) {
+                                      const WriteOptions& wopts, const Operation* same_file,
+                                      const detail::Opened* opened) {
   // A handle whose worker died runs nothing more (see Worker::die in worker.cpp).
   if (std::exception_ptr dead = queue.worker_failure()) std::rethrow_exception(dead);
   auto op = std::allocate_shared<Operation>(detail::PoolAllocator<Operation>{});
@@ -461,7 +467,9 @@ OperationPtr Handle::Impl::prepare_op(Direction dir, std::byte* buf, std::size_t
   } else {
     op->memory = MemoryKind::Host;
   }
-  if (path != nullptr) {
+  if (opened != nullptr) {
+    detail::use_opened(*op, *opened);  // an nvio::File's: no system call
+  } else if (path != nullptr) {
     if (path->empty()) throw InvalidArgument("file path is empty");
     if (const std::size_t nul = path->find('\0'); nul != std::string::npos) {
       // open() would stop at the NUL and use a different, shorter name.
@@ -536,7 +544,7 @@ void Handle::Impl::prepare_device(Operation& op) {
 
 template <class Extent>
 JobPtr Handle::Impl::prepare_extents(Direction dir, std::span<const Extent> extents,
-                                     const WriteOptions& wopts) {
+                                     const WriteOptions& wopts, const detail::Opened* opened) {
   if (wopts.truncate == Truncate::AtEnd) {
     throw InvalidArgument(
         "truncate=at_end does not apply to a batch (its extents end in different places): "
@@ -564,7 +572,7 @@ JobPtr Handle::Impl::prepare_extents(Direction dir, std::span<const Extent> exte
     }
     auto* bytes = static_cast<std::byte*>(const_cast<void*>(static_cast<const void*>(e.buf)));
     OperationPtr op = prepare_op(dir, bytes, e.length, by_name ? &e.path : nullptr, e.fd, e.offset,
-                                 per_extent, same);
+                                 per_extent, same, opened);
     if (same == nullptr) {
       if (by_name) {
         by_path.emplace(e.path, op.get());
@@ -871,6 +879,25 @@ Ticket Handle::submit_write_batch(std::span<const WriteExtent> extents,
                                   const WriteOptions& write_options) {
   Impl& s = impl();
   return s.register_async(s.prepare_batch(Direction::Write, extents, write_options));
+}
+
+Ticket Handle::run_opened(bool write, std::span<const WriteExtent> extents, bool batch,
+                          const detail::Opened& opened, const WriteOptions& options, bool async) {
+  Impl& s = impl();
+  const Direction dir = write ? Direction::Write : Direction::Read;
+  JobPtr job;
+  if (batch) {
+    job = s.prepare_batch(dir, extents, options, &opened);
+  } else {
+    const WriteExtent& e = extents.front();
+    auto* bytes = static_cast<std::byte*>(const_cast<void*>(e.buf));
+    job = single(s.counting_refusal([&] {
+      return s.prepare_op(dir, bytes, e.length, nullptr, -1, e.offset, options, nullptr, &opened);
+    }));
+  }
+  if (async) return s.register_async(job);
+  s.run_blocking(job);
+  return 0;
 }
 
 void Handle::wait(Ticket ticket) {

@@ -55,13 +55,16 @@ def big_file(tmp_path_factory):
     return path, data
 
 
-@pytest.mark.parametrize("api", ["Handle.read", "aio_handle.sync_pread"])
+@pytest.mark.parametrize("api", ["Handle.read", "aio_handle.sync_pread", "File.read"])
 def test_large_read_releases_gil(big_file, api):
     path, expected = big_file
     buf = np.zeros(SIZE // 8, dtype=np.uint64)
     if api == "Handle.read":
         h = nvio.Handle()
         action = lambda: h.read(buf, path)  # noqa: E731
+    elif api == "File.read":
+        f = nvio.File(path, "r", handle=nvio.Handle())
+        action = lambda: f.read(buf, 0)  # noqa: E731
     else:
         a = nvio.aio_handle()
         action = lambda: a.sync_pread(buf, str(path))  # noqa: E731

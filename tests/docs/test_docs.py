@@ -256,7 +256,9 @@ def test_shell_blocks_parse_and_name_scripts_that_exist(block):
 
 def test_the_documents_have_blocks():
     """The extraction itself: a document format change must not turn this test into a no-op."""
-    assert len(BLOCKS) > 30 and {b.language for b in BLOCKS} >= {"cpp", "python", "sh"}
+    # 21 blocks since the dated benchmark log (30 blocks) moved to bench/results.md, a log that
+    # keeps past commands as they ran and is not checked here.
+    assert len(BLOCKS) > 15 and {b.language for b in BLOCKS} >= {"cpp", "python", "sh"}
 
 
 # ---- signatures written in prose ---------------------------------------------------------------

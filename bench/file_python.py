@@ -1,5 +1,5 @@
 """4 KiB reads from the page cache, one Python thread: nvio.File against Handle calls by path and
-by descriptor (issue 32; docs/performance.md, "Opened files (issue 32)"). Rounds alternate the
+by descriptor (issue 32; bench/results.md, "Opened files (issue 32)"). Rounds alternate the
 forms; prints each form's median operations per second.
 
     PYTHONPATH=build/python python bench/file_python.py FILE [--n 20000] [--rounds 5] [--async]

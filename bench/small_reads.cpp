@@ -1,7 +1,7 @@
 // System calls per small read by path, by descriptor and through nvio::File (issue 32): N reads of
 // SIZE bytes at random aligned offsets of FILE, QD at a time (submitted, then waited for with
 // Handle::wait()), through one handle. Run under `strace -c -f` to count the calls per read
-// (docs/performance.md, "Opened files (issue 32)"); it prints reads/s too.
+// (bench/results.md, "Opened files (issue 32)"); it prints reads/s too.
 //
 //   g++ -O2 -std=c++20 -Iinclude -o /tmp/small_reads bench/small_reads.cpp \
 //       -Lbuild/src -lnvio -Wl,-rpath,$PWD/build/src

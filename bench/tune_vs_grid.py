@@ -14,7 +14,8 @@ The tuners' own figures come from short trials inside their runs; the head-to-he
 both configurations the same way, at the same time, so the ratio pick/grid-best is fair.
 
 Output: a Markdown table (mode, grid best + GB/s, tuner pick + GB/s, ratio of the medians, tune
-elapsed vs budget, grid elapsed) and the exact commands used, ready for docs/performance.md.
+elapsed vs budget, grid elapsed) and the exact commands used, ready for bench/results.md
+(and its current figures for docs/performance.md).
 --json-out FILE keeps everything (both tune results, every bench run).
 
 Exit status: 0 done; 1 a run failed; 2 bad usage, or the nvio binary has no `tune` subcommand.

@@ -1,5 +1,5 @@
 // The ceiling of one thread on io_uring for 4 KiB random reads: a bare liburing loop, no nvio, to
-// set beside fio and `nvio bench --pattern random` on the same file (docs/performance.md, "Where
+// set beside fio and `nvio bench --pattern random` on the same file (bench/results.md, "Where
 // queue depth 32 still loses to fio"). It keeps QD reads in flight for 2 s and prints reads/s.
 //
 //   g++ -O2 -std=c++20 -o /tmp/uring_loop bench/uring_loop.cpp -luring

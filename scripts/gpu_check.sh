@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The GPU checks of docs/performance.md, in one run on a machine with a GPU, from artifacts built on
-# another machine by scripts/gpu_pack.sh (the GPU machine lent to a session has CUDA, PyTorch and
-# pybind11 but none of nvio's Debian build dependencies). It writes four logs to OUT_DIR: env (the
-# machine, the disk, `nvio report`, whether cuFile registers a file there), gtest (the C++ device
-# tests), pytest (the Python tests that use CUDA) and bench (the commands and scripts of
-# docs/performance.md's GPU section), and cuFile's own cufile.log where it wrote one. Every step
-# has its own time limit so that one hang costs that step only.
+# The GPU checks of bench/results.md ("GPU"), in one run on a machine with a GPU, from artifacts
+# built on another machine by scripts/gpu_pack.sh (the GPU machine lent to a session has CUDA,
+# PyTorch and pybind11 but none of nvio's Debian build dependencies). It writes four logs to
+# OUT_DIR: env (the machine, the disk, `nvio report`, whether cuFile registers a file there), gtest
+# (the C++ device tests), pytest (the Python tests that use CUDA) and bench (the commands and
+# scripts of bench/results.md's GPU section), and cuFile's own cufile.log where it wrote one. Every
+# step has its own time limit so that one hang costs that step only.
 # Usage: scripts/gpu_check.sh ARTIFACTS OUT_DIR [BENCH_DIR]
 set -uo pipefail
 cd "$(dirname "$0")/.."

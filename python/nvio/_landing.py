@@ -2,7 +2,7 @@
 
 Used by ``nvio.load`` and ``nvio.safetensors.load_file``: the tensors they return are views of this
 memory, so it must be new memory that they own, not a reused buffer. Measured on the dev machine
-(1 GiB, the virtio disk, docs/performance.md "Loads into fresh memory" and "`nvio ckpt-bench`,
+(1 GiB, the virtio disk, bench/results.md "Loads into fresh memory" and "`nvio ckpt-bench`,
 huge pages and fresh processes"): per-tensor locked memory (mlock populates it up front, in the
 calling thread) took 0.9 s where the read alone takes 0.4 s; one anonymous mapping faulted in by
 the read itself is what remains. A second thread populates it ahead of the read (faulting and
@@ -116,7 +116,7 @@ def _read_region(handle: Any, path: Any, offset: int, length: int) -> memoryview
     # the populating thread finds them slow to come (_HUGE_PAGES_MIN_RATE). A region below
     # _POPULATE_MIN keeps them: judging them there would cost each of many small regions (a
     # safe_open caller's tensors) a timed huge page of its own, which measured slower than either
-    # choice (docs/performance.md). A kernel without transparent huge pages refuses the advice,
+    # choice (bench/results.md). A kernel without transparent huge pages refuses the advice,
     # and the pages are small.
     _advise_huge_pages(memory)
     if size < _POPULATE_MIN:

@@ -25,7 +25,7 @@ inline constexpr std::chrono::microseconds kWorkSpinLimit{50};
 // instead of asleep: at queue depth 1, 4 KiB ran at 0.62-0.77x fio's IOPS with 50 us and at
 // 0.99-1.08x with 150 us. A large one will not finish within that, and polling only costs: in a
 // VM the polling vCPU takes host CPU from the emulated drive (one 1 MiB read at a time ran 15%
-// slower with 150 us), so it keeps 50 us. See docs/performance.md, "Polling for 150 us".
+// slower with 150 us), so it keeps 50 us. See bench/results.md, "Polling for 150 us".
 inline constexpr std::uint64_t kSmallTransfer = 64 * 1024;
 inline constexpr std::chrono::microseconds completion_spin_limit(std::uint64_t bytes) noexcept {
   return bytes <= kSmallTransfer ? std::chrono::microseconds{150} : kWorkSpinLimit;

@@ -42,7 +42,7 @@ enum class Allocated { Nothing, Range, Refused, Unsupported };
 // fallocate. ext4 serialises extending O_DIRECT writes (it takes the inode lock exclusively and
 // completes them synchronously: libaio's io_submit blocks in each, io_uring hands each to a worker
 // thread), so a new file written in pieces had about one piece in flight: 1 GiB written into a new
-// file took 1.09 s, into one allocated first 0.65 s (docs/performance.md, "Writes into new files").
+// file took 1.09 s, into one allocated first 0.65 s (bench/results.md, "Writes into new files").
 // fallocate (mode 0) extends the size but never shrinks it, so another writer's bytes past this
 // write's end are safe (ftruncate could cut them off, and a size found stale only makes the range
 // larger), and it allocates only from max(size, offset): a hole before the write stays a hole.

@@ -12,14 +12,19 @@
 # tables, enough for file:line in stacks) compiles faster than full debug information.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each stage's wall time, so that CI's log says where its minutes go.
+stage() { echo "nvio: stage '$1' done at ${SECONDS} s"; }
 
 scripts/deps.sh
 scripts/venv.sh
+stage "packages and .venv"
 scripts/deepspeed_ops.sh
+stage "DeepSpeed ops"
 py=$PWD/.venv/bin/python
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
   -DNVIO_WERROR=ON -DCMAKE_UNITY_BUILD=ON -DPython3_EXECUTABLE="$py" -DNVIO_TEST_PYTHON="$py" >/dev/null
 cmake --build build -j"$(nproc)"
+stage "build"
 # The package into the project environment as a user installs it, packaging what this build
 # compiled (setup.py's NVIO_PREBUILT_BUILD_DIR) instead of compiling it again.
 NVIO_PREBUILT_BUILD_DIR=$PWD/build "$py" -m pip install -q --disable-pip-version-check \
@@ -27,14 +32,18 @@ NVIO_PREBUILT_BUILD_DIR=$PWD/build "$py" -m pip install -q --disable-pip-version
 "$py" -c 'import sys, torch, nvio; print(f"nvio: Python suite on torch {torch.__version__}, "
   f"{sys.executable} {sys.version.split()[0]}; torch 1.13 pass (python_torch1) on /usr/bin/python3")'
 ctest --test-dir build --output-on-failure -j"$(nproc)" "$@"
+stage "suite"
 
 if [ "${NVIO_TEST_QUICK:-0}" != "1" ]; then
   scripts/sanitize.sh address,undefined "$@"
+  stage "ASan+UBSan build and suite"
   scripts/sanitize.sh thread "$@"
+  stage "TSan build and suite"
   # The safetensors header parser under libFuzzer for 20 s from the seed corpus (clang; the target
   # compiles only the parser, instrumented: tests/fuzz/README.md).
   CC=clang CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DNVIO_BUILD_FUZZERS=ON -DNVIO_BUILD_TESTS=OFF -DNVIO_BUILD_PYTHON=OFF >/dev/null
   cmake --build build-fuzz -j"$(nproc)" --target safetensors_header_fuzz
   ctest --test-dir build-fuzz --output-on-failure
+  stage "fuzzer"
 fi

@@ -235,6 +235,31 @@ struct Swapper::Impl {
     if (closed) throw InvalidArgument(fmt::format("swapper: the swapper of '{}' is closed", dir));
   }
 
+  // The prologue of a public call, in this order: no interrupt checks (see swapper.hpp,
+  // "Interrupt checks"), the process checked (before the mutex, see check_process), the mutex
+  // taken, and then, for a call that needs it (Need::Open), the swapper checked open. Lives for
+  // the call, on its thread; `lock` is the call's hold of the mutex, passed to the waits.
+  class Call {
+   public:
+    enum class Need { Any, Open };
+    Call(const Impl& s, Need need) : lock(checked(s)) {
+      if (need == Need::Open) s.check_open();
+    }
+    Call(const Call&) = delete;
+    Call& operator=(const Call&) = delete;
+
+   private:
+    static Lock checked(const Impl& s) {
+      s.check_process();
+      return Lock(s.mutex);
+    }
+    const ScopedInterruptCheck no_check_{nullptr};  // first: installed before anything else
+
+   public:
+    Lock lock;
+  };
+  using Need = Call::Need;
+
   // ---- the directory ----------------------------------------------------------------------
 
   void open_directory() {
@@ -808,7 +833,6 @@ const std::string& Swapper::directory() const noexcept { return impl_->dir; }
 
 Swapper::SwapId Swapper::swap_out(const std::string& name, const void* buf, std::size_t length,
                                   MemoryKind memory, const std::string& meta) {
-  const ScopedInterruptCheck no_check(nullptr);  // see swapper.hpp, "Interrupt checks"
   Impl& s = *impl_;
   if (length > 0 && buf == nullptr) {
     throw InvalidArgument(
@@ -817,22 +841,20 @@ Swapper::SwapId Swapper::swap_out(const std::string& name, const void* buf, std:
   if (memory == MemoryKind::Auto) memory = memory_kind(buf);
   std::optional<std::uint64_t> checksum;
   if (s.options.checksums && memory == MemoryKind::Host) checksum = XXH3_64bits(buf, length);
-  s.check_process();
-  Impl::Lock lock(s.mutex);
-  s.check_open();
+  Impl::Call call(s, Impl::Need::Open);
   // A pool buffer lent by swap_in is already counted: its write pins nothing more.
   const bool lent = memory == MemoryKind::Host && length > 0 && s.pool->owns(buf, length);
   const std::uint64_t charge = lent ? 0 : length;
   if (charge > 0) {
     s.reserve(
-        lock, [&] { return s.pool->try_charge(charge); }, charge,
+        call.lock, [&] { return s.pool->try_charge(charge); }, charge,
         fmt::format("the write-behind of tensor '{}'", name), true);
   }
   // A queued read of the old bytes is not started now, only to be waited for below.
   if (auto it = s.entries.find(name); it != s.entries.end()) s.unqueue(name, it->second);
   try {
     // The name's earlier write must land first, and no read may see its extent rewritten.
-    s.wait_until(lock, [&] {
+    s.wait_until(call.lock, [&] {
       auto it = s.entries.find(name);
       return it == s.entries.end() || (it->second.writing == 0 && it->second.readers == 0);
     });
@@ -887,14 +909,12 @@ Swapper::SwapId Swapper::swap_out(const std::string& name, const void* buf, std:
 }
 
 void Swapper::wait(SwapId id) {
-  const ScopedInterruptCheck no_check(nullptr);  // see swapper.hpp, "Interrupt checks"
   Impl& s = *impl_;
-  s.check_process();
-  Impl::Lock lock(s.mutex);
+  Impl::Call call(s, Impl::Need::Any);
   if (id == 0 || id >= s.next_id) {
     throw InvalidArgument(fmt::format("swapper: {} is not a swap_out of this swapper", id));
   }
-  s.wait_until(lock, [&] { return !s.writes.contains(id); });
+  s.wait_until(call.lock, [&] { return !s.writes.contains(id); });
   if (auto it = s.failed.find(id); it != s.failed.end()) {
     const std::exception_ptr error = it->second.error;
     s.failed.erase(it);
@@ -904,45 +924,36 @@ void Swapper::wait(SwapId id) {
 
 bool Swapper::done(SwapId id) {
   Impl& s = *impl_;
-  s.check_process();
-  Impl::Lock lock(s.mutex);
-  if (s.writes.contains(id)) s.progress(lock, false);
+  Impl::Call call(s, Impl::Need::Any);
+  if (s.writes.contains(id)) s.progress(call.lock, false);
   return !s.writes.contains(id);
 }
 
 void Swapper::wait() {
-  const ScopedInterruptCheck no_check(nullptr);  // see swapper.hpp, "Interrupt checks"
   Impl& s = *impl_;
-  s.check_process();
-  Impl::Lock lock(s.mutex);
-  s.wait_until(lock, [&] { return s.ops.empty(); });
+  Impl::Call call(s, Impl::Need::Any);
+  s.wait_until(call.lock, [&] { return s.ops.empty(); });
   if (const std::exception_ptr first = s.take_failures()) std::rethrow_exception(first);
 }
 
 std::shared_ptr<SwapBuffer> Swapper::swap_in(const std::string& name, std::string* meta) {
-  const ScopedInterruptCheck no_check(nullptr);  // see swapper.hpp, "Interrupt checks"
   Impl& s = *impl_;
-  s.check_process();
-  Impl::Lock lock(s.mutex);
-  s.check_open();
-  std::shared_ptr<SwapBuffer> buffer = s.lend(lock, name, meta);
+  Impl::Call call(s, Impl::Need::Open);
+  std::shared_ptr<SwapBuffer> buffer = s.lend(call.lock, name, meta);
   // Lent buffers the caller destroyed since the last call may have left room.
   s.start_queued();
   return buffer;
 }
 
 void Swapper::swap_in(const std::string& name, void* buf, std::size_t length, MemoryKind memory) {
-  const ScopedInterruptCheck no_check(nullptr);  // see swapper.hpp, "Interrupt checks"
   const Target target{name, buf, length, memory};
   swap_in(std::span<const Target>(&target, 1));
 }
 
 void Swapper::swap_in(std::span<const Target> targets) {
-  const ScopedInterruptCheck no_check(nullptr);  // see swapper.hpp, "Interrupt checks"
   Impl& s = *impl_;
-  s.check_process();
-  Impl::Lock lock(s.mutex);
-  s.check_open();
+  Impl::Call call(s, Impl::Need::Open);
+  Impl::Lock& lock = call.lock;
   // All settled under one hold of the lock: waiting for one name may let another change.
   s.wait_until(lock, [&] {
     return std::all_of(targets.begin(), targets.end(),
@@ -1037,11 +1048,8 @@ void Swapper::swap_in(std::span<const Target> targets) {
 }
 
 std::size_t Swapper::prefetch(std::span<const std::string> names) {
-  const ScopedInterruptCheck no_check(nullptr);  // see swapper.hpp, "Interrupt checks"
   Impl& s = *impl_;
-  s.check_process();
-  Impl::Lock lock(s.mutex);
-  s.check_open();
+  const Impl::Call call(s, Impl::Need::Open);
   for (const std::string& name : names) {
     if (!s.entries.contains(name)) {
       throw InvalidArgument(
@@ -1064,14 +1072,11 @@ std::size_t Swapper::prefetch(std::span<const std::string> names) {
 }
 
 bool Swapper::evict(const std::string& name) {
-  const ScopedInterruptCheck no_check(nullptr);  // see swapper.hpp, "Interrupt checks"
   Impl& s = *impl_;
-  s.check_process();
-  Impl::Lock lock(s.mutex);
-  s.check_open();
+  Impl::Call call(s, Impl::Need::Open);
   // A queued read is not started now, only to be waited for below.
   if (auto it = s.entries.find(name); it != s.entries.end()) s.unqueue(name, it->second);
-  s.wait_until(lock, [&] {
+  s.wait_until(call.lock, [&] {
     auto it = s.entries.find(name);
     return it == s.entries.end() || (it->second.writing == 0 && it->second.readers == 0);
   });
@@ -1087,15 +1092,13 @@ bool Swapper::evict(const std::string& name) {
 }
 
 bool Swapper::contains(const std::string& name) const {
-  impl_->check_process();
-  std::lock_guard lock(impl_->mutex);
+  const Impl::Call call(*impl_, Impl::Need::Any);
   return impl_->entries.contains(name);
 }
 
 std::optional<SwapEntryInfo> Swapper::info(const std::string& name) const {
   const Impl& s = *impl_;
-  s.check_process();
-  std::lock_guard lock(s.mutex);
+  const Impl::Call call(s, Impl::Need::Any);
   auto it = s.entries.find(name);
   if (it == s.entries.end()) return std::nullopt;
   const Impl::Entry& e = it->second;
@@ -1110,8 +1113,7 @@ std::optional<SwapEntryInfo> Swapper::info(const std::string& name) const {
 
 std::vector<std::string> Swapper::names() const {
   const Impl& s = *impl_;
-  s.check_process();
-  std::lock_guard lock(s.mutex);
+  const Impl::Call call(s, Impl::Need::Any);
   std::vector<std::string> out;
   out.reserve(s.entries.size());
   for (const auto& [name, e] : s.entries) out.push_back(name);
@@ -1121,8 +1123,7 @@ std::vector<std::string> Swapper::names() const {
 
 SwapperStats Swapper::stats() const {
   const Impl& s = *impl_;
-  s.check_process();
-  std::lock_guard lock(s.mutex);
+  const Impl::Call call(s, Impl::Need::Any);
   SwapperStats out = s.counters;
   out.budget_bytes = s.options.budget_bytes;
   out.writing_bytes = s.pool->charged();
@@ -1143,11 +1144,9 @@ SwapperStats Swapper::stats() const {
 }
 
 void Swapper::snapshot(const std::string& dst_dir) {
-  const ScopedInterruptCheck no_check(nullptr);  // see swapper.hpp, "Interrupt checks"
   Impl& s = *impl_;
-  s.check_process();
-  Impl::Lock lock(s.mutex);
-  s.check_open();
+  Impl::Call call(s, Impl::Need::Open);
+  Impl::Lock& lock = call.lock;
   const std::string dst = strip_trailing_slashes(dst_dir);
   make_directories(dst);
   std::error_code ec;

@@ -1,6 +1,5 @@
-// The tensor swapper (include/nvio/swapper.hpp): the directory's lock, placement, the read-ahead,
-// the budget's waits and the public calls. Its state, and the map of its other files, are in
-// swapper_impl.hpp.
+// The tensor swapper (include/nvio/swapper.hpp): the directory's lock, placement, the budget's
+// waits and the public calls. Its state, and the map of its other files, are in swapper_impl.hpp.
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/file.h>
@@ -30,21 +29,6 @@ constexpr const char* kLockName = "nvio-swap.lock";
 // Removed files whose descriptors the handle may still keep (and so their disk space) before
 // the swapper asks it to let go of all of them.
 constexpr int kCloseFilesAfter = 16;
-// The read-ahead window: at most this many names wait in the prefetch queue for room (the names
-// a caller asks for past it are left to swap_in).
-constexpr std::size_t kPrefetchQueueLimit = 4096;
-
-// A node holding `value` for `map`, with room for it reserved in `map`, made before the operation
-// it records is submitted: inserting it afterwards (with its key set) allocates nothing, so the
-// record cannot fail once the kernel may be using the operation's memory, where a failure would
-// free a buffer that a transfer still fills.
-template <class Map, class Value>
-typename Map::node_type prepared_node(Map& map, Value value) {
-  Map scratch;
-  scratch.emplace(typename Map::key_type{}, std::move(value));
-  map.reserve(map.size() + 1);
-  return scratch.extract(scratch.begin());
-}
 
 // A lent buffer of no bytes (a swap_in of an empty tensor); holds nothing of any budget.
 class EmptyBuffer final : public SwapBuffer {
@@ -239,75 +223,6 @@ void Swapper::Impl::free_extent(Entry& e) {
   if (++removed_since_close_files >= kCloseFilesAfter) {
     handle.close_files();
     removed_since_close_files = 0;
-  }
-}
-
-void Swapper::Impl::drop_prefetched(const std::string& name, Entry& e) {
-  switch (e.prefetch) {
-    case Prefetch::None:
-    case Prefetch::Reading: return;
-    case Prefetch::Queued:
-      prefetch_queue.erase(std::find(prefetch_queue.begin(), prefetch_queue.end(), name));
-      break;
-    case Prefetch::Ready:
-      ready_names.erase(name);
-      e.prefetched.reset();
-      break;
-  }
-  e.prefetch = Prefetch::None;
-}
-
-void Swapper::Impl::unqueue(const std::string& name, Entry& e) {
-  if (e.prefetch == Prefetch::Queued) drop_prefetched(name, e);
-}
-
-void Swapper::Impl::clear_read_ahead() {
-  while (!prefetch_queue.empty()) {
-    const std::string name = prefetch_queue.front();
-    drop_prefetched(name, entries.at(name));
-  }
-  while (!ready_names.empty()) {
-    const std::string name = *ready_names.begin();
-    drop_prefetched(name, entries.at(name));
-  }
-}
-
-std::shared_ptr<SwapBuffer> Swapper::Impl::claim_prefetched(const std::string& name, Entry& e) {
-  ready_names.erase(name);
-  e.prefetch = Prefetch::None;
-  return std::move(e.prefetched);
-}
-
-bool Swapper::Impl::prefetchable(const Entry& e) const {
-  return e.writing == 0 && !e.error && e.size > 0 && e.prefetch == Prefetch::None &&
-         detail::SwapPool::footprint(static_cast<std::size_t>(e.size)) <= options.budget_bytes;
-}
-
-bool Swapper::Impl::start_prefetch(const std::string& name, Entry& e) {
-  std::shared_ptr<SwapBuffer> buffer = pool->try_allocate(static_cast<std::size_t>(e.size));
-  if (!buffer) return false;
-  const ReadExtent extent{buffer->data(), buffer->size(), e.offset, files.at(e.file).path, -1};
-  auto record = prepared_node(ops, Op{Op::Kind::Prefetch, 0, 0, name});
-  const Ticket ticket = handle.submit_read_batch({&extent, 1}, ReadOptions{MemoryKind::Host});
-  record.key() = ticket;
-  ops.insert(std::move(record));
-  e.prefetched = std::move(buffer);
-  e.prefetch = Prefetch::Reading;
-  ++e.readers;
-  return true;
-}
-
-void Swapper::Impl::start_queued() noexcept {
-  if (closed || room_waiters > 0) return;
-  while (!prefetch_queue.empty()) {
-    const std::string& name = prefetch_queue.front();
-    Entry& e = entries.at(name);
-    try {
-      if (!start_prefetch(name, e)) return;
-    } catch (...) {
-      e.prefetch = Prefetch::None;
-    }
-    prefetch_queue.pop_front();
   }
 }
 
@@ -583,8 +498,8 @@ Swapper::SwapId Swapper::swap_out(const std::string& name, const void* buf, std:
   decltype(s.ops)::node_type op_record;
   decltype(s.writes)::node_type write_record;
   try {
-    op_record = prepared_node(s.ops, Impl::Op{Impl::Op::Kind::Write, id, charge, name});
-    write_record = prepared_node(s.writes, Ticket{0});
+    op_record = Impl::prepared_node(s.ops, Impl::Op{Impl::Op::Kind::Write, id, charge, name});
+    write_record = Impl::prepared_node(s.writes, Ticket{0});
     ticket = s.handle.submit_write_batch({&extent, 1},
                                          WriteOptions{Truncate::No, Durability::None, memory});
   } catch (...) {
@@ -740,30 +655,6 @@ void Swapper::swap_in(std::span<const Target> targets) {
   }
   s.start_queued();
   if (failure) std::rethrow_exception(failure);
-}
-
-std::size_t Swapper::prefetch(std::span<const std::string> names) {
-  Impl& s = *impl_;
-  const Impl::Call call(s, Impl::Need::Open);
-  for (const std::string& name : names) {
-    if (!s.entries.contains(name)) {
-      throw InvalidArgument(
-          fmt::format("swapper: prefetch of '{}': no tensor of that name in '{}'", name, s.dir));
-    }
-  }
-  // In the caller's order, behind what earlier calls queued; started as far as the budget has
-  // room now, the rest as it frees up (see start_queued).
-  std::size_t accepted = 0;
-  for (const std::string& name : names) {
-    if (s.prefetch_queue.size() >= kPrefetchQueueLimit) break;
-    Impl::Entry& e = s.entries.at(name);
-    if (!s.prefetchable(e)) continue;
-    s.prefetch_queue.push_back(name);  // first: the state never names a queue it is not in
-    e.prefetch = Impl::Prefetch::Queued;
-    ++accepted;
-  }
-  s.start_queued();
-  return accepted;
 }
 
 bool Swapper::evict(const std::string& name) {

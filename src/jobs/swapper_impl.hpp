@@ -1,10 +1,10 @@
 // Swapper::Impl, the state behind nvio::Swapper (include/nvio/swapper.hpp), private to the
-// swapper's files: swapper.cpp (the directory's lock, placement, the read-ahead, the budget's
-// waits, the public calls), swapper_index.cpp (the directory's index on disk: write, read,
-// validate) and swapper_snapshot.cpp (snapshots). Memory comes from the SwapPool (swap_pool.hpp);
-// all I/O goes through the swapper's own Handle as batches, whose tickets are collected by one
-// thread at a time (the "collector", see progress()) so that any thread waiting for any
-// operation makes progress.
+// swapper's files: swapper.cpp (the directory's lock, placement, the budget's waits, the public
+// calls), swapper_read_ahead.cpp (prefetch), swapper_index.cpp (the directory's index on disk:
+// write, read, validate) and swapper_snapshot.cpp (snapshots). Memory comes from the SwapPool
+// (swap_pool.hpp); all I/O goes through the swapper's own Handle as batches, whose tickets are
+// collected by one thread at a time (the "collector", see progress()) so that any thread waiting
+// for any operation makes progress.
 //
 // Thread-safety: the mutable state is guarded by `mutex` (taken by Call, the prologue of every
 // public call; progress() and the blocking reads let it go while they wait). `dir`, `options`,
@@ -61,6 +61,18 @@ struct Swapper::Impl {
   static void verify(const std::string& name, const std::string& path, std::uint64_t offset,
                      std::uint64_t size, const std::optional<std::uint64_t>& expected,
                      const void* data);
+
+  // A node holding `value` for `map`, with room for it reserved in `map`, made before the operation
+  // it records is submitted: inserting it afterwards (with its key set) allocates nothing, so the
+  // record cannot fail once the kernel may be using the operation's memory, where a failure would
+  // free a buffer that a transfer still fills.
+  template <class Map, class Value>
+  static typename Map::node_type prepared_node(Map& map, Value value) {
+    Map scratch;
+    scratch.emplace(typename Map::key_type{}, std::move(value));
+    map.reserve(map.size() + 1);
+    return scratch.extract(scratch.begin());
+  }
 
   // ---- state ---------------------------------------------------------------------------------
 
@@ -185,14 +197,20 @@ struct Swapper::Impl {
 
   // ---- the directory ----------------------------------------------------------------------
 
+  // Takes the directory's lock, adopts its index and removes what a crashed swapper left: the
+  // constructor's work.
   void open_directory();
   // The names of a swapper's own files: "s<pid>-<tid>-<n>-<file number>.swap" (see new_file). Only
   // these are ever removed as stale, never another *.swap file the directory may hold.
   static bool own_file_name(const std::string& name);
-  // Adopts the tensors of the directory's index; returns the file names it lists.
-  std::unordered_set<std::string> load_index();
   // Removes the swap files nobody owns: those of a swapper that ended without closing.
   void remove_stale(const std::unordered_set<std::string>& indexed, long previous_owner);
+
+  // ---- the index (swapper_index.cpp) ------------------------------------------------------------
+
+  // Adopts the tensors of the directory's index; returns the file names it lists.
+  std::unordered_set<std::string> load_index();
+  // The index listing `list` (in its order), each entry's file named by `file_name`.
   nlohmann::json index_document(const std::vector<std::pair<std::string, const Entry*>>& list,
                                 const std::function<std::string(const Entry&)>& file_name) const;
   // Writes `doc` as the index of `directory`, durably and atomically.
@@ -203,6 +221,9 @@ struct Swapper::Impl {
   std::uint64_t new_file(bool pack);
   void place(Entry& e, std::uint64_t size);
   void free_extent(Entry& e);
+
+  // ---- the read-ahead (swapper_read_ahead.cpp) --------------------------------------------------
+
   // Takes `name` out of the read-ahead: out of the queue, or its unclaimed data dropped. A read
   // in flight stays (its Op still writes into the buffer); callers that must not see it wait for
   // the entry's readers first.

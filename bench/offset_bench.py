@@ -32,7 +32,7 @@ from pathlib import Path
 if str(Path(__file__).resolve().parent) not in sys.path:  # python3 -P leaves bench/ off sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import Failure, drop_cache, error_exit, interrupt_on_sigterm, log
-from fio_compare import RamDisk
+from ramdisk import RamDisk
 from python_bench import _import_nvio
 
 SEED = 4103

@@ -22,7 +22,7 @@ once, before the rounds, page-aligned (nvio.empty_locked). Reported: the median 
 form over the rounds and its ratio to fio's.
 
 --ramdisk (root only) runs on a RAM-backed block device (tmpfs image, loop device with direct
-I/O, ext4: bench/fio_compare.py's RamDisk); else the file lives in --dir, which must support
+I/O, ext4: bench/ramdisk.py's RamDisk); else the file lives in --dir, which must support
 O_DIRECT.
 
 Usage:
@@ -48,8 +48,8 @@ if str(Path(__file__).resolve().parent) not in sys.path:  # python3 -P leaves be
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import (REPO, Failure, error_exit, human, interrupt_on_sigterm, log,  # noqa: E402
                       machine_info, parse_size, positive_int)
-from fio_compare import (RamDisk, check_direct_io, layout, random_fio_args,  # noqa: E402
-                         run_fio)
+from fio_compare import layout, random_fio_args, run_fio  # noqa: E402
+from ramdisk import RamDisk, check_direct_io  # noqa: E402
 
 # batch_bench clears the NVIO_* variables and sets NVIO_CONFIG=none when imported.
 from batch_bench import _import_nvio  # noqa: E402

@@ -1,6 +1,6 @@
 """Striping over two drives against one: nvio.StripedHandle and fio on the same RAM-backed drives.
 
-Two RAM-backed block devices (bench/fio_compare.py's RamDisk: tmpfs image -> loop device with
+Two RAM-backed block devices (bench/ramdisk.py's RamDisk: tmpfs image -> loop device with
 direct I/O -> ext4; root only) stand for two NVMe drives. Each round runs, in an order that
 alternates between rounds:
 
@@ -30,7 +30,7 @@ from pathlib import Path
 
 from benchlib import (Failure, error_exit, fmt, human, interrupt_on_sigterm, log, machine_info,
                       run_cmd, size_type, drop_cache, find_nvio)
-from fio_compare import RamDisk
+from ramdisk import RamDisk
 
 import nvio  # noqa: E402  (PYTHONPATH: the build tree's python folder, or an installed nvio)
 

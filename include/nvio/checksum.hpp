@@ -7,6 +7,10 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "nvio/export.hpp"
+
+NVIO_API_BEGIN
+
 namespace nvio {
 
 // The CRC-32 of data[0, size) continuing from `crc`, the CRC of the bytes before it (0 for none):
@@ -19,3 +23,4 @@ std::uint32_t crc32_combine(std::uint32_t crc_a, std::uint32_t crc_b,
                             std::uint64_t size_b) noexcept;
 
 }  // namespace nvio
+NVIO_API_END

@@ -31,7 +31,10 @@
 #include <string>
 #include <vector>
 
+#include "nvio/export.hpp"
 #include "nvio/options.hpp"
+
+NVIO_API_BEGIN
 
 namespace nvio {
 
@@ -69,3 +72,4 @@ std::optional<ConfigProfile> select_profile(const ConfigFile& file, const std::s
 void save_profile(const std::string& path, const ConfigProfile& profile);
 
 }  // namespace nvio
+NVIO_API_END

@@ -37,6 +37,10 @@
 #include <string>
 #include <utility>
 
+#include "nvio/export.hpp"
+
+NVIO_API_BEGIN
+
 namespace nvio {
 
 class Error : public std::runtime_error {
@@ -256,3 +260,4 @@ class FileBusy : public Error {
                                  std::uint64_t length, int err, const std::string& detail = {});
 
 }  // namespace nvio
+NVIO_API_END

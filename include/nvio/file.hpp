@@ -39,7 +39,10 @@
 #include <string>
 #include <string_view>
 
+#include "nvio/export.hpp"
 #include "nvio/handle.hpp"
+
+NVIO_API_BEGIN
 
 namespace nvio {
 
@@ -114,9 +117,10 @@ class File {
   int buffered_fd() const;
 
  private:
-  struct State;
-  State& state() const;  // InvalidArgument when default-made or moved from
+  struct NVIO_LOCAL State;
+  NVIO_LOCAL State& state() const;  // InvalidArgument when default-made or moved from
   std::shared_ptr<State> state_;
 };
 
 }  // namespace nvio
+NVIO_API_END

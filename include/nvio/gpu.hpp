@@ -22,6 +22,10 @@
 #include <string>
 #include <vector>
 
+#include "nvio/export.hpp"
+
+NVIO_API_BEGIN
+
 namespace nvio {
 
 // Where the bytes of a buffer live. Auto: ask CUDA (only if the process already loaded it).
@@ -122,3 +126,4 @@ class HostRegistration {
 };
 
 }  // namespace nvio
+NVIO_API_END

@@ -49,13 +49,16 @@
 #include <span>
 #include <string>
 
+#include "nvio/export.hpp"
 #include "nvio/gpu.hpp"
 #include "nvio/options.hpp"
+
+NVIO_API_BEGIN
 
 namespace nvio {
 
 namespace detail {
-struct Opened;  // handle/opened.hpp
+struct NVIO_LOCAL Opened;  // handle/opened.hpp
 }  // namespace detail
 class File;
 
@@ -288,16 +291,18 @@ class Handle {
   // nvio::File's operations (file.hpp): `extents` of the file `opened` (their path and fd are
   // not used), as one operation (`batch` false: one extent) or a batch; blocking (returns 0) or
   // asynchronous (returns the ticket).
-  Ticket run_opened(bool write, std::span<const WriteExtent> extents, bool batch,
-                    const detail::Opened& opened, const WriteOptions& options, bool async);
+  NVIO_LOCAL Ticket run_opened(bool write, std::span<const WriteExtent> extents, bool batch,
+                               const detail::Opened& opened, const WriteOptions& options,
+                               bool async);
 
-  struct Impl;
+  struct NVIO_LOCAL Impl;
   // The state for this process: after a fork(), a fresh one is made in the child (see above).
   // Mutable: a const call in a forked child also needs the child's own state.
-  Impl& impl() const;
-  Impl& renew_after_fork() const;
+  NVIO_LOCAL Impl& impl() const;
+  NVIO_LOCAL Impl& renew_after_fork() const;
   mutable std::unique_ptr<Impl> impl_;
   mutable std::atomic<pid_t> owner_pid_;  // the process whose worker threads serve impl_
 };
 
 }  // namespace nvio
+NVIO_API_END

@@ -27,6 +27,10 @@
 #include <chrono>
 #include <cstddef>
 
+#include "nvio/export.hpp"
+
+NVIO_API_BEGIN
+
 namespace nvio {
 
 // How often a waiting call asks the thread's check: about the longest a Ctrl-C waits to be seen.
@@ -59,3 +63,4 @@ class ScopedInterruptCheck {
 };
 
 }  // namespace nvio
+NVIO_API_END

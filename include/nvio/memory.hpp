@@ -9,6 +9,10 @@
 
 #include <cstddef>
 
+#include "nvio/export.hpp"
+
+NVIO_API_BEGIN
+
 namespace nvio {
 
 enum class LockMode {
@@ -38,8 +42,8 @@ class AlignedBuffer {
  private:
   void release() noexcept;
   void* data_ = nullptr;
-  std::size_t size_ = 0;     // what the caller asked for
-  std::size_t mapped_ = 0;   // what was mapped (rounded up)
+  std::size_t size_ = 0;    // what the caller asked for
+  std::size_t mapped_ = 0;  // what was mapped (rounded up)
   bool locked_ = false;
 };
 
@@ -48,3 +52,4 @@ class AlignedBuffer {
 bool is_locked_by_nvio(const void* ptr, std::size_t len) noexcept;
 
 }  // namespace nvio
+NVIO_API_END

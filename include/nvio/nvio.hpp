@@ -5,6 +5,7 @@
 #include "nvio/config.hpp"
 #include "nvio/errors.hpp"
 #include "nvio/file.hpp"
+#include "nvio/file_descriptor.hpp"
 #include "nvio/gpu.hpp"
 #include "nvio/handle.hpp"
 #include "nvio/interrupt.hpp"

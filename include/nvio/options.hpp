@@ -37,6 +37,10 @@
 #include <string_view>
 #include <variant>
 
+#include "nvio/export.hpp"
+
+NVIO_API_BEGIN
+
 namespace nvio {
 
 enum class EngineKind { Auto, IoUring, Libaio, Psync };
@@ -56,7 +60,7 @@ std::size_t parse_size(const std::string& text, const std::string& what);
 std::size_t parse_count(const std::string& text, const std::string& what);
 
 namespace detail {
-struct OptionAccess;
+struct NVIO_LOCAL OptionAccess;
 }
 
 // A value of any option in its typed form, as JSON, Python and the configuration file hold it: a
@@ -163,3 +167,4 @@ EffectiveOptions resolve_options(const OptionOverrides& overrides = {},
                                  const EnvLookup& getenv = {}, const std::string& directory = {});
 
 }  // namespace nvio
+NVIO_API_END

@@ -8,6 +8,10 @@
 #include <cstdint>
 #include <optional>
 
+#include "nvio/export.hpp"
+
+NVIO_API_BEGIN
+
 namespace nvio::pattern {
 
 // The word stored at file offset `word_offset` (a multiple of 8).
@@ -19,7 +23,7 @@ void fill(void* buf, std::size_t len, std::uint64_t file_offset, std::uint64_t s
 // Returns the file offset of the first byte in buf[0, len) that differs from the pattern, or
 // nullopt when all match.
 std::optional<std::uint64_t> first_mismatch(const void* buf, std::size_t len,
-                                            std::uint64_t file_offset,
-                                            std::uint64_t seed) noexcept;
+                                            std::uint64_t file_offset, std::uint64_t seed) noexcept;
 
 }  // namespace nvio::pattern
+NVIO_API_END

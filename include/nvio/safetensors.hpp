@@ -30,7 +30,10 @@
 #include <string_view>
 #include <vector>
 
+#include "nvio/export.hpp"
 #include "nvio/handle.hpp"
+
+NVIO_API_BEGIN
 
 namespace nvio::safetensors {
 
@@ -185,3 +188,4 @@ void save_safetensors(Handle& handle, const std::string& path, std::span<const T
                                                            MemoryKind::Auto});
 
 }  // namespace nvio::safetensors
+NVIO_API_END

@@ -41,8 +41,11 @@
 #include <string>
 #include <vector>
 
+#include "nvio/export.hpp"
 #include "nvio/handle.hpp"
 #include "nvio/options.hpp"
+
+NVIO_API_BEGIN
 
 namespace nvio {
 
@@ -116,8 +119,9 @@ class StripedHandle {
   Handle& drive(std::size_t drive);
 
  private:
-  struct Impl;
+  struct NVIO_LOCAL Impl;
   std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace nvio
+NVIO_API_END

@@ -68,9 +68,12 @@
 #include <string>
 #include <vector>
 
+#include "nvio/export.hpp"
 #include "nvio/gpu.hpp"
 #include "nvio/memory.hpp"
 #include "nvio/options.hpp"
+
+NVIO_API_BEGIN
 
 namespace nvio {
 
@@ -212,8 +215,9 @@ class Swapper {
   void close(bool delete_files = true);
 
  private:
-  struct Impl;
+  struct NVIO_LOCAL Impl;
   std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace nvio
+NVIO_API_END

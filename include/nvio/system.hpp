@@ -7,13 +7,17 @@
 #include <optional>
 #include <string>
 
+#include "nvio/export.hpp"
 #include "nvio/options.hpp"
+
+NVIO_API_BEGIN
 
 namespace nvio {
 
 struct EngineProbe {
   bool available = false;
-  std::string reason;  // why it is available or not, e.g. "io_uring_queue_init: Operation not permitted"
+  std::string
+      reason;  // why it is available or not, e.g. "io_uring_queue_init: Operation not permitted"
 };
 
 // Probes each concrete engine once per process (thread-safe, cached).
@@ -41,12 +45,21 @@ struct SystemInfo {
   // CAP_IPC_LOCK in the process's effective capabilities (root has it): mlock is then not bound
   // by memlock_limit. nullopt when /proc/self/status cannot tell.
   std::optional<bool> memlock_capability;
-  std::optional<std::uint64_t> aio_max_nr;     // fs.aio-max-nr, when readable
-  std::optional<std::uint64_t> aio_nr;         // fs.aio-nr, when readable
+  std::optional<std::uint64_t> aio_max_nr;  // fs.aio-max-nr, when readable
+  std::optional<std::uint64_t> aio_nr;      // fs.aio-nr, when readable
 };
 SystemInfo system_info();
 
 const char* version() noexcept;
+
+// The bytes an unprivileged writer can still put on the file system of `path` (statvfs's f_bavail),
+// or nullopt where it cannot be told: statvfs failed, or the file system reports no size at all
+// (ramfs, tmpfs mounted with size=0: 0 blocks, 0 free), which no free-space check may judge.
+std::optional<std::uint64_t> free_space(const std::string& path) noexcept;
+
+// The CPU time of this process, user and system, in seconds: all its threads (the handle's
+// workers included).
+double process_cpu_seconds() noexcept;
 
 // ---- the page cache of a file, for honest measurements --------------------------------------
 // A read served from the page cache measures memory, not the drive. These need no privileges.
@@ -67,3 +80,4 @@ struct PageCacheState {
 PageCacheState page_cache_state(const std::string& path);
 
 }  // namespace nvio
+NVIO_API_END

@@ -25,6 +25,7 @@
 // is called on it too.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -33,8 +34,11 @@
 #include <vector>
 
 #include "nvio/config.hpp"
+#include "nvio/export.hpp"
 #include "nvio/gpu.hpp"
 #include "nvio/options.hpp"
+
+NVIO_API_BEGIN
 
 namespace nvio {
 
@@ -75,6 +79,15 @@ class Measurer {
   // Seconds since the tuning started (the budget is counted against this clock).
   virtual double now() = 0;
 };
+
+// The median of a sample, as every figure the tuner reports and `nvio bench`'s are taken over
+// repeats: the middle value, or the mean of the middle two for an even count; 0 for none.
+inline double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const std::size_t mid = values.size() / 2;
+  return values.size() % 2 == 1 ? values[mid] : (values[mid - 1] + values[mid]) / 2;
+}
 
 struct TunePoint {
   TuneMode mode = TuneMode::Read;
@@ -228,3 +241,4 @@ StripedTuneResult measure_striped(const StripedTuneRequest& request);
 std::string to_json(const StripedTuneResult& result, int indent = 2);
 
 }  // namespace nvio
+NVIO_API_END

@@ -10,6 +10,10 @@
 #include <functional>
 #include <string>
 
+#include "nvio/export.hpp"
+
+NVIO_API_BEGIN
+
 namespace nvio {
 
 using WarningSink = std::function<void(const std::string& message)>;
@@ -21,3 +25,4 @@ WarningSink set_warning_sink(WarningSink sink);
 void warn(const std::string& message, const std::string& once_key = {});
 
 }  // namespace nvio
+NVIO_API_END

@@ -73,7 +73,7 @@ class _Batch:
 class _Spans:
     """``read_batch(buf, offsets=..., size=...)``: one buffer cut into ``len(offsets)`` slices of
     ``size`` bytes, slice i moved at ``offsets[i]`` of one file. The buffer is resolved once, the
-    offsets handed to the core as one list (converted there: nvio/src/module.cpp)."""
+    offsets handed to the core as one list (converted there: python/src/bind_handle.cpp)."""
 
     __slots__ = ("ref", "offsets", "size", "file", "nbytes")
 

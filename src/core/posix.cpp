@@ -40,27 +40,6 @@ DirectIoInfo assumed_direct_io(std::uint32_t block_size) {
 
 }  // namespace
 
-FileDescriptor::~FileDescriptor() {
-  if (fd_ >= 0) ::close(fd_);
-}
-
-FileDescriptor& FileDescriptor::operator=(FileDescriptor&& other) noexcept {
-  if (this != &other) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = other.fd_;
-    other.fd_ = -1;
-  }
-  return *this;
-}
-
-int open_file(const std::string& path, int flags, unsigned mode) noexcept {
-  // An open that blocks (a FIFO, a network file system) may be interrupted by a signal.
-  return retry_interrupted([&] {
-    const int fd = ::open(path.c_str(), flags | O_CLOEXEC, mode);
-    return fd < 0 ? -errno : fd;
-  });
-}
-
 namespace {
 
 // One statx of `path` relative to `dirfd` (`flags` as statx takes them) into the facts every
@@ -94,12 +73,6 @@ int basic_facts(int dirfd, const char* path, int flags, unsigned mask, struct st
 }
 
 }  // namespace
-
-std::optional<std::uint64_t> free_space(const std::string& path) noexcept {
-  struct statvfs vfs {};
-  if (::statvfs(path.c_str(), &vfs) != 0 || vfs.f_blocks == 0) return std::nullopt;
-  return std::uint64_t{vfs.f_bavail} * vfs.f_frsize;
-}
 
 int path_facts(const std::string& path, FileFacts& facts) noexcept {
   struct statx stx {};
@@ -179,6 +152,37 @@ int clone_range(int src_fd, std::uint64_t src_offset, std::uint64_t length, int 
   return retry_interrupted([&] { return ::ioctl(dst_fd, FICLONERANGE, &range) == 0 ? 0 : -errno; });
 }
 
+}  // namespace nvio::detail
+
+namespace nvio {
+
+FileDescriptor::~FileDescriptor() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+FileDescriptor& FileDescriptor::operator=(FileDescriptor&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = other.fd_;
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+int open_file(const std::string& path, int flags, unsigned mode) noexcept {
+  // An open that blocks (a FIFO, a network file system) may be interrupted by a signal.
+  return detail::retry_interrupted([&] {
+    const int fd = ::open(path.c_str(), flags | O_CLOEXEC, mode);
+    return fd < 0 ? -errno : fd;
+  });
+}
+
+std::optional<std::uint64_t> free_space(const std::string& path) noexcept {
+  struct statvfs vfs {};
+  if (::statvfs(path.c_str(), &vfs) != 0 || vfs.f_blocks == 0) return std::nullopt;
+  return std::uint64_t{vfs.f_bavail} * vfs.f_frsize;
+}
+
 double process_cpu_seconds() noexcept {
   struct rusage ru {};
   ::getrusage(RUSAGE_SELF, &ru);
@@ -186,4 +190,4 @@ double process_cpu_seconds() noexcept {
   return seconds(ru.ru_utime) + seconds(ru.ru_stime);
 }
 
-}  // namespace nvio::detail
+}  // namespace nvio

@@ -1,8 +1,8 @@
 // The library's boundary with the POSIX file calls: file descriptors, open, one statx for every
-// fact about an open file, page-cache eviction and CPU time. Internal to the library; the CLI and
-// the tests reach it through src/ (the shared library exports it). Every call here returns -errno
-// rather than throwing: its caller turns that into a typed error, once, with the path and range it
-// was working on.
+// fact about an open file, page-cache eviction. Internal to the library (the tests reach it
+// through src/); what the CLI needs of it is public (nvio/file_descriptor.hpp, nvio/system.hpp).
+// Every call here returns -errno rather than throwing: its caller turns that into a typed error,
+// once, with the path and range it was working on.
 #pragma once
 
 #include <sys/types.h>
@@ -11,31 +11,15 @@
 #include <optional>
 #include <string>
 
+#include "nvio/file_descriptor.hpp"
 #include "nvio/system.hpp"
 
 namespace nvio::detail {
 
-// Owns one file descriptor. Move-only; closing is the destructor's job. Not thread-safe.
-class FileDescriptor {
- public:
-  FileDescriptor() = default;
-  explicit FileDescriptor(int fd) noexcept : fd_(fd) {}
-  ~FileDescriptor();
-  FileDescriptor(FileDescriptor&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
-  FileDescriptor& operator=(FileDescriptor&& other) noexcept;
-  FileDescriptor(const FileDescriptor&) = delete;
-  FileDescriptor& operator=(const FileDescriptor&) = delete;
-
-  int get() const noexcept { return fd_; }
-  explicit operator bool() const noexcept { return fd_ >= 0; }
-
- private:
-  int fd_ = -1;
-};
-
-// open(2) wrapper: returns the descriptor, or -errno. Adds O_CLOEXEC, and retries an open that a
-// signal interrupted.
-int open_file(const std::string& path, int flags, unsigned mode = 0644) noexcept;
+// The descriptor owner and open(2) wrapper are public (nvio/file_descriptor.hpp): the CLI and
+// users handing descriptors to a Handle open files as the library does.
+using nvio::FileDescriptor;
+using nvio::open_file;
 
 enum class FileType { Regular, Block, Directory, Other };
 
@@ -66,11 +50,6 @@ std::int64_t block_device_size(int fd) noexcept;
 // Fills `facts` for the file open as `fd`. Returns 0, or -errno when statx failed.
 int file_facts(int fd, FileFacts& facts);
 
-// The bytes an unprivileged writer can still put on the file system of `path` (statvfs's f_bavail),
-// or nullopt where it cannot be told: statvfs failed, or the file system reports no size at all
-// (ramfs, tmpfs mounted with size=0: 0 blocks, 0 free), which no free-space check may judge.
-std::optional<std::uint64_t> free_space(const std::string& path) noexcept;
-
 // What a file's name refers to now, from one statx of `path` (following symbolic links, as open
 // does): its type, mode, size (0 for a block device: ask its descriptor), device and inode. The
 // direct-I/O fields are left as they are. Returns 0, or -errno.
@@ -100,9 +79,5 @@ PageCacheState page_cache_state(const std::string& path, CacheProbe probe);
 // pthread_atfork handler. A child made without running the fork handlers (a raw clone) sees its
 // parent's pid, as it would see the parent's whole state. Thread-safe.
 pid_t current_pid() noexcept;
-
-// The CPU time of this process, user and system, in seconds: all its threads (the handle's
-// workers included).
-double process_cpu_seconds() noexcept;
 
 }  // namespace nvio::detail

@@ -101,7 +101,7 @@ class FileMeasurer final : public Measurer {
     const std::uint64_t slots = std::max<std::uint64_t>(1, file_size_ / trial_);
     const std::uint64_t offset = (next_slot_++ % slots) * trial_;
     evict(offset);
-    const double cpu0 = detail::process_cpu_seconds();
+    const double cpu0 = process_cpu_seconds();
     const auto t0 = Clock::now();
     if (mode == TuneMode::Read) {
       handle.read(data_, trial_, path_, offset, ReadOptions{memory_});
@@ -112,7 +112,7 @@ class FileMeasurer final : public Measurer {
     }
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     TuneSample s;
-    s.cpu_seconds = detail::process_cpu_seconds() - cpu0;
+    s.cpu_seconds = process_cpu_seconds() - cpu0;
     s.bytes = double(trial_);
     s.gbps = s.bytes / std::max(secs, 1e-9) / 1e9;
     if (mode == TuneMode::Write) evict(offset);
@@ -216,7 +216,7 @@ TuneResult tune_directory(const TuneRequest& request) {
     throw InvalidArgument(fmt::format("trial size {} is larger than the file size {}",
                                       request.trial_bytes, request.file_size));
   }
-  if (const std::optional<std::uint64_t> free = detail::free_space(dir)) {
+  if (const std::optional<std::uint64_t> free = free_space(dir)) {
     const std::uint64_t free_bytes = *free;
     // 64 MiB to spare, for the file system's own blocks and other writers. Compared without a
     // sum that could wrap (a size near 2^64 passed as 0 + 64 MiB and filled the drive).

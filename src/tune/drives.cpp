@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
-#include "core/median.hpp"
 #include "core/posix.hpp"
 #include "nvio/errors.hpp"
 #include "nvio/memory.hpp"
@@ -110,8 +109,8 @@ StripedTuneResult measure_striped(const StripedTuneRequest& request) {
         per_drive[d].push_back(bytes / std::max(drive_seconds[d], 1e-9) / 1e9);
       }
     }
-    m.gbps = detail::median(m.all_gbps);
-    for (auto& v : per_drive) m.drive_gbps.push_back(detail::median(std::move(v)));
+    m.gbps = median(m.all_gbps);
+    for (auto& v : per_drive) m.drive_gbps.push_back(median(std::move(v)));
     out.modes.push_back(std::move(m));
   }
   return out;

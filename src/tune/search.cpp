@@ -8,7 +8,6 @@
 #include <map>
 #include <thread>
 
-#include "core/median.hpp"
 #include "nvio/errors.hpp"
 #include "nvio/system.hpp"
 #include "nvio/tune.hpp"
@@ -20,8 +19,6 @@ const char* to_string(TuneMode mode) noexcept { return mode == TuneMode::Read ? 
 const char* to_string(TuneStrategy strategy) noexcept {
   return strategy == TuneStrategy::Search ? "search" : "grid";
 }
-
-using detail::median;
 
 double TunePoint::median_gbps() const {
   std::vector<double> v;

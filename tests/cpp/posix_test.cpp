@@ -88,20 +88,20 @@ TEST(Posix, FileFactsOfDirectory) {
 // system reports no size (ramfs: 0 blocks, 0 free, which refused every tune there).
 TEST(Posix, FreeSpaceIsNotToldWhereTheFileSystemHasNoSize) {
   TempDir d;
-  const std::optional<std::uint64_t> here = nvio::detail::free_space(d.path());
+  const std::optional<std::uint64_t> here = nvio::free_space(d.path());
   ASSERT_TRUE(here.has_value());
   struct statvfs vfs {};
   ASSERT_EQ(::statvfs(d.path().c_str(), &vfs), 0);
   EXPECT_NEAR(static_cast<double>(*here), static_cast<double>(vfs.f_bavail) * vfs.f_frsize,
               64.0 * 1024 * 1024);
-  EXPECT_FALSE(nvio::detail::free_space(d.file("missing/dir")).has_value());
+  EXPECT_FALSE(nvio::free_space(d.file("missing/dir")).has_value());
   if (::geteuid() != 0) GTEST_SKIP() << "mounting ramfs needs root";
   const std::string mnt = d.file("ram");
   ASSERT_EQ(::mkdir(mnt.c_str(), 0755), 0);
   if (::mount("ramfs", mnt.c_str(), "ramfs", 0, nullptr) != 0) {
     GTEST_SKIP() << "cannot mount ramfs here: " << std::strerror(errno);
   }
-  EXPECT_FALSE(nvio::detail::free_space(mnt).has_value());
+  EXPECT_FALSE(nvio::free_space(mnt).has_value());
   ::umount(mnt.c_str());
 }
 
@@ -175,7 +175,7 @@ TEST(Posix, EvictPageCacheDropsTheRange) {
 
 // CPU time spent on another thread counts: it is the process's, as for the handle's workers.
 TEST(Posix, ProcessCpuSecondsCountsOtherThreads) {
-  const double before = nvio::detail::process_cpu_seconds();
+  const double before = nvio::process_cpu_seconds();
   std::atomic<std::uint64_t> sink{0};
   std::thread spinner([&] {
     // Until this thread has had 200 ms of CPU: on a loaded machine that takes longer than 200 ms.
@@ -188,7 +188,7 @@ TEST(Posix, ProcessCpuSecondsCountsOtherThreads) {
     sink.store(x);
   });
   spinner.join();
-  const double spent = nvio::detail::process_cpu_seconds() - before;
+  const double spent = nvio::process_cpu_seconds() - before;
   EXPECT_GE(spent, 0.19) << "another thread used 200 ms of CPU";
   EXPECT_LT(spent, 10.0);
 }

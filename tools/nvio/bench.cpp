@@ -39,8 +39,6 @@
 
 #include "bench_impl.hpp"
 #include "cli.hpp"
-#include "core/median.hpp"
-#include "core/posix.hpp"
 #include "nvio/errors.hpp"
 #include "nvio/gpu.hpp"
 #include "nvio/handle.hpp"
@@ -210,10 +208,9 @@ class Target {
     }
   }
   nvio::HandleStats stats() const { return striped_ ? striped_->stats() : handle_.stats(); }
-  // So that a buffered read really reads the device. Best effort: a failure only makes the read
-  // look faster, and the read itself reports real errors (missing file, permissions).
+  // So that a buffered read really reads the device (best effort, evict_best_effort).
   void evict() const {
-    for (const std::string& p : paths(plan_)) nvio::detail::evict_page_cache(p);
+    for (const std::string& p : paths(plan_)) evict_best_effort(p);
   }
 
  private:
@@ -344,7 +341,7 @@ void check_free_space(const Plan& plan) {
     // The file's own file system where it exists (a --file may be a link to another one).
     std::string where = std::filesystem::path(p).parent_path().string();
     if (have > 0 || ::access(p.c_str(), F_OK) == 0) where = p;
-    const std::optional<std::uint64_t> free = nvio::detail::free_space(where.empty() ? "." : where);
+    const std::optional<std::uint64_t> free = nvio::free_space(where.empty() ? "." : where);
     if (free && each - have > *free) {
       throw nvio::NoSpace(nvio::IoOp::Write, p, have, each - have, ENOSPC,
                           fmt::format("the run needs {} more bytes there and {} are free (use a "

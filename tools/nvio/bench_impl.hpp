@@ -18,10 +18,11 @@
 #include <vector>
 
 #include "cli.hpp"
-#include "core/median.hpp"
-#include "core/posix.hpp"
+#include "nvio/errors.hpp"
 #include "nvio/handle.hpp"
 #include "nvio/options.hpp"
+#include "nvio/system.hpp"
+#include "nvio/tune.hpp"
 #include "procs.hpp"
 
 namespace nvio_cli::bench {
@@ -179,19 +180,29 @@ class Progress {
 
 template <typename Fn>
 Sample time_once(Fn&& fn) {
-  double cpu0 = nvio::detail::process_cpu_seconds();
+  double cpu0 = nvio::process_cpu_seconds();
   auto t0 = Clock::now();
   fn();
   auto t1 = Clock::now();
   Sample s;
   s.seconds = std::chrono::duration<double>(t1 - t0).count();
-  s.cpu_seconds = nvio::detail::process_cpu_seconds() - cpu0;
+  s.cpu_seconds = nvio::process_cpu_seconds() - cpu0;
   s.start = t0;
   s.end = t1;
   return s;
 }
 
-using nvio::detail::median;
+using nvio::median;
+
+// Drops `path`'s pages from the page cache, so that a buffered read really reads the device. Best
+// effort: a failure only makes the read look faster, and the read itself reports real errors
+// (missing file, permissions).
+inline void evict_best_effort(const std::string& path) {
+  try {
+    nvio::evict_page_cache(path);
+  } catch (const nvio::Error&) {
+  }
+}
 
 inline double median_seconds(const OpResult& r) {
   std::vector<double> v;

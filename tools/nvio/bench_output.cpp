@@ -30,8 +30,6 @@
 
 #include "bench_impl.hpp"
 #include "cli.hpp"
-#include "core/median.hpp"
-#include "core/posix.hpp"
 #include "nvio/errors.hpp"
 #include "nvio/gpu.hpp"
 #include "nvio/handle.hpp"

@@ -31,9 +31,8 @@
 
 #include "bench_impl.hpp"
 #include "cli.hpp"
-#include "core/median.hpp"
-#include "core/posix.hpp"
 #include "nvio/errors.hpp"
+#include "nvio/file_descriptor.hpp"
 #include "nvio/gpu.hpp"
 #include "nvio/handle.hpp"
 #include "nvio/memory.hpp"
@@ -135,18 +134,18 @@ class DrainOnExit {
 // The file opened once for a random run, O_DIRECT where the options allow and the file system
 // supports it, and handed to the handle by descriptor; read-only for a read-only run of an existing
 // file (which may not be writable).
-nvio::detail::FileDescriptor open_for_random(const Plan& plan) {
+nvio::FileDescriptor open_for_random(const Plan& plan) {
   const int access = plan.existing_size && plan.op == Op::Read ? O_RDONLY : O_RDWR | O_CREAT;
   if (plan.options.values.direct != nvio::DirectIo::Off) {
-    const int fd = nvio::detail::open_file(plan.path, access | O_DIRECT);
-    if (fd >= 0) return nvio::detail::FileDescriptor(fd);
+    const int fd = nvio::open_file(plan.path, access | O_DIRECT);
+    if (fd >= 0) return nvio::FileDescriptor(fd);
     if (fd != -EINVAL || plan.options.values.direct == nvio::DirectIo::On) {
       nvio::throw_io_error(nvio::IoOp::Open, plan.path, 0, 0, -fd);
     }
   }
-  const int fd = nvio::detail::open_file(plan.path, access);
+  const int fd = nvio::open_file(plan.path, access);
   if (fd < 0) nvio::throw_io_error(nvio::IoOp::Open, plan.path, 0, 0, -fd);
-  return nvio::detail::FileDescriptor(fd);
+  return nvio::FileDescriptor(fd);
 }
 
 // Untimed chunks of the pattern: written over, or read back and checked against, [0, end).
@@ -297,7 +296,7 @@ Sample random_loop(nvio::Handle& handle, int fd, RandomState& st, const Plan& pl
   };
 
   Sample sample;
-  const double cpu0 = nvio::detail::process_cpu_seconds();
+  const double cpu0 = nvio::process_cpu_seconds();
   const Clock::time_point t0 = Clock::now();
   if (rp.duration) {
     deadline = t0 + std::chrono::duration_cast<Clock::duration>(
@@ -329,7 +328,7 @@ Sample random_loop(nvio::Handle& handle, int fd, RandomState& st, const Plan& pl
   sample.seconds = std::chrono::duration<double>(now - t0).count();
   sample.start = t0;
   sample.end = now;
-  sample.cpu_seconds = nvio::detail::process_cpu_seconds() - cpu0;
+  sample.cpu_seconds = nvio::process_cpu_seconds() - cpu0;
   sample.ops = done;
   sample.p50_us = percentile_us(st.latency_ns, done, 0.50);
   sample.p99_us = percentile_us(st.latency_ns, done, 0.99);
@@ -345,7 +344,7 @@ OpResult random_op(nvio::Handle& handle, int fd, RandomState& st, const Plan& pl
   for (unsigned i = 0; i < plan.loops; ++i) {
     progress.set(fmt::format("random {} loop {}/{}", result.op, i + 1, plan.loops));
     // So that buffered reads (direct off) really read the device; best effort, as for sequential.
-    if (read) nvio::detail::evict_page_cache(plan.path);
+    if (read) evict_best_effort(plan.path);
     if (plan.gate) plan.gate->wait();
     result.samples.push_back(random_loop(handle, fd, st, plan, op, i, result));
   }
@@ -381,7 +380,7 @@ void check_random_memory(const Plan& plan) {
 // is shorter than --file-size (and, for --verify of writes, always, so that every block read back
 // holds the pattern); a write-only --verify reads the whole file back afterwards (untimed).
 std::vector<OpResult> run_random(nvio::Handle& handle, const Plan& plan) {
-  const nvio::detail::FileDescriptor file = open_for_random(plan);
+  const nvio::FileDescriptor file = open_for_random(plan);
   RandomState state(plan, file.get());
   const DrainOnExit drain(handle);
   Progress progress(::isatty(STDERR_FILENO) == 1);

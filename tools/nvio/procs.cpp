@@ -33,10 +33,10 @@
 #include <vector>
 
 #include "cli.hpp"
-#include "core/median.hpp"
 #include "nvio/errors.hpp"
 #include "nvio/options.hpp"
 #include "nvio/system.hpp"
+#include "nvio/tune.hpp"
 
 namespace nvio_cli {
 
@@ -445,7 +445,7 @@ void forward_messages(const Processes& procs) {
 
 // ---- the aggregate ------------------------------------------------------------------------------
 
-using nvio::detail::median;
+using nvio::median;
 
 // The bytes a process moved in loop i of a result: the buffer, or a random loop's blocks.
 double loop_bytes(const nlohmann::json& r, std::size_t i) {

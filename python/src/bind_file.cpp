@@ -1,59 +1,22 @@
 // nvio._nvio.File: the core of nvio.File (python/nvio/_file.py), an nvio::File (nvio/file.hpp)
 // opened through a core Handle, and nvio.FileBusy. Every call that can block (the open, I/O,
-// size) runs without the GIL through module.cpp's unlocked() (run_unlocked).
-#include "nvio/file.hpp"
-
+// size) runs without the GIL through unlocked() (common.hpp).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
 
-#include "nvio/errors.hpp"
-#include "nvio/handle.hpp"
-
-namespace py = pybind11;
+#include "bindings.hpp"
+#include "common.hpp"
 
 namespace nvio_py {
-
-// module.cpp: runs `f` as unlocked() does (GIL released; `signals`: its waits run the signal
-// handlers, for blocking I/O).
-void run_unlocked(const std::function<void()>& f, bool signals);
-
 namespace {
 
 PyObject* g_file_busy = nullptr;
-
-template <class F>
-auto without_gil(F&& f, bool signals = false) {
-  decltype(f()) result{};
-  run_unlocked([&] { result = f(); }, signals);
-  return result;
-}
-
-void* as_ptr(std::uintptr_t address) { return reinterpret_cast<void*>(address); }
-
-nvio::MemoryKind memory(bool device) {
-  return device ? nvio::MemoryKind::Device : nvio::MemoryKind::Host;
-}
-
-nvio::ReadOptions read_opts(bool device) {
-  nvio::ReadOptions r;
-  r.memory = memory(device);
-  return r;
-}
-
-nvio::WriteOptions write_opts(bool truncate, bool sync, bool device) {
-  nvio::WriteOptions w;
-  w.memory = memory(device);
-  w.truncate = truncate ? nvio::Truncate::AtEnd : nvio::Truncate::No;
-  w.durability = sync ? nvio::Durability::Data : nvio::Durability::None;
-  return w;
-}
 
 // Items as nvio/_handle.py's _Batch resolves them: (address, nbytes, offset, file); the file is
 // the File's and not looked at.
@@ -96,23 +59,24 @@ void bind_file(py::module_& m) {
 
   py::class_<nvio::File>(m, "File")
       .def(py::init([](nvio::Handle& h, const std::string& path, const std::string& mode) {
-             return without_gil([&] { return std::make_unique<nvio::File>(h, path, mode); });
+             return unlocked([&] { return std::make_unique<nvio::File>(h, path, mode); });
            }),
            py::arg("handle"), py::arg("path"), py::arg("mode") = "r", py::keep_alive<1, 2>())
       .def(
           "read",
           [](const nvio::File& f, std::uintptr_t addr, std::size_t nbytes, std::uint64_t off,
              bool device) {
-            run_unlocked([&] { f.read(as_ptr(addr), nbytes, off, read_opts(device)); }, true);
+            unlocked([&] { f.read(as_ptr(addr), nbytes, off, read_options(device)); },
+                     Signals::Handle);
           },
           py::arg("address"), py::arg("nbytes"), py::arg("offset") = 0, py::arg("device") = false)
       .def(
           "write",
           [](const nvio::File& f, std::uintptr_t addr, std::size_t nbytes, std::uint64_t off,
              bool truncate, bool sync, bool device) {
-            run_unlocked(
-                [&] { f.write(as_ptr(addr), nbytes, off, write_opts(truncate, sync, device)); },
-                true);
+            unlocked(
+                [&] { f.write(as_ptr(addr), nbytes, off, write_options(truncate, sync, device)); },
+                Signals::Handle);
           },
           py::arg("address"), py::arg("nbytes"), py::arg("offset") = 0, py::arg("truncate") = false,
           py::arg("sync") = false, py::arg("device") = false)
@@ -120,16 +84,17 @@ void bind_file(py::module_& m) {
           "submit_read",
           [](const nvio::File& f, std::uintptr_t addr, std::size_t nbytes, std::uint64_t off,
              bool device) {
-            return without_gil(
-                [&] { return f.submit_read(as_ptr(addr), nbytes, off, read_opts(device)); });
+            return unlocked(
+                [&] { return f.submit_read(as_ptr(addr), nbytes, off, read_options(device)); });
           },
           py::arg("address"), py::arg("nbytes"), py::arg("offset") = 0, py::arg("device") = false)
       .def(
           "submit_write",
           [](const nvio::File& f, std::uintptr_t addr, std::size_t nbytes, std::uint64_t off,
              bool truncate, bool sync, bool device) {
-            return without_gil([&] {
-              return f.submit_write(as_ptr(addr), nbytes, off, write_opts(truncate, sync, device));
+            return unlocked([&] {
+              return f.submit_write(as_ptr(addr), nbytes, off,
+                                    write_options(truncate, sync, device));
             });
           },
           py::arg("address"), py::arg("nbytes"), py::arg("offset") = 0, py::arg("truncate") = false,
@@ -138,35 +103,36 @@ void bind_file(py::module_& m) {
           "read_batch",
           [](const nvio::File& f, const Items& items, bool device) {
             const auto extents = extents_of<nvio::FileReadExtent>(items);
-            run_unlocked([&] { f.read_batch(extents, read_opts(device)); }, true);
+            unlocked([&] { f.read_batch(extents, read_options(device)); }, Signals::Handle);
           },
           py::arg("items"), py::arg("device") = false)
       .def(
           "write_batch",
           [](const nvio::File& f, const Items& items, bool sync, bool device) {
             const auto extents = extents_of<nvio::FileWriteExtent>(items);
-            run_unlocked([&] { f.write_batch(extents, write_opts(false, sync, device)); }, true);
+            unlocked([&] { f.write_batch(extents, write_options(false, sync, device)); },
+                     Signals::Handle);
           },
           py::arg("items"), py::arg("sync") = false, py::arg("device") = false)
       .def(
           "submit_read_batch",
           [](const nvio::File& f, const Items& items, bool device) {
             const auto extents = extents_of<nvio::FileReadExtent>(items);
-            return without_gil([&] { return f.submit_read_batch(extents, read_opts(device)); });
+            return unlocked([&] { return f.submit_read_batch(extents, read_options(device)); });
           },
           py::arg("items"), py::arg("device") = false)
       .def(
           "submit_write_batch",
           [](const nvio::File& f, const Items& items, bool sync, bool device) {
             const auto extents = extents_of<nvio::FileWriteExtent>(items);
-            return without_gil(
-                [&] { return f.submit_write_batch(extents, write_opts(false, sync, device)); });
+            return unlocked(
+                [&] { return f.submit_write_batch(extents, write_options(false, sync, device)); });
           },
           py::arg("items"), py::arg("sync") = false, py::arg("device") = false)
       .def("close", [](nvio::File& f) { f.close(); })
       .def("is_open", [](const nvio::File& f) { return f.is_open(); })
       .def("in_flight", [](const nvio::File& f) { return f.in_flight(); })
-      .def("size", [](const nvio::File& f) { return without_gil([&] { return f.size(); }); })
+      .def("size", [](const nvio::File& f) { return unlocked([&] { return f.size(); }); })
       .def("direct_alignment", [](const nvio::File& f) { return f.direct_alignment(); })
       .def("path", [](const nvio::File& f) { return f.path(); })
       .def("mode", [](const nvio::File& f) { return std::string(nvio::to_string(f.mode())); });

@@ -824,6 +824,19 @@ void Worker::die(std::exception_ptr cause) noexcept {
   } catch (...) {
     idle = false;
   }
+  if (!idle && !in_engine_) {
+    // An engine that only kept reporting failures (it did not throw) is closed, which releases its
+    // descriptor: the kernel cancels what it still holds, and the memory those requests point
+    // into stays abandoned. One that threw is in an unknown state and is abandoned with it.
+    // Closed before the operations fail: a caller told of the failure releases its buffer, and
+    // a close that waits for the kernel (libaio's io_destroy waits for every request it held)
+    // then leaves nothing writing into it; io_uring's close only starts the kernel's
+    // cancellation, so there the caveat above stays.
+    try {
+      for (auto& e : memory_->engines) e.reset();
+    } catch (...) {
+    }
+  }
   for (Slot& s : slots_) {
     if (!s.op) continue;
     const OperationPtr op = std::move(s.op);
@@ -833,18 +846,7 @@ void Worker::die(std::exception_ptr cause) noexcept {
       memory_->held.push_back(op);  // within the reserved capacity: does not allocate
     }
   }
-  if (!idle) {
-    // An engine that only kept reporting failures (it did not throw) is closed, which releases its
-    // descriptor: the kernel cancels what it still holds, and the memory those requests point
-    // into stays abandoned. One that threw is in an unknown state and is abandoned with it.
-    if (!in_engine_) {
-      try {
-        for (auto& e : memory_->engines) e.reset();
-      } catch (...) {
-      }
-    }
-    abandon(std::move(memory_));
-  }
+  if (!idle) abandon(std::move(memory_));
 }
 
 }  // namespace

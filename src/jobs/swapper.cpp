@@ -528,7 +528,7 @@ struct Swapper::Impl {
   bool start_prefetch(const std::string& name, Entry& e) {
     std::shared_ptr<SwapBuffer> buffer = pool->try_allocate(static_cast<std::size_t>(e.size));
     if (!buffer) return false;
-    const ReadExtent extent{buffer->data(), buffer->size(), e.offset, files.at(e.file).path, -1};
+    const ReadExtent extent{buffer->data(), buffer->size(), e.offset, files.at(e.file).path};
     auto record = prepared_node(ops, Op{Op::Kind::Prefetch, 0, 0, name});
     const Ticket ticket = handle.submit_read_batch({&extent, 1}, ReadOptions{MemoryKind::Host});
     record.key() = ticket;
@@ -723,7 +723,7 @@ struct Swapper::Impl {
     const std::optional<std::uint64_t> checksum = e.checksum;
     lock.unlock();
     try {
-      const ReadExtent extent{buf, static_cast<std::size_t>(size), offset, path, -1};
+      const ReadExtent extent{buf, static_cast<std::size_t>(size), offset, path};
       handle.read_batch({&extent, 1}, ReadOptions{memory});
       if (memory == MemoryKind::Host) verify(name, path, offset, size, checksum, buf);
     } catch (...) {
@@ -861,7 +861,7 @@ Swapper::SwapId Swapper::swap_out(const std::string& name, const void* buf, std:
   const SwapId id = s.next_id++;
   ++s.counters.swap_outs;
   if (length == 0) return id;
-  const WriteExtent extent{buf, length, e.offset, s.files.at(e.file).path, -1};
+  const WriteExtent extent{buf, length, e.offset, s.files.at(e.file).path};
   Ticket ticket = 0;
   decltype(s.ops)::node_type op_record;
   decltype(s.writes)::node_type write_record;
@@ -1014,7 +1014,7 @@ void Swapper::swap_in(std::span<const Target> targets) {
       for (std::size_t i = 0; i < reads.size(); ++i) {
         const Target& t = *reads[i].target;
         if (kinds[static_cast<std::size_t>(&t - targets.data())] != memory) continue;
-        extents.push_back({t.buf, t.length, reads[i].offset, reads[i].path, -1});
+        extents.push_back({t.buf, t.length, reads[i].offset, reads[i].path});
       }
       if (!extents.empty()) s.handle.read_batch(extents, ReadOptions{memory});
     }
@@ -1316,9 +1316,9 @@ void Swapper::snapshot(const std::string& dst_dir) {
             }
             const std::uint64_t length = std::min<std::uint64_t>(size - done_in_item, chunk - at);
             reads.push_back({slot.base + at, static_cast<std::size_t>(length),
-                             it.entry->offset + done_in_item, it.source, -1});
+                             it.entry->offset + done_in_item, it.source});
             slot.writes.push_back(
-                {slot.base + at, static_cast<std::size_t>(length), target, data_path, -1});
+                {slot.base + at, static_cast<std::size_t>(length), target, data_path});
             done_in_item += length;
             const bool last = done_in_item == size;
             slot.pieces.push_back({item, slot.base + at, length, last});

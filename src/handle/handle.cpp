@@ -8,40 +8,24 @@
 //   cuda/device_lane.*  a worker's CUDA streams, events and slab registrations
 #include "nvio/handle.hpp"
 
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <pthread.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <condition_variable>
-#include <cstdlib>
-#include <cstring>
-#include <deque>
 #include <exception>
 #include <future>
-#include <limits>
-#include <map>
 #include <mutex>
 #include <new>
 #include <system_error>
 #include <thread>
-#include <typeinfo>
 #include <vector>
 
 #include "core/fork.hpp"
-#include "core/pool.hpp"
-#include "core/posix.hpp"
-#include "core/retry.hpp"
-#include "core/spin.hpp"
 #include "cuda/cufile.hpp"
 #include "cuda/device_ops.hpp"
 #include "engine/engine.hpp"
 #include "handle/files.hpp"
-#include "handle/opened.hpp"
 #include "handle/operation.hpp"
 #include "handle/prepare.hpp"
 #include "handle/stats.hpp"
@@ -273,8 +257,7 @@ void Handle::Impl::queue_job(const detail::Job& job) {
   }
   for (const OperationPtr& op : job.ops) {
     if (op->file != nullptr) {
-      op->file->queued_ops.fetch_add(1, std::memory_order_relaxed);
-      op->counted_in_file = true;
+      op->file->queued_ops.fetch_add(1, std::memory_order_relaxed);  // until it is Finishing
     }
     queue.push(op, counters.others());
   }

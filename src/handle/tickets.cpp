@@ -19,8 +19,7 @@ bool Job::wait(WaitMode mode) const {
 
 bool Job::done() const {
   for (const OperationPtr& op : ops) {
-    std::lock_guard lock(op->mutex);
-    if (!op->finished) return false;
+    if (!op->finished()) return false;
   }
   return true;
 }

@@ -211,7 +211,7 @@ void Worker::fill() {
     }
     taken_from_op = (op == last_op) ? taken_from_op + 1 : 1;
     last_op = op;
-    if (op->failed.load(std::memory_order_acquire)) {
+    if (op->failed()) {
       queue_.finish_piece(*op, 1, stats_);
       continue;
     }
@@ -279,7 +279,7 @@ void Worker::submit_ready() {
   std::size_t kept = 0;
   for (std::size_t k = 0; k < ready_.size(); ++k) {
     const unsigned i = ready_[k];
-    if (slots_[i].op->failed.load(std::memory_order_acquire)) {
+    if (slots_[i].op->failed()) {
       retire(i);
     } else {
       ready_[kept++] = i;
@@ -389,7 +389,7 @@ void Worker::on_completion(unsigned lane, const engine::Completion& c) {
   const unsigned i = *taken;
   Slot& s = slots_[i];
   Operation& op = *s.op;
-  if (op.failed.load(std::memory_order_acquire)) {
+  if (op.failed()) {
     retire(i);  // the operation failed meanwhile: nothing more of it is done
     return;
   }

@@ -42,7 +42,7 @@ void Worker::copy_next_host() {
   const unsigned i = host_copies_.front();
   host_copies_.erase(host_copies_.begin());  // at most queue_depth entries: a short move
   Slot& s = slots_[i];
-  if (s.op->failed.load(std::memory_order_acquire)) {
+  if (s.op->failed()) {
     retire(i);  // the operation failed meanwhile: its bytes no longer matter
     return;
   }

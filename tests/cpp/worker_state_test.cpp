@@ -14,11 +14,14 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <stdexcept>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "engine/engine.hpp"
 #include "engine_override.hpp"
+#include "handle/operation.hpp"
 #include "handle/plan.hpp"
 #include "test_util.hpp"
 
@@ -590,6 +593,47 @@ TEST(Plan, BounceChunksAreWholePages) {
   EXPECT_EQ(nvio::detail::bounce_chunk_size(1), 4096u);
   EXPECT_EQ(nvio::detail::bounce_chunk_size(4096), 4096u);
   EXPECT_EQ(nvio::detail::bounce_chunk_size(64 * KiB + 1), 64 * KiB + 4096);
+}
+
+// The operation's lifecycle (handle/operation.hpp): only the documented transitions are made;
+// the others leave the state as it was.
+TEST(OperationLifecycle, OnlyTheDocumentedTransitionsAreMade) {
+  using nvio::detail::Lifecycle;
+  constexpr Lifecycle all[] = {Lifecycle::Prepared, Lifecycle::Queued, Lifecycle::Failed,
+                               Lifecycle::Finishing, Lifecycle::Finished};
+  const std::set<std::pair<Lifecycle, Lifecycle>> documented = {
+      {Lifecycle::Prepared, Lifecycle::Queued},    {Lifecycle::Queued, Lifecycle::Failed},
+      {Lifecycle::Prepared, Lifecycle::Finishing}, {Lifecycle::Queued, Lifecycle::Finishing},
+      {Lifecycle::Failed, Lifecycle::Finishing},   {Lifecycle::Finishing, Lifecycle::Finished}};
+  for (const Lifecycle from : all) {
+    for (const Lifecycle to : all) {
+      const bool allowed = documented.contains({from, to});
+      EXPECT_EQ(nvio::detail::lifecycle_allows(from, to), allowed)
+          << static_cast<int>(from) << " -> " << static_cast<int>(to);
+      nvio::detail::Operation op;
+      op.state.store(from);
+      Lifecycle was = Lifecycle::Finished;
+      EXPECT_EQ(op.advance(to, &was), allowed);
+      EXPECT_EQ(was, from);
+      EXPECT_EQ(op.state.load(), allowed ? to : from);
+    }
+  }
+  // An error keeps a Prepared operation Prepared (a refused push), fails a Queued one, and leaves
+  // a Finishing one Finishing (a failed fdatasync); the first error is kept.
+  for (const auto& [from, to] :
+       std::vector<std::pair<Lifecycle, Lifecycle>>{{Lifecycle::Prepared, Lifecycle::Prepared},
+                                                    {Lifecycle::Queued, Lifecycle::Failed},
+                                                    {Lifecycle::Failed, Lifecycle::Failed},
+                                                    {Lifecycle::Finishing, Lifecycle::Finishing}}) {
+    nvio::detail::Operation op;
+    op.state.store(from);
+    const auto first = std::make_exception_ptr(std::runtime_error("first"));
+    op.record_error(first);
+    op.record_error(std::make_exception_ptr(std::runtime_error("second")));
+    EXPECT_EQ(op.state.load(), to);
+    EXPECT_TRUE(op.has_error());
+    EXPECT_EQ(op.error, first);
+  }
 }
 
 }  // namespace

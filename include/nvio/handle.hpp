@@ -48,6 +48,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 
 #include "nvio/export.hpp"
 #include "nvio/gpu.hpp"
@@ -92,21 +93,66 @@ struct Completion {
   std::chrono::steady_clock::time_point finished;
 };
 
-// One extent of a batch: `length` bytes of `buf` at `offset` of the file named by `path`, or,
-// when `path` is empty, of the open descriptor `fd` (which nvio does not close).
+// The file of a request or of a batch's extent: a path, or an open descriptor (which nvio does
+// not close), exactly one. Converts from either, so that an extent reads {buf, length, offset,
+// "/nvme/x.bin"} or {buf, length, offset, fd}. A default one names no file: an extent without a
+// file is refused (InvalidArgument). A value: copies own their path.
+class FileRef {
+ public:
+  enum class Kind : std::uint8_t { None, Path, Fd, Opened };
+
+  FileRef() noexcept = default;
+  FileRef(std::string path) noexcept  // NOLINT(google-explicit-constructor)
+      : kind_(Kind::Path), path_(std::move(path)) {}
+  FileRef(const char* path)  // NOLINT(google-explicit-constructor)
+      : FileRef(std::string(path)) {}
+  FileRef(int fd) noexcept : kind_(Kind::Fd), fd_(fd) {}  // NOLINT(google-explicit-constructor)
+
+  Kind kind() const noexcept { return kind_; }
+  bool is_path() const noexcept { return kind_ == Kind::Path; }
+  bool is_fd() const noexcept { return kind_ == Kind::Fd; }
+  // The path (empty unless is_path()) and the descriptor (-1 unless is_fd()).
+  const std::string& path() const noexcept { return borrowed_ != nullptr ? *borrowed_ : path_; }
+  int fd() const noexcept { return fd_; }
+  // Kind::Opened, inside the library only: an nvio::File's open file.
+  const detail::Opened* opened() const noexcept { return opened_; }
+
+ private:
+  friend class Handle;
+  // A path the caller keeps alive for as long as the reference is used (a call by path: no copy
+  // of the name per operation).
+  static FileRef borrow(const std::string& path) noexcept {
+    FileRef f;
+    f.kind_ = Kind::Path;
+    f.borrowed_ = &path;
+    return f;
+  }
+  static FileRef of(const detail::Opened& opened) noexcept {
+    FileRef f;
+    f.kind_ = Kind::Opened;
+    f.opened_ = &opened;
+    return f;
+  }
+
+  Kind kind_ = Kind::None;
+  int fd_ = -1;
+  std::string path_;
+  const std::string* borrowed_ = nullptr;
+  const detail::Opened* opened_ = nullptr;
+};
+
+// One extent of a batch: `length` bytes of `buf` at `offset` of `file`.
 struct ReadExtent {
   void* buf = nullptr;
   std::size_t length = 0;
   std::uint64_t offset = 0;
-  std::string path;
-  int fd = -1;
+  FileRef file;
 };
 struct WriteExtent {
   const void* buf = nullptr;
   std::size_t length = 0;
   std::uint64_t offset = 0;
-  std::string path;
-  int fd = -1;
+  FileRef file;
 };
 
 // What a handle has done since it was made, as Handle::stats() reads it. Host memory moves as
@@ -288,7 +334,7 @@ class Handle {
 
  private:
   friend class File;
-  // nvio::File's operations (file.hpp): `extents` of the file `opened` (their path and fd are
+  // nvio::File's operations (file.hpp): `extents` of the file `opened` (their `file` is
   // not used), as one operation (`batch` false: one extent) or a batch; blocking (returns 0) or
   // asynchronous (returns the ticket).
   NVIO_LOCAL Ticket run_opened(bool write, std::span<const WriteExtent> extents, bool batch,

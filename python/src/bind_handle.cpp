@@ -45,9 +45,9 @@ std::vector<Extent> batch_extents(const std::vector<BatchItem>& items) {
     e.length = nbytes;
     e.offset = checked_offset(offset);
     if (const auto* path = std::get_if<std::string>(&target)) {
-      e.path = *path;
+      e.file = *path;
     } else {
-      e.fd = std::get<int>(target);
+      e.file = std::get<int>(target);
     }
     extents.push_back(std::move(e));
   }
@@ -76,9 +76,9 @@ std::vector<Extent> span_extents(std::uintptr_t address, const py::list& offsets
     e.buf = as_ptr(address + i * size);
     e.length = size;
     if (const auto* path = std::get_if<std::string>(&target)) {
-      e.path = *path;
+      e.file = *path;
     } else {
-      e.fd = std::get<int>(target);
+      e.file = std::get<int>(target);
     }
   }
   return extents;

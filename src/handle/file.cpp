@@ -250,25 +250,25 @@ File& File::operator=(File&& other) noexcept = default;
 
 void File::read(void* buf, std::size_t length, std::uint64_t offset,
                 const ReadOptions& read_options) const {
-  const WriteExtent e{buf, length, offset, {}, -1};
+  const WriteExtent e{buf, length, offset, {}};  // on the File's file (run_opened)
   state().run(false, {&e, 1}, false, from_read(read_options), false);
 }
 
 void File::write(const void* buf, std::size_t length, std::uint64_t offset,
                  const WriteOptions& write_options) const {
-  const WriteExtent e{buf, length, offset, {}, -1};
+  const WriteExtent e{buf, length, offset, {}};  // on the File's file (run_opened)
   state().run(true, {&e, 1}, false, write_options, false);
 }
 
 Ticket File::submit_read(void* buf, std::size_t length, std::uint64_t offset,
                          const ReadOptions& read_options) const {
-  const WriteExtent e{buf, length, offset, {}, -1};
+  const WriteExtent e{buf, length, offset, {}};  // on the File's file (run_opened)
   return state().run(false, {&e, 1}, false, from_read(read_options), true);
 }
 
 Ticket File::submit_write(const void* buf, std::size_t length, std::uint64_t offset,
                           const WriteOptions& write_options) const {
-  const WriteExtent e{buf, length, offset, {}, -1};
+  const WriteExtent e{buf, length, offset, {}};  // on the File's file (run_opened)
   return state().run(true, {&e, 1}, false, write_options, true);
 }
 

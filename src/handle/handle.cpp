@@ -1,47 +1,35 @@
-// The handle: the public API, the table of asynchronous tickets, and preparing each request
-// (opening the file, checking the target, planning its pieces). The rest lives beside it:
+// The handle: the public API, its workers' start and stop, and a forked child's fresh state. The
+// rest lives beside it:
+//   handle/prepare.*    preparing each request (checking it, opening the file, planning it)
 //   handle/plan.*       how a request is cut into direct pieces and buffered edges (pure)
+//   handle/tickets.*    the table of asynchronous tickets and the waits that collect them
 //   handle/operation.*  one request in flight, and the queue the workers take pieces from
 //   handle/worker.*     a worker thread: one explicit state machine per slot in flight
 //   cuda/device_lane.*  a worker's CUDA streams, events and slab registrations
 #include "nvio/handle.hpp"
 
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <pthread.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <condition_variable>
-#include <cstdlib>
-#include <cstring>
-#include <deque>
 #include <exception>
 #include <future>
-#include <limits>
-#include <map>
 #include <mutex>
 #include <new>
 #include <system_error>
 #include <thread>
-#include <typeinfo>
 #include <vector>
 
 #include "core/fork.hpp"
-#include "core/pool.hpp"
-#include "core/posix.hpp"
-#include "core/retry.hpp"
-#include "core/spin.hpp"
 #include "cuda/cufile.hpp"
 #include "cuda/device_ops.hpp"
 #include "engine/engine.hpp"
 #include "handle/files.hpp"
-#include "handle/opened.hpp"
 #include "handle/operation.hpp"
+#include "handle/prepare.hpp"
 #include "handle/stats.hpp"
+#include "handle/tickets.hpp"
 #include "handle/worker.hpp"
 #include "handle/worker_threads.hpp"
 #include "nvio/errors.hpp"
@@ -82,85 +70,21 @@ ThreadStarter set_thread_starter_for_testing(ThreadStarter starter) {
 
 namespace {
 
+using detail::JobPtr;
 using detail::Operation;
 using detail::OperationPtr;
+using detail::single;
 using engine::Direction;
-
-// What one ticket stands for: one operation, or the operations of a batch in extent order.
-// Immutable once made; each operation's outcome is guarded by its own mutex.
-struct Job {
-  // A single operation's vector holds one element: a pooled block (core/pool.hpp).
-  std::vector<OperationPtr, detail::PoolAllocator<OperationPtr>> ops;
-  Ticket ticket = 0;                       // 0 for a blocking call's
-  std::atomic<std::size_t> unfinished{0};  // operations not finished yet (asynchronous jobs)
-
-  // Waits for every operation: true. An Interruptible wait returns false when the thread's
-  // InterruptCheck said to stop (core/interrupt.hpp); the operations go on.
-  bool wait(detail::WaitMode mode = detail::WaitMode::Uninterruptible) const {
-    for (const OperationPtr& op : ops) {
-      // A batch of small extents is many short waits: the check is asked between them too.
-      if (detail::interrupt_overdue(mode) || !detail::OperationQueue::wait_finished(*op, mode)) {
-        return false;
-      }
-    }
-    return true;
-  }
-  bool done() const {
-    for (const OperationPtr& op : ops) {
-      std::lock_guard lock(op->mutex);
-      if (!op->finished) return false;
-    }
-    return true;
-  }
-  // A job of no operations (an empty batch): when it was registered, which is when it finished.
-  std::chrono::steady_clock::time_point empty_finished_at;
-
-  // After wait(): when the last of its operations finished.
-  std::chrono::steady_clock::time_point finished_at() const {
-    if (ops.empty()) return empty_finished_at;
-    std::chrono::steady_clock::time_point last;
-    for (const OperationPtr& op : ops) last = std::max(last, op->finished_at);
-    return last;
-  }
-  // After wait(): the first failure in extent order, or null.
-  std::exception_ptr error() const {
-    for (const OperationPtr& op : ops) {
-      if (op->error) return op->error;
-    }
-    return nullptr;
-  }
-};
-using JobPtr = std::shared_ptr<Job>;
-
-JobPtr make_job() { return std::allocate_shared<Job>(detail::PoolAllocator<Job>{}); }
-
-JobPtr single(OperationPtr op) {
-  JobPtr job = make_job();
-  job->ops.push_back(std::move(op));
-  return job;
-}
 
 }  // namespace
 
-struct Handle::Impl final : detail::FinishListener {
+struct Handle::Impl {
   explicit Impl(const Options& opts);
   ~Impl();
 
-  // Makes the operation for one request: checks the arguments, opens the file (or uses the
-  // descriptors `same_file` opened, for an extent of a batch), plans its pieces.
-  OperationPtr prepare(Direction dir, std::byte* buf, std::size_t length, const std::string* path,
-                       int fd, std::uint64_t offset, const WriteOptions& wopts) {
-    return counting_refusal([&] { return prepare_op(dir, buf, length, path, fd, offset, wopts); });
-  }
-  // prepare() without counting a refusal (an extent of a batch: the batch counts once). With
-  // `opened`, the request is on an nvio::File's file (path and fd are not used).
-  OperationPtr prepare_op(Direction dir, std::byte* buf, std::size_t length,
-                          const std::string* path, int fd, std::uint64_t offset,
-                          const WriteOptions& wopts, const Operation* same_file = nullptr,
-                          const detail::Opened* opened = nullptr);
   // Runs `make`, which prepares a request; a request refused before anything was submitted (a bad
   // argument, a file that cannot be opened, a read past the end) counts as a failed operation in
-  // stats' `errors` (issue 28 #11), under its errno, before the error propagates.
+  // stats' `errors`, under its errno, before the error propagates (a batch counts once).
   template <class Make>
   auto counting_refusal(Make make) -> decltype(make()) {
     try {
@@ -170,64 +94,40 @@ struct Handle::Impl final : detail::FinishListener {
       throw;
     }
   }
-  // Device memory: finds its device and the transport (bounce or GDS) once the file is open.
-  void prepare_device(Operation& op);
-  // The operations of a batch of extents, prepared together: the extents of one file share its
-  // descriptors, and a write batch's durability is one fdatasync per file after the last extent.
-  template <class Extent>
-  JobPtr prepare_batch(Direction dir, std::span<const Extent> extents, const WriteOptions& wopts,
-                       const detail::Opened* opened = nullptr) {
-    return counting_refusal([&] { return prepare_extents(dir, extents, wopts, opened); });
+  // One request, prepared (counted when refused).
+  JobPtr one(Direction dir, const void* buf, std::size_t length, const FileRef& file,
+             std::uint64_t offset, const WriteOptions& wopts) {
+    auto* bytes = static_cast<std::byte*>(const_cast<void*>(buf));
+    return single(counting_refusal(
+        [&] { return prepare.operation(dir, bytes, length, file, offset, wopts); }));
   }
+  // A batch, prepared (counted once when refused).
   template <class Extent>
-  JobPtr prepare_extents(Direction dir, std::span<const Extent> extents, const WriteOptions& wopts,
-                         const detail::Opened* opened);
+  JobPtr batch(Direction dir, std::span<const Extent> extents, const WriteOptions& wopts,
+               const FileRef* all_on = nullptr) {
+    return counting_refusal([&] { return prepare.batch(dir, extents, wopts, all_on); });
+  }
   void run_blocking(const JobPtr& job);
   Ticket register_async(const JobPtr& job);
   // Queues the job's operations, once all of them are prepared (a batch refused for one extent
   // allocates and extends nothing): a direct write past its file's end first allocates that
   // range, while no operation of the handle is queued on the file (allocate_past_end).
-  void queue_job(const Job& job);
-  // The operation behind `ticket`; with `collect` a wait takes it: it moves from the table to
-  // `collecting` until the wait calls end_collect.
-  JobPtr find_ticket(Ticket ticket, bool collect);
-  void end_collect(std::span<const JobPtr> jobs);
-  // An interrupted wait gives back the jobs it took: they are outstanding again, and listed in
-  // `finished` again when they have finished (a wait_some may have taken them from there).
-  void uncollect(std::span<const JobPtr> jobs);
+  void queue_job(const detail::Job& job);
   // Cancels the operations of `job` that have pieces not started yet (OperationQueue::cancel),
   // failing them with ECANCELED and `why`. Returns how many were cancelled.
-  std::size_t cancel_job(const Job& job, const char* why);
-  // A job's last operation finished: its ticket joins `finished` for wait_some.
-  bool operation_finished(const detail::Operation& op) noexcept override;
-  void wake_collectors() noexcept override;
-  // Adds `ticket` to `finished` (pruning collected ones). Called with tickets_mutex held; the
-  // caller notifies finished_cv after letting it go.
-  void list_finished(Ticket ticket) noexcept;
+  std::size_t cancel_job(const detail::Job& job, const char* why);
 
   Options options;
   EngineKind engine_kind;
   std::string engine_reason;
 
   detail::HandleCounters counters;  // a shard per worker: set before the workers start
+  // The listener of the asynchronous operations: it outlives them (~Impl stops the queue, which
+  // waits for every live operation, before any member goes).
+  detail::TicketTable tickets;
   detail::OperationQueue queue;
   detail::FileCache files{options.direct};
-
-  mutable std::mutex tickets_mutex;
-  std::map<Ticket, JobPtr, std::less<>, detail::PoolAllocator<std::pair<const Ticket, JobPtr>>>
-      tickets;
-  // Operations a wait has taken from `tickets` and is waiting for: a concurrent wait() must still
-  // wait for them (see the rule in handle.hpp). Guarded by tickets_mutex.
-  std::map<const Job*, JobPtr, std::less<>,
-           detail::PoolAllocator<std::pair<const Job* const, JobPtr>>>
-      collecting;
-  Ticket next_ticket = 1;
-  // Tickets whose job finished, in the order they did, for wait_some; entries that another wait
-  // collected meanwhile are skipped (and pruned). Guarded by tickets_mutex; finished_cv is
-  // notified when one is added.
-  std::vector<Ticket> finished;
-  std::condition_variable finished_cv;
-  std::atomic<std::uint64_t> finished_count{0};  // jobs finished so far: wait_some polls it
+  const detail::Preparer prepare{options, files, queue};
 
   std::vector<std::thread> workers;
 };
@@ -340,256 +240,7 @@ Handle::Impl::~Impl() {
   for (auto& t : workers) t.join();
 }
 
-namespace {
-
-void plan(Operation& op, std::size_t block_size, DirectIo direct) {
-  if (op.direct_fd < 0) {
-    op.plan = detail::plan_whole(op.offset, op.length, block_size, false);
-    op.piece_count = op.plan.piece_count();
-    return;
-  }
-  // The facts check_target had for the same file (through the buffered or the caller's
-  // descriptor): the direct-I/O alignment belongs to the inode, not to the descriptor.
-  const detail::FileFacts& facts = op.file->facts;
-  const DirectIoInfo& dio = facts.direct_io;
-  bool use_direct = dio.supported;
-  std::size_t shift = 0;
-  if (use_direct) {
-    const auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
-    const std::uint64_t align = detail::split_alignment(dio.offset_align, page, facts.block_size);
-    op.dio_offset_align = std::max<std::uint32_t>(dio.offset_align, 1);
-    op.mem_align = std::max<std::uint32_t>(dio.mem_align, 1);
-    op.plan = detail::plan_split(op.offset, op.length, block_size, align);
-    const auto middle = reinterpret_cast<std::uintptr_t>(op.user(op.plan.head_end));
-    // A host read whose middle is not aligned for the kernel lands shifted in the caller's
-    // memory when it has pieces enough (plan_shifted); other such middles, and device memory
-    // (edges included), go through bounce chunks. Host edges never do.
-    if (op.is_read() && op.memory == MemoryKind::Host) {
-      shift = detail::plan_shifted(op.plan, middle, op.mem_align, page, align);
-    }
-    const bool bounced = op.memory == MemoryKind::Device ||
-                         (op.plan.middle_pieces() > 0 && middle % op.mem_align != 0 && shift == 0);
-    // A bounce chunk holds block_size bytes (whole pages). Where the split granularity is larger
-    // (a file system with an st_blksize above block_size: NFS, XFS mounted with largeio), the
-    // middle's pieces are as long as a chunk when they bounce: inside the middle a piece needs
-    // only the kernel's alignment, and its ends stay at the split alignment, away from the
-    // edges. A device-memory edge (up to the split alignment long) cannot be cut so: such an
-    // operation goes through the page cache instead, where pieces are block_size long. A
-    // shifted read needs no chunk: its pieces land in the caller's memory, its tail in a buffer
-    // of its own.
-    const std::size_t chunk = detail::bounce_chunk_size(block_size);
-    if (bounced && align > chunk) {
-      if (op.memory == MemoryKind::Host &&
-          chunk % std::max<std::uint64_t>(op.dio_offset_align, op.mem_align) == 0) {
-        op.plan.piece_size = chunk;
-      } else if (direct == DirectIo::On) {
-        throw InvalidArgument(fmt::format(
-            "{}: its file system splits direct I/O at {} bytes, more than the block size {} "
-            "that bounce buffers hold, and direct=on forbids buffered I/O for this unaligned "
-            "or device-memory transfer: raise block_size to at least {}",
-            op.path, align, block_size, align));
-      } else {
-        warn(fmt::format("{}: its file system splits direct I/O at {} bytes, more than the "
-                         "block size {} that bounce buffers hold; this unaligned or "
-                         "device-memory transfer uses buffered I/O (raise block_size to at least "
-                         "{} for direct I/O)",
-                         op.path, align, block_size, align),
-             "bounce-split");
-        use_direct = false;
-      }
-    }
-    if (use_direct && (op.plan.has_head() || (op.plan.has_tail() && !op.plan.tail_direct)) &&
-        op.buffered_fd < 0) {
-      throw InvalidArgument(fmt::format(
-          "{}: offset {} and length {} are not aligned to {} bytes, and no buffered descriptor "
-          "could be opened for the unaligned edges (is /proc mounted?)",
-          op.path, op.offset, op.length, align));
-    }
-    if (use_direct && shift > 0) {
-      op.shifted = std::make_unique<detail::ShiftedRead>(
-          shift, op.plan.middle_pieces() + 1,
-          static_cast<std::size_t>(op.plan.end - op.plan.tail_begin),
-          std::max<std::size_t>(op.mem_align, page));
-    }
-  }
-  if (!use_direct) {
-    op.direct_fd = -1;
-    op.plan = detail::plan_whole(op.offset, op.length, block_size, false);
-  }
-  op.piece_count = op.plan.piece_count();
-}
-
-}  // namespace
-
-OperationPtr Handle::Impl::prepare_op(Direction dir, std::byte* buf, std::size_t length,
-                                      const std::string* path, int fd, std::uint64_t offset,
-                                      const WriteOptions& wopts, const Operation* same_file,
-                                      const detail::Opened* opened) {
-  // A handle whose worker died runs nothing more (see Worker::die in worker.cpp).
-  if (std::exception_ptr dead = queue.worker_failure()) std::rethrow_exception(dead);
-  auto op = std::allocate_shared<Operation>(detail::PoolAllocator<Operation>{});
-  op->direction = dir;
-  // A caller's descriptor is named for messages from /proc, which costs a readlink: only when a
-  // message needs it, or when FileCache sees the descriptor for the first time.
-  std::string fd_label;  // a caller's descriptor named for a message, until its file names it
-  if (path != nullptr) op->path = detail::NameRef(*path);
-  auto name = [&]() -> const std::string& {
-    if (op->path.empty_name()) {
-      fd_label = detail::fd_name(fd);
-      op->path = detail::NameRef(fd_label);
-    }
-    return op->path;
-  };
-  op->buf = buf;
-  op->offset = offset;
-  op->length = length;
-  op->write_options = wopts;
-  if (buf == nullptr && length > 0) {
-    throw InvalidArgument(fmt::format("{}: buffer is null but length is {}", name(), length));
-  }
-  if (offset > std::numeric_limits<std::uint64_t>::max() - length ||
-      offset + length > static_cast<std::uint64_t>(std::numeric_limits<off_t>::max())) {
-    throw InvalidArgument(fmt::format("{}: offset {} + length {} is past the largest file offset",
-                                      name(), offset, length));
-  }
-  op->memory = wopts.memory;
-  if (op->memory == MemoryKind::Auto) op->memory = length > 0 ? memory_kind(buf) : MemoryKind::Host;
-  if (op->memory == MemoryKind::Device && length > 0) {
-    op->device_ops = cuda::device_ops();  // GpuError when CUDA cannot be used
-    const std::optional<int> device = op->device_ops->device_of(buf);
-    if (!device) {
-      throw InvalidArgument(fmt::format(
-          "{}: the buffer at {} was given as device memory, but CUDA does not know it as device "
-          "memory",
-          name(), static_cast<const void*>(buf)));
-    }
-    op->device = *device;
-  } else {
-    op->memory = MemoryKind::Host;
-  }
-  if (opened != nullptr) {
-    detail::use_opened(*op, *opened);  // an nvio::File's: no system call
-  } else if (path != nullptr) {
-    if (path->empty()) throw InvalidArgument("file path is empty");
-    if (const std::size_t nul = path->find('\0'); nul != std::string::npos) {
-      // open() would stop at the NUL and use a different, shorter name.
-      throw InvalidArgument(
-          fmt::format("file path '{}' holds a NUL byte at position {}", path->substr(0, nul), nul));
-    }
-    if (same_file != nullptr) {
-      detail::share_file(*op, *same_file);
-    } else {
-      files.open_path(*op);
-    }
-  } else {
-    if (fd < 0) throw InvalidArgument(fmt::format("file descriptor {} is negative", fd));
-    if (same_file != nullptr) {
-      detail::share_file(*op, *same_file);
-    } else {
-      files.adopt_fd(*op, fd);
-    }
-  }
-  plan(*op, options.block_size, options.direct);
-  if (op->memory == MemoryKind::Device) prepare_device(*op);
-  op->remaining.store(op->piece_count);
-  return op;
-}
-
-namespace {
-
-// cuFile's registration for `op`'s direct descriptor: the file's, made once and kept with it, when
-// the file owns that descriptor; else one of the operation's own, since a caller's descriptor may
-// be closed, and its number reused for another file, while the handle keeps the file.
-std::shared_ptr<const cuda::CuFileHandle> gds_handle(const Operation& op) {
-  const auto make = [&] {
-    return std::make_shared<const cuda::CuFileHandle>(op.direct_fd, op.path);
-  };
-  if (op.file->direct && op.file->direct.get() == op.direct_fd) {
-    return op.file->gds_registration(make);
-  }
-  return make();
-}
-
-}  // namespace
-
-void Handle::Impl::prepare_device(Operation& op) {
-  // A test's fake device memory is host memory: cuFile must never see it.
-  if (options.gpu_direct == GpuDirect::Off || cuda::device_ops_override()) return;
-  const GpuInfo& info = gpu_info();
-  cuda::TransportChoice choice =
-      cuda::choose_transport(options.gpu_direct, info.gds_mode, info.gds_reason);
-  if (choice.transport == cuda::Transport::Gds && op.direct_fd < 0) {
-    choice = {cuda::Transport::Bounce, options.gpu_direct == GpuDirect::On,
-              fmt::format("gpu_direct=on but '{}' cannot be opened with O_DIRECT, which cuFile "
-                          "needs; device memory moves through the host bounce path",
-                          op.path)};
-  }
-  if (choice.transport == cuda::Transport::Gds) {
-    try {
-      op.cufile = gds_handle(op);
-    } catch (const GpuError& e) {
-      choice = {cuda::Transport::Bounce, options.gpu_direct == GpuDirect::On,
-                std::string(e.what()) + "; device memory moves through the host bounce path"};
-    }
-  }
-  if (choice.warn) warn(choice.reason, "gds-fallback");
-  op.transport = choice.transport;
-  if (op.transport == cuda::Transport::Gds) {
-    // cuFile takes any offset and length itself: the whole request is cut into block_size
-    // pieces on the O_DIRECT descriptor, with no buffered edges.
-    op.plan = detail::plan_whole(op.offset, op.length, options.block_size, true);
-    op.piece_count = op.plan.piece_count();
-  }
-}
-
-template <class Extent>
-JobPtr Handle::Impl::prepare_extents(Direction dir, std::span<const Extent> extents,
-                                     const WriteOptions& wopts, const detail::Opened* opened) {
-  if (wopts.truncate == Truncate::AtEnd) {
-    throw InvalidArgument(
-        "truncate=at_end does not apply to a batch (its extents end in different places): "
-        "truncate with a single write, or with ftruncate after the batch");
-  }
-  JobPtr job = make_job();
-  job->ops.reserve(extents.size());
-  std::shared_ptr<detail::BatchFinish> finish;
-  WriteOptions per_extent = wopts;
-  if (dir == Direction::Write) {
-    finish = std::make_shared<detail::BatchFinish>();
-    finish->durability = wopts.durability;
-    finish->left.store(extents.size());
-    per_extent.durability = Durability::None;  // once per file, by the batch's last extent
-  }
-  std::map<std::string, const Operation*> by_path;
-  std::map<int, const Operation*> by_fd;
-  for (const Extent& e : extents) {
-    const bool by_name = !e.path.empty();
-    const Operation* same = nullptr;
-    if (by_name) {
-      if (auto it = by_path.find(e.path); it != by_path.end()) same = it->second;
-    } else if (auto it = by_fd.find(e.fd); it != by_fd.end()) {
-      same = it->second;
-    }
-    auto* bytes = static_cast<std::byte*>(const_cast<void*>(static_cast<const void*>(e.buf)));
-    OperationPtr op = prepare_op(dir, bytes, e.length, by_name ? &e.path : nullptr, e.fd, e.offset,
-                                 per_extent, same, opened);
-    if (same == nullptr) {
-      if (by_name) {
-        by_path.emplace(e.path, op.get());
-      } else {
-        by_fd.emplace(e.fd, op.get());
-      }
-      if (finish) {
-        finish->files.push_back(op->file);
-      }
-    }
-    op->batch = finish;
-    job->ops.push_back(std::move(op));
-  }
-  return job;
-}
-
-void Handle::Impl::queue_job(const Job& job) {
+void Handle::Impl::queue_job(const detail::Job& job) {
   // Every allocation before any piece of the job is queued: none then waits for the job's own
   // direct I/O (the extents of a batch share their file, and its count is still the one before).
   for (const OperationPtr& op : job.ops) {
@@ -606,8 +257,7 @@ void Handle::Impl::queue_job(const Job& job) {
   }
   for (const OperationPtr& op : job.ops) {
     if (op->file != nullptr) {
-      op->file->queued_ops.fetch_add(1, std::memory_order_relaxed);
-      op->counted_in_file = true;
+      op->file->queued_ops.fetch_add(1, std::memory_order_relaxed);  // until it is Finishing
     }
     queue.push(op, counters.others());
   }
@@ -625,17 +275,15 @@ void Handle::Impl::run_blocking(const JobPtr& job) {
       if (std::exception_ptr e = job->error()) std::rethrow_exception(e);
       return;
     }
-    std::uint64_t bytes = 0;
-    for (const OperationPtr& op : job->ops) bytes += op->length;
     throw Interrupted(fmt::format(
         "interrupted: a blocking call of {} operation(s), {} bytes, stopped; {} of them were "
         "cancelled before they finished (the pieces the kernel held were waited for)",
-        job->ops.size(), bytes, cancelled));
+        job->ops.size(), job->bytes(), cancelled));
   }
   if (std::exception_ptr e = job->error()) std::rethrow_exception(e);
 }
 
-std::size_t Handle::Impl::cancel_job(const Job& job, const char* why) {
+std::size_t Handle::Impl::cancel_job(const detail::Job& job, const char* why) {
   std::size_t cancelled = 0;
   for (const OperationPtr& op : job.ops) {
     const Operation& o = *op;
@@ -650,91 +298,9 @@ std::size_t Handle::Impl::cancel_job(const Job& job, const char* why) {
 }
 
 Ticket Handle::Impl::register_async(const JobPtr& job) {
-  Ticket t;
-  job->unfinished.store(job->ops.size(), std::memory_order_relaxed);
-  if (job->ops.empty()) job->empty_finished_at = std::chrono::steady_clock::now();
-  for (const OperationPtr& op : job->ops) {
-    op->listener = this;
-    op->job = job.get();
-  }
-  {
-    std::lock_guard lock(tickets_mutex);
-    t = next_ticket++;
-    job->ticket = t;
-    tickets.emplace(t, job);
-    // Room for every ticket to finish without `finished` growing in operation_finished, which
-    // must not throw: below 2 * tickets + 64 entries it is not pruned, then it holds at most the
-    // live tickets.
-    const std::size_t room = 2 * tickets.size() + 65;
-    if (finished.capacity() < room) finished.reserve(std::max(room, 2 * finished.capacity()));
-    // A job of no operations (an empty batch) has finished already: no operation will say so.
-    if (job->ops.empty()) list_finished(t);
-  }
-  if (job->ops.empty()) finished_cv.notify_all();
+  const Ticket t = tickets.add(job);
   queue_job(*job);
   return t;
-}
-
-void Handle::Impl::list_finished(Ticket ticket) noexcept {
-  if (finished.size() >= 2 * tickets.size() + 64) {
-    // Mostly tickets that wait() or wait(ticket) collected: drop those.
-    std::erase_if(finished, [&](Ticket t) { return !tickets.contains(t); });
-  }
-  finished.push_back(ticket);  // within the capacity register_async reserved
-  finished_count.fetch_add(1, std::memory_order_release);
-}
-
-bool Handle::Impl::operation_finished(const detail::Operation& op) noexcept {
-  auto* job = static_cast<Job*>(op.job);
-  if (job->unfinished.fetch_sub(1, std::memory_order_acq_rel) != 1) return false;
-  std::lock_guard lock(tickets_mutex);
-  list_finished(job->ticket);
-  return true;
-}
-
-void Handle::Impl::wake_collectors() noexcept { finished_cv.notify_all(); }
-
-JobPtr Handle::Impl::find_ticket(Ticket ticket, bool collect) {
-  std::lock_guard lock(tickets_mutex);
-  auto it = tickets.find(ticket);
-  if (it == tickets.end()) {
-    throw InvalidArgument(fmt::format("ticket {} is unknown or was already waited for", ticket));
-  }
-  JobPtr job = it->second;
-  if (collect) {
-    tickets.erase(it);
-    collecting.emplace(job.get(), job);
-  }
-  return job;
-}
-
-void Handle::Impl::end_collect(std::span<const JobPtr> jobs) {
-  std::lock_guard lock(tickets_mutex);
-  for (const JobPtr& job : jobs) collecting.erase(job.get());
-}
-
-void Handle::Impl::uncollect(std::span<const JobPtr> jobs) {
-  bool listed = false;
-  {
-    std::lock_guard lock(tickets_mutex);
-    for (const JobPtr& job : jobs) {
-      collecting.erase(job.get());
-      tickets.emplace(job->ticket, job);
-      // Kept within what register_async reserves, for operation_finished's list_finished.
-      const std::size_t room = 2 * tickets.size() + 65;
-      if (finished.capacity() < room) finished.reserve(std::max(room, 2 * finished.capacity()));
-      // A job still unfinished is listed by its last operation. One that has finished is
-      // listed again unless its entry is still there (a wait_some takes entries out): listed
-      // twice, it would be collected once all the same, but every interrupted wait would add a
-      // copy beyond the room reserved above.
-      if (job->unfinished.load(std::memory_order_acquire) == 0 &&
-          std::find(finished.begin(), finished.end(), job->ticket) == finished.end()) {
-        list_finished(job->ticket);
-        listed = true;
-      }
-    }
-  }
-  if (listed) finished_cv.notify_all();
 }
 
 namespace {
@@ -797,103 +363,94 @@ WriteOptions as_write_options(const ReadOptions& r) {
 
 }  // namespace
 
+// Every call by path borrows the caller's string (FileRef::borrow): the operation names its file
+// through it until the file's own name replaces it (FileCache), with no copy per operation.
 void Handle::read(void* buf, std::size_t length, const std::string& path, std::uint64_t offset,
                   const ReadOptions& read_options) {
   Impl& s = impl();
-  s.run_blocking(single(s.prepare(Direction::Read, static_cast<std::byte*>(buf), length, &path, -1,
-                                  offset, as_write_options(read_options))));
+  s.run_blocking(s.one(Direction::Read, buf, length, FileRef::borrow(path), offset,
+                       as_write_options(read_options)));
 }
 
 void Handle::write(const void* buf, std::size_t length, const std::string& path,
                    std::uint64_t offset, const WriteOptions& write_options) {
-  // The engines take a non-const pointer for both directions; writes never modify the buffer.
-  auto* bytes = static_cast<std::byte*>(const_cast<void*>(buf));
   Impl& s = impl();
   s.run_blocking(
-      single(s.prepare(Direction::Write, bytes, length, &path, -1, offset, write_options)));
+      s.one(Direction::Write, buf, length, FileRef::borrow(path), offset, write_options));
 }
 
 void Handle::read(void* buf, std::size_t length, int fd, std::uint64_t offset,
                   const ReadOptions& read_options) {
   Impl& s = impl();
-  s.run_blocking(single(s.prepare(Direction::Read, static_cast<std::byte*>(buf), length, nullptr,
-                                  fd, offset, as_write_options(read_options))));
+  s.run_blocking(s.one(Direction::Read, buf, length, fd, offset, as_write_options(read_options)));
 }
 
 void Handle::write(const void* buf, std::size_t length, int fd, std::uint64_t offset,
                    const WriteOptions& write_options) {
-  auto* bytes = static_cast<std::byte*>(const_cast<void*>(buf));
   Impl& s = impl();
-  s.run_blocking(
-      single(s.prepare(Direction::Write, bytes, length, nullptr, fd, offset, write_options)));
+  s.run_blocking(s.one(Direction::Write, buf, length, fd, offset, write_options));
 }
 
 Ticket Handle::submit_read(void* buf, std::size_t length, const std::string& path,
                            std::uint64_t offset, const ReadOptions& read_options) {
   Impl& s = impl();
-  return s.register_async(single(s.prepare(Direction::Read, static_cast<std::byte*>(buf), length,
-                                           &path, -1, offset, as_write_options(read_options))));
+  return s.register_async(s.one(Direction::Read, buf, length, FileRef::borrow(path), offset,
+                                as_write_options(read_options)));
 }
 
 Ticket Handle::submit_write(const void* buf, std::size_t length, const std::string& path,
                             std::uint64_t offset, const WriteOptions& write_options) {
-  auto* bytes = static_cast<std::byte*>(const_cast<void*>(buf));
   Impl& s = impl();
   return s.register_async(
-      single(s.prepare(Direction::Write, bytes, length, &path, -1, offset, write_options)));
+      s.one(Direction::Write, buf, length, FileRef::borrow(path), offset, write_options));
 }
 
 Ticket Handle::submit_read(void* buf, std::size_t length, int fd, std::uint64_t offset,
                            const ReadOptions& read_options) {
   Impl& s = impl();
-  return s.register_async(single(s.prepare(Direction::Read, static_cast<std::byte*>(buf), length,
-                                           nullptr, fd, offset, as_write_options(read_options))));
+  return s.register_async(
+      s.one(Direction::Read, buf, length, fd, offset, as_write_options(read_options)));
 }
 
 Ticket Handle::submit_write(const void* buf, std::size_t length, int fd, std::uint64_t offset,
                             const WriteOptions& write_options) {
-  auto* bytes = static_cast<std::byte*>(const_cast<void*>(buf));
   Impl& s = impl();
-  return s.register_async(
-      single(s.prepare(Direction::Write, bytes, length, nullptr, fd, offset, write_options)));
+  return s.register_async(s.one(Direction::Write, buf, length, fd, offset, write_options));
 }
 
 void Handle::read_batch(std::span<const ReadExtent> extents, const ReadOptions& read_options) {
   Impl& s = impl();
-  s.run_blocking(s.prepare_batch(Direction::Read, extents, as_write_options(read_options)));
+  s.run_blocking(s.batch(Direction::Read, extents, as_write_options(read_options)));
 }
 
 void Handle::write_batch(std::span<const WriteExtent> extents, const WriteOptions& write_options) {
   Impl& s = impl();
-  s.run_blocking(s.prepare_batch(Direction::Write, extents, write_options));
+  s.run_blocking(s.batch(Direction::Write, extents, write_options));
 }
 
 Ticket Handle::submit_read_batch(std::span<const ReadExtent> extents,
                                  const ReadOptions& read_options) {
   Impl& s = impl();
-  return s.register_async(
-      s.prepare_batch(Direction::Read, extents, as_write_options(read_options)));
+  return s.register_async(s.batch(Direction::Read, extents, as_write_options(read_options)));
 }
 
 Ticket Handle::submit_write_batch(std::span<const WriteExtent> extents,
                                   const WriteOptions& write_options) {
   Impl& s = impl();
-  return s.register_async(s.prepare_batch(Direction::Write, extents, write_options));
+  return s.register_async(s.batch(Direction::Write, extents, write_options));
 }
 
 Ticket Handle::run_opened(bool write, std::span<const WriteExtent> extents, bool batch,
                           const detail::Opened& opened, const WriteOptions& options, bool async) {
   Impl& s = impl();
   const Direction dir = write ? Direction::Write : Direction::Read;
+  const FileRef file = FileRef::of(opened);
   JobPtr job;
   if (batch) {
-    job = s.prepare_batch(dir, extents, options, &opened);
+    job = s.batch(dir, extents, options, &file);
   } else {
     const WriteExtent& e = extents.front();
-    auto* bytes = static_cast<std::byte*>(const_cast<void*>(e.buf));
-    job = single(s.counting_refusal([&] {
-      return s.prepare_op(dir, bytes, e.length, nullptr, -1, e.offset, options, nullptr, &opened);
-    }));
+    job = s.one(dir, e.buf, e.length, file, e.offset, options);
   }
   if (async) return s.register_async(job);
   s.run_blocking(job);
@@ -904,152 +461,25 @@ void Handle::wait(Ticket ticket) {
   if (std::exception_ptr e = wait_completion(ticket).error) std::rethrow_exception(e);
 }
 
-Completion Handle::wait_completion(Ticket ticket) {
-  Impl& s = impl();
-  JobPtr job = s.find_ticket(ticket, /*collect=*/true);
-  if (!job->wait(detail::WaitMode::Interruptible)) {
-    s.uncollect(std::span(&job, 1));
-    throw Interrupted(fmt::format(
-        "interrupted: the wait for ticket {} stopped; the ticket is still outstanding", ticket));
-  }
-  s.end_collect(std::span(&job, 1));
-  return Completion{ticket, job->error(), job->finished_at()};
-}
-
-namespace {
-
-// wait_some polls before sleeping only while at most this many operations are outstanding.
-constexpr std::size_t kPollOutstanding = 2;
-
-}  // namespace
+Completion Handle::wait_completion(Ticket ticket) { return impl().tickets.wait(ticket); }
 
 std::size_t Handle::wait_some(std::span<Completion> out, std::size_t min_count) {
-  Impl& s = impl();
-  std::vector<JobPtr> mine;
-  {
-    std::unique_lock lock(s.tickets_mutex);
-    for (;;) {
-      // The entries looked at are removed before the lock is let go (operation_finished prunes
-      // the list, which would move them).
-      std::size_t next = 0;
-      for (; next < s.finished.size() && mine.size() < out.size(); ++next) {
-        auto it = s.tickets.find(s.finished[next]);
-        if (it == s.tickets.end()) continue;  // collected by another wait
-        s.collecting.emplace(it->second.get(), it->second);
-        mine.push_back(std::move(it->second));
-        s.tickets.erase(it);
-      }
-      s.finished.erase(s.finished.begin(), s.finished.begin() + static_cast<std::ptrdiff_t>(next));
-      // Fewer than asked for can only come when no more are outstanding.
-      const std::size_t want = std::min({min_count, out.size(), mine.size() + s.tickets.size()});
-      if (mine.size() >= want) break;
-      // With one or two operations outstanding the caller waits for each in turn: poll before
-      // sleeping (core/spin.hpp), as a small one finishes within microseconds. With more, one
-      // finishes soon anyway, and polling would take a CPU from the kernel's side of the I/O.
-      if (s.tickets.size() <= kPollOutstanding) {
-        std::uint64_t bytes = 0;  // of the one or two jobs outstanding (the table needs the lock)
-        for (const auto& [ticket, job] : s.tickets) {
-          for (const OperationPtr& op : job->ops) bytes += op->length;
-        }
-        const std::uint64_t seen = s.finished_count.load(std::memory_order_acquire);
-        lock.unlock();
-        const bool more = detail::spin_until(detail::completion_spin_limit(bytes), [&] {
-          return s.finished_count.load(std::memory_order_acquire) != seen;
-        });
-        lock.lock();
-        if (more || s.finished_count.load(std::memory_order_acquire) != seen) continue;
-      }
-      const std::uint64_t seen = s.finished_count.load(std::memory_order_acquire);
-      if (!detail::wait_ready(
-              s.finished_cv, lock,
-              [&] { return s.finished_count.load(std::memory_order_acquire) != seen; },
-              detail::WaitMode::Interruptible)) {
-        lock.unlock();
-        s.uncollect(mine);
-        throw Interrupted(
-            "interrupted: wait_some stopped; every ticket it had not returned is still "
-            "outstanding");
-      }
-    }
-  }
-  // Their last operation is finishing (its listener ran): wait() covers the last few steps.
-  for (std::size_t i = 0; i < mine.size(); ++i) {
-    mine[i]->wait();
-    out[i] = Completion{mine[i]->ticket, mine[i]->error(), mine[i]->finished_at()};
-  }
-  s.end_collect(mine);
-  return mine.size();
+  return impl().tickets.wait_some(out, min_count);
 }
 
-bool Handle::done(Ticket ticket) const { return impl().find_ticket(ticket, false)->done(); }
+bool Handle::done(Ticket ticket) const { return impl().tickets.done(ticket); }
 
-bool Handle::is_pending(Ticket ticket) const {
-  Impl& s = impl();
-  std::lock_guard lock(s.tickets_mutex);
-  return s.tickets.contains(ticket);
-}
+bool Handle::is_pending(Ticket ticket) const { return impl().tickets.is_pending(ticket); }
 
 bool Handle::cancel(Ticket ticket) {
   Impl& s = impl();
-  JobPtr job;
-  {
-    std::lock_guard lock(s.tickets_mutex);
-    if (auto it = s.tickets.find(ticket); it != s.tickets.end()) {
-      job = it->second;
-    } else {
-      // A ticket another thread is waiting for can be cancelled too: that wait then returns.
-      for (const auto& [key, ptr] : s.collecting) {
-        if (ptr->ticket == ticket) job = ptr;
-      }
-    }
-  }
-  if (!job) {
-    throw InvalidArgument(
-        fmt::format("cancel: ticket {} is unknown or was already waited for", ticket));
-  }
+  const JobPtr job = s.tickets.find_cancellable(ticket);
   return s.cancel_job(*job, "cancelled (Handle::cancel)") > 0;
 }
 
-std::size_t Handle::wait() {
-  Impl& s = impl();
-  std::vector<JobPtr> mine;    // collected by this wait: counted here
-  std::vector<JobPtr> others;  // being collected by another thread's wait right now
-  {
-    std::lock_guard lock(s.tickets_mutex);
-    for (const auto& [job, ptr] : s.collecting) others.push_back(ptr);
-    for (auto& [ticket, job] : s.tickets) {
-      s.collecting.emplace(job.get(), job);
-      mine.push_back(std::move(job));
-    }
-    s.tickets.clear();
-  }
-  const auto all_finished = [](const std::vector<JobPtr>& jobs) {
-    for (const JobPtr& job : jobs) {
-      if (!job->wait(detail::WaitMode::Interruptible)) return false;
-    }
-    return true;
-  };
-  if (!all_finished(mine) || !all_finished(others)) {
-    s.uncollect(mine);
-    throw Interrupted(
-        "interrupted: wait() stopped; the tickets it had not returned are still outstanding");
-  }
-  s.end_collect(mine);
-  // Every operation has been waited for; the first failure is the one reported, this wait's own
-  // operations first.
-  for (const auto* list : {&mine, &others}) {
-    for (const JobPtr& job : *list) {
-      if (std::exception_ptr e = job->error()) std::rethrow_exception(e);
-    }
-  }
-  return mine.size();
-}
+std::size_t Handle::wait() { return impl().tickets.wait_all(); }
 
-std::size_t Handle::pending() const {
-  Impl& s = impl();
-  std::lock_guard lock(s.tickets_mutex);
-  return s.tickets.size();
-}
+std::size_t Handle::pending() const { return impl().tickets.pending(); }
 
 void Handle::close_files() { impl().files.clear(); }
 

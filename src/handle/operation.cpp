@@ -78,7 +78,7 @@ std::size_t ShiftedRead::collect_landed() {
 
 std::size_t ShiftedRead::landed(const Operation& op, std::size_t k) {
   std::unique_lock lock(mutex_);
-  const auto stopped = [&] { return abandoned_ || op.failed.load(std::memory_order_acquire); };
+  const auto stopped = [&] { return abandoned_ || op.failed(); };
   if (stopped()) {
     states_[k] = State::Done;
     return 1;
@@ -139,7 +139,7 @@ void OperationQueue::push(const OperationPtr& op, StatsShard& stats) {
       idle_armed_ = static_cast<bool>(idle_hook_);
       try {
         queue_.push_back(op);
-        op->queued = true;
+        op->advance(Lifecycle::Queued);
         pushes_.fetch_add(1, std::memory_order_seq_cst);  // see block_in_engine()
       } catch (...) {                                     // std::bad_alloc
         refused = std::current_exception();
@@ -270,7 +270,10 @@ bool OperationQueue::take_piece(OperationPtr& op, Piece& piece, bool bounce_ok, 
 void OperationQueue::finish_piece(Operation& op, std::size_t count, StatsShard& stats) {
   if (count > 0 && op.remaining.fetch_sub(count, std::memory_order_acq_rel) != count) return;
   // Last piece: the write's finishing steps, then release the descriptors and wake the waiter.
-  if (!op.failed.load(std::memory_order_acquire) && !op.is_read()) {
+  // Only one thread gets here per operation; a second would be a counting bug, and finishing
+  // twice would count the outcome twice and release what a waiter may hold.
+  if (!op.advance(Lifecycle::Finishing)) return;
+  if (!op.has_error() && !op.is_read()) {
     const int fd = op.any_fd();
     if (op.write_options.truncate == Truncate::AtEnd &&
         ::ftruncate(fd, static_cast<off_t>(op.end())) != 0) {
@@ -281,7 +284,7 @@ void OperationQueue::finish_piece(Operation& op, std::size_t count, StatsShard& 
   }
   if (op.batch) {
     BatchFinish& b = *op.batch;
-    if (op.failed.load(std::memory_order_acquire)) b.failed.store(true, std::memory_order_release);
+    if (op.has_error()) b.failed.store(true, std::memory_order_release);
     if (b.left.fetch_sub(1, std::memory_order_acq_rel) == 1 &&
         !b.failed.load(std::memory_order_acquire) && b.durability == Durability::Data) {
       for (const auto& file : b.files) {
@@ -297,7 +300,8 @@ void OperationQueue::finish_piece(Operation& op, std::size_t count, StatsShard& 
   {
     std::lock_guard lock(op.mutex);
     op.cufile.reset();  // an operation's own registration goes before its descriptor closes
-    if (op.counted_in_file) op.file->queued_ops.fetch_sub(1, std::memory_order_relaxed);
+    // Counted by queue_job, which queues every operation that reaches this point.
+    if (op.file != nullptr) op.file->queued_ops.fetch_sub(1, std::memory_order_relaxed);
     op.file.reset();
     op.batch.reset();
     op.finished_at = std::chrono::steady_clock::now();
@@ -312,13 +316,12 @@ void OperationQueue::finish_piece(Operation& op, std::size_t count, StatsShard& 
     stats.add(Counter::Writes, 1);
     stats.add(Counter::BytesWritten, op.length);
   }
-  // Before `finished`: a wait that collects the ticket (and may drop the listener's record of it)
-  // waits for `finished`, so the listener's record is alive during the call.
+  // Before Finished: a wait that collects the ticket (and may drop the listener's record of it)
+  // waits for Finished, so the listener's record is alive during the call.
   const bool job_complete = op.listener != nullptr && op.listener->operation_finished(op);
   {
     std::lock_guard lock(op.mutex);
-    op.finished = true;
-    op.finished_flag.store(true, std::memory_order_release);
+    op.advance(Lifecycle::Finished);
   }
   op.finished_cv.notify_all();
   // The caller of finish_piece still holds `op`, and the listener (the handle) outlives every
@@ -351,8 +354,9 @@ bool OperationQueue::cancel(Operation& op, std::exception_ptr error, StatsShard&
   {
     std::lock_guard lock(mutex_);
     // Not queued (yet, or ever: refused, or no pieces): push() finishes it on its own path, and a
-    // finish here too would count its pieces twice.
-    if (!op.queued) return false;
+    // finish here too would count its pieces twice. One queued and finishing has no piece left.
+    const Lifecycle now = op.state.load(std::memory_order_acquire);
+    if (now != Lifecycle::Queued && now != Lifecycle::Failed) return false;
     skipped = op.piece_count - op.next_piece;
     op.next_piece = op.piece_count;
   }
@@ -392,13 +396,12 @@ std::exception_ptr OperationQueue::worker_failure() {
 bool OperationQueue::wait_finished(Operation& op, WaitMode mode) {
   // A small operation usually finishes within microseconds: poll before sleeping. The finishing
   // thread still holds a reference to `op` while it notifies, so returning here is safe.
-  if (spin_until(completion_spin_limit(op.length),
-                 [&] { return op.finished_flag.load(std::memory_order_acquire); })) {
+  if (spin_until(completion_spin_limit(op.length), [&] { return op.finished(); })) {
     return true;
   }
   std::unique_lock lock(op.mutex);
   return wait_ready(
-      op.finished_cv, lock, [&] { return op.finished; }, mode);
+      op.finished_cv, lock, [&] { return op.finished(); }, mode);
 }
 
 void OperationQueue::stop() {

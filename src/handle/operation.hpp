@@ -172,9 +172,40 @@ class FinishListener {
   ~FinishListener() = default;
 };
 
+// An operation's lifecycle, one named state instead of separate flags. The transitions, made by
+// Operation::advance and checked there against lifecycle_allows (nothing else writes the state):
+//
+//   Prepared ──push()──► Queued ──an error recorded──► Failed
+//      │                   │                             │
+//      └─ never queued ────┴────── its last piece ───────┴──► Finishing ──outcome final──► Finished
+//
+//   Prepared   made by its submitting thread; no worker has seen it. An error recorded now (a
+//              push() refused: a worker died, no memory) keeps the state: no piece was taken.
+//   Queued     in the queue (push(), under the queue's mutex): workers take its pieces. It counts
+//              in its file's queued_ops from queue_job until it leaves for Finishing.
+//   Failed     an error was recorded while pieces were out: none starts any more, and those in
+//              flight finish (the kernel may still hold them).
+//   Finishing  its last piece finished (or it had none, or was never queued): the one thread that
+//              finished it runs the finishing steps (a write's truncate and fdatasync, a batch's
+//              sync; an error there is recorded, the state stays) and counts the outcome.
+//   Finished   the outcome is final: waiters return, and may drop the operation.
+enum class Lifecycle : std::uint8_t { Prepared, Queued, Failed, Finishing, Finished };
+
+constexpr bool lifecycle_allows(Lifecycle from, Lifecycle to) noexcept {
+  switch (to) {
+    case Lifecycle::Prepared: return false;
+    case Lifecycle::Queued: return from == Lifecycle::Prepared;
+    case Lifecycle::Failed: return from == Lifecycle::Queued;
+    case Lifecycle::Finishing:
+      return from == Lifecycle::Prepared || from == Lifecycle::Queued || from == Lifecycle::Failed;
+    case Lifecycle::Finished: return from == Lifecycle::Finishing;
+  }
+  return false;
+}
+
 // One read or write request. The submitting thread fills in everything above `next_piece` before
 // the operation is queued; afterwards those fields are read-only. `next_piece` is guarded by the
-// queue's mutex; the outcome fields by `mutex`.
+// queue's mutex; `error` and finished_at by `mutex`; `state` is atomic (see Lifecycle).
 struct Operation {
   engine::Direction direction = engine::Direction::Read;
   NameRef path;                             // for messages: the file name, or "fd N (name)"
@@ -205,21 +236,16 @@ struct Operation {
   FinishListener* listener = nullptr;
   void* job = nullptr;
 
-  bool counted_in_file = false;  // counted in file->queued_ops (queue_job), until it finishes
   std::size_t next_piece = 0;
-  bool queued =
-      false;  // push() put it in the queue (guarded by the queue's mutex, like next_piece)
 
   std::atomic<std::size_t> remaining{0};  // pieces not yet finished (or skipped)
-  std::atomic<bool> failed{false};
+  // Written by advance() only (see Lifecycle); Finished is stored under `mutex`, so that a waiter
+  // on finished_cv never misses it.
+  std::atomic<Lifecycle> state{Lifecycle::Prepared};
   std::mutex mutex;
   std::condition_variable finished_cv;
-  bool finished = false;
   // When the outcome became final (after the finishing steps), for Completion::finished.
   std::chrono::steady_clock::time_point finished_at;
-  // `finished`, for a waiter that polls before it sleeps (core/spin.hpp): stored (release) once
-  // the outcome is final, under `mutex`.
-  std::atomic<bool> finished_flag{false};
   std::exception_ptr error;
 
   std::uint64_t end() const { return offset + length; }
@@ -245,11 +271,36 @@ struct Operation {
   }
   // The descriptor to use for a read's size check after it found end of file.
   int any_fd() const { return buffered_fd >= 0 ? buffered_fd : direct_fd; }
-  // Keeps the first error. Thread-safe.
+  // Moves the state to `to` when lifecycle_allows it from the state now: true. False, moving
+  // nothing, otherwise; `was` receives the state found. Thread-safe.
+  bool advance(Lifecycle to, Lifecycle* was = nullptr) noexcept {
+    Lifecycle from = state.load(std::memory_order_acquire);
+    while (lifecycle_allows(from, to)) {
+      if (state.compare_exchange_weak(from, to, std::memory_order_acq_rel,
+                                      std::memory_order_acquire)) {
+        if (was != nullptr) *was = from;
+        return true;
+      }
+    }
+    if (was != nullptr) *was = from;
+    return false;
+  }
+  // Failed: an error was recorded while its pieces were out; nothing new of it starts.
+  bool failed() const noexcept {
+    return state.load(std::memory_order_acquire) == Lifecycle::Failed;
+  }
+  bool finished() const noexcept {
+    return state.load(std::memory_order_acquire) == Lifecycle::Finished;
+  }
+  // Keeps the first error; a queued operation becomes Failed. Thread-safe.
   void record_error(std::exception_ptr e) {
     std::lock_guard lock(mutex);
     if (!error) error = std::move(e);
-    failed.store(true, std::memory_order_release);
+    advance(Lifecycle::Failed);
+  }
+  bool has_error() {
+    std::lock_guard lock(mutex);
+    return error != nullptr;
   }
 };
 

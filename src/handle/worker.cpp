@@ -22,7 +22,7 @@
 // each request offered again (retry), each short completion; an operation's outcome is counted
 // where its last piece finishes (OperationQueue::finish_piece).
 //
-// Invariants, held here and nowhere else:
+// Invariants, held here and in worker_copies.cpp (the bounce lane), nowhere else:
 //   * a slot is retired (its bounce chunk reused, its operation told) only from Ready, or after
 //     the engine gave its request back (completion) or its copy's event fired: never while the
 //     kernel or a device copy may still use its memory;
@@ -46,71 +46,13 @@
 #include <typeinfo>
 #include <vector>
 
-#include "core/retry.hpp"
-#include "cuda/device_lane.hpp"
-#include "handle/files.hpp"
-#include "memory/bounce_pool.hpp"
-#include "memory/user_copy.hpp"
+#include "handle/worker_impl.hpp"
 
-namespace nvio::detail {
+namespace nvio::detail::worker_impl {
 namespace {
-
-using engine::Direction;
 
 // Reap failures in a row, after which the engine counts as broken and the worker stops.
 constexpr unsigned kReapFailures = 16;
-
-// A worker's engines: the kernel engine of the handle's options, and cuFile for device memory
-// moved by GPUDirect Storage (made when the worker first meets such an operation).
-enum Lane : unsigned { kKernel = 0, kCuFile = 1 };
-constexpr unsigned kLanes = 2;
-
-enum class SlotState : std::uint8_t {
-  Free,        // holds no piece
-  CopyingIn,   // bounced write: the copy caller's memory -> bounce chunk is due or runs
-  Ready,       // a request is due: waits in the ready list for the engine
-  OnDisk,      // the engine accepted the request; its completion has not been reaped
-  CopyingOut,  // bounced read: the copy bounce chunk -> caller's memory is due or runs
-};
-
-// A piece in flight on a worker, and where it stands after partial completions.
-struct Slot {
-  SlotState state = SlotState::Free;
-  std::uint32_t generation = 0;
-  OperationPtr op;
-  std::uint64_t file_offset = 0;
-  std::size_t length = 0;
-  std::size_t done = 0;  // bytes transferred so far
-  int fd = -1;
-  bool direct = false;
-  unsigned lane = kKernel;      // the engine its requests go to
-  std::byte* user = nullptr;    // the piece's bytes in the caller's buffer (a shifted read's: where
-                                // they land, Operation::landing)
-  std::byte* bounce = nullptr;  // the aligned copy used for I/O, or null for zero-copy
-  int region = -1;              // the kernel engine's region holding `bounce`, or -1
-  RetryCounter retries{kTransferRetries};  // EINTR / EAGAIN / no progress, in a row
-  bool freed_space = false;                // retried once after ENOSPC freed removed files' blocks
-  std::uint64_t releases = removed_files_released();  // when the slot was last set up
-};
-
-// What the kernel or a device copy may use while a worker runs: its engine (an io_uring ring or
-// aio context with requests in flight), the bounce chunks those requests and copies point into,
-// and the CUDA state of those copies. Owned by its worker thread; kept on the heap so that a
-// worker that stops with requests it cannot account for can abandon it (see abandon()).
-struct WorkerMemory {
-  WorkerMemory(std::unique_ptr<engine::Engine> e, std::size_t chunk, std::size_t count,
-               unsigned slots)
-      : pool(chunk, count) {
-    engines[kKernel] = std::move(e);
-    held.reserve(slots);  // die() adds to it without allocating
-  }
-  std::array<std::unique_ptr<engine::Engine>, kLanes> engines;  // kCuFile: null until needed
-  BouncePool pool;
-  std::unique_ptr<cuda::DeviceLane> lane;  // after `pool`: destroyed before it
-  // The operations of requests left in an engine that could not be waited for (die()): a request
-  // may point into memory its operation owns (a shifted read's tail buffer), kept with the rest.
-  std::vector<OperationPtr> held;
-};
 
 // Keeps `memory` for the rest of the process, never freeing it: the kernel or a device may still
 // write into it. The list keeps it reachable, so leak checkers stay quiet. Thread-safe.
@@ -158,91 +100,9 @@ std::exception_ptr worker_death_error(unsigned index, const std::exception_ptr& 
   }
 }
 
-std::exception_ptr gpu_error_ptr(cuda::DeviceOps& ops, const char* api, int code,
-                                 const std::string& path, std::uint64_t offset,
-                                 std::uint64_t length) {
-  try {
-    cuda::throw_gpu_error(ops, api, code, path, offset, length);
-  } catch (...) {
-    return std::current_exception();
-  }
-}
-
 std::size_t ceil_div(std::size_t a, std::size_t b) { return (a + b - 1) / b; }
 
-class Worker {
- public:
-  // Makes everything the loop needs (engine, slots, buffers). Throws when it cannot.
-  Worker(const WorkerSettings& settings, OperationQueue& queue);
-  // Runs until the queue says stop with nothing in flight, or until the worker dies. Never
-  // throws.
-  void run() noexcept;
-
- private:
-  std::uint64_t tag(unsigned i) const { return (std::uint64_t{slots_[i].generation} << 32) | i; }
-  engine::Request request_for(unsigned i) const;
-  IoOp io_op(const Slot& s) const { return s.op->is_read() ? IoOp::Read : IoOp::Write; }
-  // The kernel engine's region (Engine::add_region) of bounce chunk `chunk`, or -1.
-  int region_of(const std::byte* chunk);
-
-  // Transitions.
-  void fill();
-  void start(const OperationPtr& op, const Piece& piece);
-  void make_ready(unsigned i);
-  void submit_ready();
-  std::size_t reap(unsigned lane, std::size_t min_complete);
-  // reap() that waits for `min_complete` (> 0) completions, or less when an operation is queued
-  // meanwhile and a slot is free for its pieces.
-  std::size_t reap_waiting(unsigned lane, std::size_t min_complete);
-  // Takes back from engine `lane` the request a completion's tag names: its slot's index, or
-  // nothing when the tag is not that of the slot's current piece on that engine (nothing may then
-  // be applied to the slot). The slot leaves OnDisk.
-  std::optional<unsigned> take_back(unsigned lane, std::uint64_t tag);
-  std::size_t on_disk() const { return on_disk_[kKernel] + on_disk_[kCuFile]; }
-  engine::Engine& engine(unsigned lane) { return *memory_->engines[lane]; }
-  void on_completion(unsigned lane, const engine::Completion& c);
-  void transfer_finished(unsigned i);
-  void start_copy(unsigned i, bool to_device);
-  std::size_t poll_copies(bool block_on_oldest);
-  // Queues slot i's host copy (the slot moves to `state`, CopyingIn or CopyingOut).
-  void queue_host_copy(unsigned i, SlotState state);
-  // Makes the oldest queued host copy; its slot becomes Ready (write) or retires (read).
-  void copy_next_host();
-  bool copy_host(unsigned i);
-  void engine_error(unsigned lane, int err);
-  // Ends a slot: the piece is done (retire), or failed with `error` (retire_failed), or failed
-  // with its chunk possibly still used by a device copy (quarantine: the chunk is never reused).
-  void retire(unsigned i);
-  void retire_failed(unsigned i, std::exception_ptr error);
-  // Counts slot i's piece, whose transfer has completed, and how it moved.
-  void count_piece(const Slot& s);
-  void quarantine(unsigned i, std::exception_ptr error);
-  OperationPtr release(unsigned i) noexcept;
-  void die(std::exception_ptr cause) noexcept;
-
-  WorkerSettings settings_;
-  OperationQueue& queue_;
-  StatsShard& stats_;
-  std::unique_ptr<WorkerMemory> memory_;
-  std::vector<Slot> slots_;
-  std::vector<unsigned> free_;         // Free slots
-  std::vector<unsigned> ready_;        // Ready slots, in the order their requests are due
-  std::vector<unsigned> copying_;      // device copies running, oldest first
-  std::vector<unsigned> host_copies_;  // host copies due, oldest first
-  std::vector<int> regions_;           // the kernel engine's region of each slab of the pool, or -1
-  bool watching_ = false;              // the kernel engine watches the queue's eventfd for us
-  std::uint64_t seen_pushes_ = 0;      // OperationQueue::pushes() when fill() last looked
-  std::size_t inflight_ = 0;           // slots not Free
-  std::array<std::size_t, kLanes> on_disk_{};  // OnDisk slots, by engine
-  std::vector<engine::Request> requests_;
-  std::vector<engine::Completion> completions_;
-  UserCopier copier_;                             // bounce copies to and from the caller's memory
-  RetryCounter submit_stalls_{kTransferRetries};  // submits taking nothing while none in flight
-  unsigned reap_failures_ = 0;                    // reaps failing in a row
-  bool in_engine_ = false;       // inside a call of the engine (a throw leaves the engine in doubt)
-  std::size_t quarantined_ = 0;  // chunks never to be reused
-  std::exception_ptr no_memory_error_;  // made up front: an exception's message needs memory
-};
+}  // namespace
 
 Worker::Worker(const WorkerSettings& settings, OperationQueue& queue)
     : settings_(settings), queue_(queue), stats_(*settings.stats) {
@@ -322,18 +182,6 @@ void Worker::retire_failed(unsigned i, std::exception_ptr error) {
   queue_.fail(*op, std::move(error), 1, stats_);
 }
 
-void Worker::quarantine(unsigned i, std::exception_ptr error) {
-  slots_[i].bounce = nullptr;  // never back to the pool
-  ++quarantined_;
-  retire_failed(i, std::move(error));
-  if (quarantined_ >= memory_->pool.max_count()) {
-    // No chunk is left for bounced pieces, which would then wait for ever: stop instead.
-    throw GpuError("cuStreamSynchronize", -1, "",
-                   "every bounce chunk of this worker may still be in use by a device copy that "
-                   "could not be waited for");
-  }
-}
-
 void Worker::make_ready(unsigned i) {
   slots_[i].state = SlotState::Ready;
   ready_.push_back(i);
@@ -363,7 +211,7 @@ void Worker::fill() {
     }
     taken_from_op = (op == last_op) ? taken_from_op + 1 : 1;
     last_op = op;
-    if (op->failed.load(std::memory_order_acquire)) {
+    if (op->failed()) {
       queue_.finish_piece(*op, 1, stats_);
       continue;
     }
@@ -426,113 +274,12 @@ void Worker::start(const OperationPtr& op, const Piece& piece) {
   make_ready(i);
 }
 
-void Worker::queue_host_copy(unsigned i, SlotState state) {
-  slots_[i].state = state;
-  host_copies_.push_back(i);
-}
-
-void Worker::copy_next_host() {
-  const unsigned i = host_copies_.front();
-  host_copies_.erase(host_copies_.begin());  // at most queue_depth entries: a short move
-  Slot& s = slots_[i];
-  if (s.op->failed.load(std::memory_order_acquire)) {
-    retire(i);  // the operation failed meanwhile: its bytes no longer matter
-    return;
-  }
-  const bool write = s.state == SlotState::CopyingIn;
-  if (!copy_host(i)) return;
-  if (write) {
-    make_ready(i);
-  } else {
-    retire(i);
-  }
-}
-
-bool Worker::copy_host(unsigned i) {
-  Slot& s = slots_[i];
-  const bool read = s.op->is_read();
-  const UserCopyResult r = read ? copier_.to_user(s.user, s.bounce, s.length)
-                                : copier_.from_user(s.bounce, s.user, s.length);
-  if (r.error == 0) return true;
-  // Memory the caller cannot access fails the operation with EFAULT, as the kernel does with
-  // such a buffer.
-  const void* where = s.user + r.fault_at;
-  retire_failed(
-      i, io_error_ptr(
-             io_op(s), s.op->path, s.file_offset + r.fault_at, s.length - r.fault_at, r.error,
-             fmt::format("copying {} the caller's buffer at {} ({})", read ? "into" : "out of",
-                         where, read ? "is it writable?" : "is it readable?")));
-  return false;
-}
-
-void Worker::start_copy(unsigned i, bool to_device) {
-  Slot& s = slots_[i];
-  Operation& op = *s.op;
-  cuda::DeviceLane& lane = *memory_->lane;
-  int code = cuda::kSuccess;
-  const char* api = "";
-  cuda::DeviceLane::Started started;
-  try {
-    started = to_device
-                  ? lane.start_copy(i, op.device, s.user, s.bounce, s.length, true, code, api)
-                  : lane.start_copy(i, op.device, s.bounce, s.user, s.length, false, code, api);
-  } catch (...) {  // nothing was queued
-    retire_failed(i, std::current_exception());
-    return;
-  }
-  switch (started) {
-    case cuda::DeviceLane::Started::Recorded:
-      s.state = to_device ? SlotState::CopyingOut : SlotState::CopyingIn;
-      copying_.push_back(i);
-      return;
-    case cuda::DeviceLane::Started::Failed:
-      retire_failed(i, gpu_error_ptr(lane.ops(), api, code, op.path, s.file_offset, s.length));
-      return;
-    case cuda::DeviceLane::Started::InDoubt:
-      quarantine(i, gpu_error_ptr(lane.ops(), api, code, op.path, s.file_offset, s.length));
-      return;
-  }
-}
-
-std::size_t Worker::poll_copies(bool block_on_oldest) {
-  cuda::DeviceLane& lane = *memory_->lane;
-  std::size_t progressed = 0;
-  for (std::size_t k = 0; k < copying_.size();) {
-    const unsigned i = copying_[k];
-    const bool block = block_on_oldest && progressed == 0 && k == 0;
-    const int rc =
-        block ? lane.ops().event_synchronize(lane.event(i)) : lane.ops().event_query(lane.event(i));
-    if (rc == cuda::kNotReady) {
-      ++k;
-      continue;
-    }
-    ++progressed;
-    copying_.erase(copying_.begin() + static_cast<std::ptrdiff_t>(k));
-    Slot& s = slots_[i];
-    const bool to_device = s.state == SlotState::CopyingOut;
-    if (rc != cuda::kSuccess) {
-      // The event reports the copy's failure (CUDA reports asynchronous errors through the next
-      // synchronising call) once the work before it has ended: the chunk is no longer in use.
-      retire_failed(
-          i, gpu_error_ptr(lane.ops(), to_device ? "cuMemcpyHtoDAsync" : "cuMemcpyDtoHAsync", rc,
-                           s.op->path, s.file_offset, s.length));
-      continue;
-    }
-    if (to_device) {
-      retire(i);
-    } else {
-      make_ready(i);  // the chunk holds the data: write it
-    }
-  }
-  return progressed;
-}
-
 void Worker::submit_ready() {
   // Requests of operations that failed meanwhile are not sent: their slots retire now.
   std::size_t kept = 0;
   for (std::size_t k = 0; k < ready_.size(); ++k) {
     const unsigned i = ready_[k];
-    if (slots_[i].op->failed.load(std::memory_order_acquire)) {
+    if (slots_[i].op->failed()) {
       retire(i);
     } else {
       ready_[kept++] = i;
@@ -642,7 +389,7 @@ void Worker::on_completion(unsigned lane, const engine::Completion& c) {
   const unsigned i = *taken;
   Slot& s = slots_[i];
   Operation& op = *s.op;
-  if (op.failed.load(std::memory_order_acquire)) {
+  if (op.failed()) {
     retire(i);  // the operation failed meanwhile: nothing more of it is done
     return;
   }
@@ -824,6 +571,19 @@ void Worker::die(std::exception_ptr cause) noexcept {
   } catch (...) {
     idle = false;
   }
+  if (!idle && !in_engine_) {
+    // An engine that only kept reporting failures (it did not throw) is closed, which releases its
+    // descriptor: the kernel cancels what it still holds, and the memory those requests point
+    // into stays abandoned. One that threw is in an unknown state and is abandoned with it.
+    // Closed before the operations fail: a caller told of the failure releases its buffer, and
+    // a close that waits for the kernel (libaio's io_destroy waits for every request it held)
+    // then leaves nothing writing into it; io_uring's close only starts the kernel's
+    // cancellation, so there the caveat above stays.
+    try {
+      for (auto& e : memory_->engines) e.reset();
+    } catch (...) {
+    }
+  }
   for (Slot& s : slots_) {
     if (!s.op) continue;
     const OperationPtr op = std::move(s.op);
@@ -833,23 +593,15 @@ void Worker::die(std::exception_ptr cause) noexcept {
       memory_->held.push_back(op);  // within the reserved capacity: does not allocate
     }
   }
-  if (!idle) {
-    // An engine that only kept reporting failures (it did not throw) is closed, which releases its
-    // descriptor: the kernel cancels what it still holds, and the memory those requests point
-    // into stays abandoned. One that threw is in an unknown state and is abandoned with it.
-    if (!in_engine_) {
-      try {
-        for (auto& e : memory_->engines) e.reset();
-      } catch (...) {
-      }
-    }
-    abandon(std::move(memory_));
-  }
+  if (!idle) abandon(std::move(memory_));
 }
 
-}  // namespace
+}  // namespace nvio::detail::worker_impl
+
+namespace nvio::detail {
 
 void run_worker(const WorkerSettings& settings, OperationQueue& queue, std::promise<void> ready) {
+  using worker_impl::Worker;
   std::unique_ptr<Worker> worker;
   // Everything the loop needs is made before the handle's constructor returns, so that a failure
   // here (no engine, no memory) is that constructor's error.

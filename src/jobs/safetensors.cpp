@@ -55,7 +55,7 @@ void read_safetensors_tensors(Handle& handle, const std::string& path, const Hea
     const TensorInfo& t = header.tensors[i];
     if (buffers[i] == nullptr || t.byte_size() == 0) continue;
     extents.push_back({buffers[i], static_cast<std::size_t>(t.byte_size()),
-                       header.data_offset() + t.begin, path, -1});
+                       header.data_offset() + t.begin, path});
   }
   if (!extents.empty()) handle.read_batch(extents, read_options);
 }
@@ -88,11 +88,11 @@ void save_safetensors(Handle& handle, const std::string& path, std::span<const T
   detail::ReplacementFile file(path, &handle);
   std::vector<WriteExtent> extents;
   extents.reserve(tensors.size() + 1);
-  extents.push_back({header.bytes.data(), header.bytes.size(), 0, {}, file.fd()});
+  extents.push_back({header.bytes.data(), header.bytes.size(), 0, file.fd()});
   for (std::size_t k = 0; k < header.order.size(); ++k) {
     const TensorData& t = tensors[header.order[k]];
     if (t.length == 0) continue;
-    extents.push_back({t.data, t.length, header.bytes.size() + header.begins[k], {}, file.fd()});
+    extents.push_back({t.data, t.length, header.bytes.size() + header.begins[k], file.fd()});
   }
   WriteOptions options = write_options;
   if (options.memory == MemoryKind::Device) {

@@ -79,7 +79,7 @@ std::vector<std::vector<Extent>> split(const StripeLayout& layout, Byte* buf, st
       e.buf = from;
       e.length = take;
       e.offset = part_offset;
-      e.path = parts[drive];
+      e.file = parts[drive];
       list.push_back(std::move(e));
     }
     at += take;

@@ -359,7 +359,7 @@ void Swapper::Impl::read_unlocked(Lock& lock, const std::string& name, Entry& e,
   const std::optional<std::uint64_t> checksum = e.checksum;
   lock.unlock();
   try {
-    const ReadExtent extent{buf, static_cast<std::size_t>(size), offset, path, -1};
+    const ReadExtent extent{buf, static_cast<std::size_t>(size), offset, path};
     handle.read_batch({&extent, 1}, ReadOptions{memory});
     if (memory == MemoryKind::Host) verify(name, path, offset, size, checksum, buf);
   } catch (...) {
@@ -493,7 +493,7 @@ Swapper::SwapId Swapper::swap_out(const std::string& name, const void* buf, std:
   const SwapId id = s.next_id++;
   ++s.counters.swap_outs;
   if (length == 0) return id;
-  const WriteExtent extent{buf, length, e.offset, s.files.at(e.file).path, -1};
+  const WriteExtent extent{buf, length, e.offset, s.files.at(e.file).path};
   Ticket ticket = 0;
   decltype(s.ops)::node_type op_record;
   decltype(s.writes)::node_type write_record;
@@ -635,7 +635,7 @@ void Swapper::swap_in(std::span<const Target> targets) {
       for (std::size_t i = 0; i < reads.size(); ++i) {
         const Target& t = *reads[i].target;
         if (kinds[static_cast<std::size_t>(&t - targets.data())] != memory) continue;
-        extents.push_back({t.buf, t.length, reads[i].offset, reads[i].path, -1});
+        extents.push_back({t.buf, t.length, reads[i].offset, reads[i].path});
       }
       if (!extents.empty()) s.handle.read_batch(extents, ReadOptions{memory});
     }

@@ -63,7 +63,7 @@ bool Swapper::Impl::prefetchable(const Entry& e) const {
 bool Swapper::Impl::start_prefetch(const std::string& name, Entry& e) {
   std::shared_ptr<SwapBuffer> buffer = pool->try_allocate(static_cast<std::size_t>(e.size));
   if (!buffer) return false;
-  const ReadExtent extent{buffer->data(), buffer->size(), e.offset, files.at(e.file).path, -1};
+  const ReadExtent extent{buffer->data(), buffer->size(), e.offset, files.at(e.file).path};
   auto record = prepared_node(ops, Op{Op::Kind::Prefetch, 0, 0, name});
   const Ticket ticket = handle.submit_read_batch({&extent, 1}, ReadOptions{MemoryKind::Host});
   record.key() = ticket;

@@ -64,7 +64,7 @@ TEST_P(Batch, WritesAndReadsManyExtentsOfSeveralFilesAsOneOperation) {
     bufs.push_back(std::make_unique<GuardedBuffer>(lay[i].length, kAllBufKinds[i % 5]));
     // Each extent's bytes encode their own file offset and a seed of their own.
     bufs.back()->fill_pattern(lay[i].offset, lay[i].seed);
-    writes.push_back({bufs.back()->data(), lay[i].length, lay[i].offset, lay[i].path, -1});
+    writes.push_back({bufs.back()->data(), lay[i].length, lay[i].offset, lay[i].path});
   }
   nvio::WriteOptions w;
   w.durability = nvio::Durability::Data;
@@ -91,7 +91,7 @@ TEST_P(Batch, WritesAndReadsManyExtentsOfSeveralFilesAsOneOperation) {
   for (std::size_t i = 0; i < lay.size(); ++i) {
     bufs[i] = std::make_unique<GuardedBuffer>(lay[i].length, kAllBufKinds[(i + 2) % 5]);
     bufs[i]->fill_sentinel();
-    reads.push_back({bufs[i]->data(), lay[i].length, lay[i].offset, lay[i].path, -1});
+    reads.push_back({bufs[i]->data(), lay[i].length, lay[i].offset, lay[i].path});
   }
   run_within(60s, "a read batch", [&] { h.read_batch(reads); });
   for (std::size_t i = 0; i < lay.size(); ++i) {
@@ -114,7 +114,7 @@ TEST_P(Batch, ExtentsByDescriptor) {
   std::vector<nvio::ReadExtent> reads;
   for (std::uint64_t off = 5; off + 100 * KiB < 3 * MiB; off += 211 * KiB) {
     bufs.emplace_back(100 * KiB);
-    reads.push_back({bufs.back().data(), bufs.back().size(), off, {}, fd});
+    reads.push_back({bufs.back().data(), bufs.back().size(), off, fd});
   }
   h.read_batch(reads);
   for (std::size_t i = 0; i < reads.size(); ++i) {
@@ -129,8 +129,8 @@ TEST_P(Batch, AnArgumentErrorStartsNothing) {
   write_pattern_file(file("src"), MiB, 22);
   std::vector<unsigned char> x(MiB), y(MiB);
   // The second extent reads past the end: ShortFile before anything runs.
-  std::vector<nvio::ReadExtent> reads = {{x.data(), 4096, 0, file("src"), -1},
-                                         {y.data(), 4096, MiB - 100, file("src"), -1}};
+  std::vector<nvio::ReadExtent> reads = {{x.data(), 4096, 0, file("src")},
+                                         {y.data(), 4096, MiB - 100, file("src")}};
   std::memset(x.data(), kSentinel, x.size());
   try {
     h.read_batch(reads);
@@ -142,13 +142,13 @@ TEST_P(Batch, AnArgumentErrorStartsNothing) {
   EXPECT_EQ(x[0], kSentinel) << "an extent ran although the batch was refused";
   EXPECT_EQ(h.pending(), 0u);
   // A null buffer, a missing file, truncate=at_end.
-  reads[1] = {nullptr, 10, 0, file("src"), -1};
+  reads[1] = {nullptr, 10, 0, file("src")};
   EXPECT_THROW(h.read_batch(reads), nvio::InvalidArgument);
-  reads[1] = {y.data(), 10, 0, file("missing"), -1};
+  reads[1] = {y.data(), 10, 0, file("missing")};
   EXPECT_THROW(h.read_batch(reads), nvio::FileNotFound);
   nvio::WriteOptions w;
   w.truncate = nvio::Truncate::AtEnd;
-  const std::vector<nvio::WriteExtent> writes = {{x.data(), 10, 0, file("w"), -1}};
+  const std::vector<nvio::WriteExtent> writes = {{x.data(), 10, 0, file("w")}};
   EXPECT_THROW(h.write_batch(writes, w), nvio::InvalidArgument);
   // An empty batch is done at once.
   EXPECT_NO_THROW(h.wait(h.submit_read_batch({})));
@@ -157,8 +157,8 @@ TEST_P(Batch, AnArgumentErrorStartsNothing) {
   // to allocate the range past its end that a direct write gets first (docs/design.md).
   std::vector<unsigned char> z(2 * MiB, 9);
   const std::string fresh = file("fresh.bin");
-  const std::vector<nvio::WriteExtent> refused = {{z.data(), z.size(), 0, fresh, -1},
-                                                  {nullptr, 10, 0, fresh, -1}};
+  const std::vector<nvio::WriteExtent> refused = {{z.data(), z.size(), 0, fresh},
+                                                  {nullptr, 10, 0, fresh}};
   EXPECT_THROW(h.write_batch(refused), nvio::InvalidArgument);
   struct stat st {};
   if (::stat(fresh.c_str(), &st) == 0) {
@@ -321,7 +321,7 @@ TEST_P(Batch, AFailingExtentFailsTheBatchNamingIt) {
   std::vector<nvio::ReadExtent> reads;
   for (std::uint64_t off = 0; off < 4 * MiB; off += MiB) {
     bufs.emplace_back(MiB);
-    reads.push_back({bufs.back().data(), MiB, off, file("src"), -1});
+    reads.push_back({bufs.back().data(), MiB, off, file("src")});
   }
   const nvio::Ticket t = h.submit_read_batch(reads);
   try {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <thread>
 #include <utility>
 
 namespace nvio_test {
@@ -92,6 +93,20 @@ std::string FaultStats::describe() const {
 FaultEngine::FaultEngine(std::unique_ptr<Engine> inner, const FaultPlan& plan, std::uint64_t seed,
                          std::shared_ptr<FaultStats> stats)
     : inner_(std::move(inner)), plan_(plan), rng_(seed), stats_(std::move(stats)) {}
+
+FaultEngine::~FaultEngine() {
+  while (inner_outstanding_ > 0) {
+    scratch_.resize(inner_outstanding_);
+    const int rc = inner_->reap(scratch_, inner_outstanding_);
+    if (rc > 0) {
+      inner_outstanding_ -= static_cast<std::size_t>(rc);
+    } else if (rc == -EAGAIN || rc == -EINTR || rc == 0) {
+      std::this_thread::yield();  // io_uring hands refused SQEs to the kernel on a later call
+    } else {
+      return;  // the inner engine broke for real: nothing left to wait with
+    }
+  }
+}
 
 bool FaultEngine::chance(double p) {
   return p > 0 && std::uniform_real_distribution<double>(0.0, 1.0)(rng_) < p;

@@ -89,6 +89,11 @@ class FaultEngine final : public nvio::engine::Engine {
  public:
   FaultEngine(std::unique_ptr<nvio::engine::Engine> inner, const FaultPlan& plan,
               std::uint64_t seed, std::shared_ptr<FaultStats> stats);
+  // Waits for the requests the inner engine still holds. The breakage is simulated: below it the
+  // kernel works, and a broken engine's requests are real transfers into the caller's memory.
+  // Closing waits for them, as closing an aio context does (io_destroy), so that a caller told of
+  // the failure after the close (Worker::die) may release that memory.
+  ~FaultEngine() override;
 
   // Restarts the random sequence, so that one engine (costly to make for libaio) can serve many
   // seeds. Only between uses: with nothing outstanding.

@@ -117,8 +117,8 @@ TEST_P(FileCache, ReadSeesTheFileGrowAndShrink) {
   ASSERT_EQ(::truncate(f.c_str(), 4 * KiB), 0);
   EXPECT_THROW(h.read(buf.data(), 8 * KiB, f, 0), nvio::ShortFile);
   // In a batch, every extent of the shrunk file is checked against its size now.
-  std::vector<nvio::ReadExtent> extents = {{buf.data(), 4 * KiB, 0, f, -1},
-                                           {buf.data() + 4 * KiB, 1, 4 * KiB, f, -1}};
+  std::vector<nvio::ReadExtent> extents = {{buf.data(), 4 * KiB, 0, f},
+                                           {buf.data() + 4 * KiB, 1, 4 * KiB, f}};
   EXPECT_THROW(h.read_batch(extents), nvio::ShortFile);
 }
 

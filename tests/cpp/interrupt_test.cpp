@@ -295,8 +295,8 @@ TEST_P(Cancel, AnInterruptedBlockingBatchCancelsEveryExtent) {
   nvio::Handle h(options());
   std::vector<unsigned char> buf(kLength, kSentinel);
   const std::size_t half = kLength / 2;
-  const nvio::ReadExtent extents[] = {{buf.data(), half, 0, {}, fd_},
-                                      {buf.data() + half, half, half, {}, fd_}};
+  const nvio::ReadExtent extents[] = {{buf.data(), half, 0, fd_},
+                                      {buf.data() + half, half, half, fd_}};
   CountingCheck check(1, [&] { return gate_->held.load() >= 1; });
   // The second extent has no piece started: cancelled, it finishes at once and is counted.
   OpenerAfterStop opener(*gate_, check, [&] { return h.stats().errors.count(ECANCELED) > 0; });
@@ -319,7 +319,7 @@ TEST_P(Cancel, ABatchOfManyShortWaitsIsAskedEveryPeriodOfTheCall) {
   std::vector<unsigned char> buf(kExtents * kSmall, kSentinel);
   std::vector<nvio::ReadExtent> extents;
   for (std::size_t i = 0; i < kExtents; ++i) {
-    extents.push_back({buf.data() + i * kSmall, kSmall, (i * kSmall) % kLength, {}, fd_});
+    extents.push_back({buf.data() + i * kSmall, kSmall, (i * kSmall) % kLength, fd_});
   }
   CountingCheck check;
   {

@@ -209,9 +209,9 @@ TEST_P(Stats, AsyncBatchAndEmptyOperationsCount) {
   write_pattern_file(path, 4 * MiB, 6);
   // Aligned memory: whole pieces, nothing landing shifted (which adds a tail piece).
   GuardedBuffer a(MiB, BufKind::Aligned), b(2 * MiB, BufKind::Aligned), c(4096, BufKind::Aligned);
-  const nvio::ReadExtent extents[] = {{a.data(), a.size(), 0, path, -1},
-                                      {b.data(), b.size(), MiB, path, -1},
-                                      {c.data(), c.size(), 3 * MiB, path, -1}};
+  const nvio::ReadExtent extents[] = {{a.data(), a.size(), 0, path},
+                                      {b.data(), b.size(), MiB, path},
+                                      {c.data(), c.size(), 3 * MiB, path}};
   Handle h(options());
   h.wait(h.submit_read_batch(extents));
   h.wait(h.submit_read(a.data(), a.size(), path, 0));
@@ -348,9 +348,9 @@ TEST_P(Stats, RefusedCallsAreCountedAsFailures) {
   for (auto& e : extents) {
     e.buf = buf.data();
     e.length = 4;
-    e.path = small;
+    e.file = small;
   }
-  extents[1].path = file("missing");
+  extents[1].file = file("missing");
   EXPECT_THROW(h.read_batch(extents), nvio::IoError);
   const HandleStats s = h.stats();
   const std::map<int, std::uint64_t> want{{0, 3}, {ENOENT, 2}};

@@ -14,10 +14,14 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <stdexcept>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "engine/engine.hpp"
 #include "engine_override.hpp"
+#include "handle/operation.hpp"
 #include "handle/plan.hpp"
 #include "test_util.hpp"
 
@@ -199,6 +203,56 @@ TEST_P(WorkerState, EngineThatKeepsFailingStopsTheWorkerWithoutHanging) {
       EXPECT_TRUE(contains(e.what(), "worker thread 1"));
     }
   });
+}
+
+// An engine whose reaps always fail, and whose close finishes the reads it holds, late: as
+// libaio's io_destroy waits for the requests the kernel still holds, or as the kernel below a
+// simulated breakage (the fault engine's) completes them, writing into the caller's memory.
+class LateOnCloseEngine final : public Engine {
+ public:
+  explicit LateOnCloseEngine(std::shared_ptr<std::atomic<bool>> closed)
+      : closed_(std::move(closed)) {}
+  ~LateOnCloseEngine() override {
+    std::this_thread::sleep_for(50ms);  // the kernel finishing what it held
+    for (const Request& r : held_) {
+      if (r.direction == Direction::Read) std::memset(r.buf, 0x5A, r.length);
+    }
+    closed_->store(true);
+  }
+  int submit(std::span<const Request> requests) override {
+    held_.insert(held_.end(), requests.begin(), requests.end());
+    return static_cast<int>(requests.size());
+  }
+  int reap(std::span<Completion>, std::size_t) override { return -EIO; }
+  int cancel() override { return 0; }
+  nvio::EngineKind kind() const noexcept override { return nvio::EngineKind::Psync; }
+
+ private:
+  std::shared_ptr<std::atomic<bool>> closed_;
+  std::vector<Request> held_;
+};
+
+// Defect: a worker stopped by an engine that kept failing reported its operations' failure before
+// it closed the engine, so the caller released its buffer while the close still let the kernel
+// write into it (a heap buffer: heap corruption, once seen in CI as malloc_consolidate's "invalid
+// chunk size" under the fault schedules' "engine breaks for good").
+TEST_P(WorkerState, WorkerStoppedByItsEngineClosesItBeforeReportingTheFailure) {
+  auto closed = std::make_shared<std::atomic<bool>>(false);
+  ScopedEngineFactory factory([&](nvio::EngineKind, unsigned) -> std::unique_ptr<Engine> {
+    return std::make_unique<LateOnCloseEngine>(closed);
+  });
+  const std::size_t len = 256 * KiB;
+  write_pattern_file(file("src"), len, 12);
+  // Declared before the handle: a regression fails the checks below instead of corrupting memory.
+  std::vector<unsigned char> buf(len, kSentinel);
+  auto h = std::make_unique<nvio::Handle>(options());
+  run_within(30s, "a read on a broken engine",
+             [&] { EXPECT_THROW(h->read(buf.data(), len, file("src"), 0), nvio::IoError); });
+  EXPECT_TRUE(closed->load()) << "the failure was reported before the engine was closed";
+  const std::vector<unsigned char> reported = buf;
+  run_within(30s, "the handle's destructor", [&] { h.reset(); });
+  EXPECT_TRUE(closed->load());
+  EXPECT_TRUE(buf == reported) << "the caller's buffer changed after the failure was reported";
 }
 
 // Defect: tags were reused without a generation, so a completion that arrived for a slot after it
@@ -539,6 +593,47 @@ TEST(Plan, BounceChunksAreWholePages) {
   EXPECT_EQ(nvio::detail::bounce_chunk_size(1), 4096u);
   EXPECT_EQ(nvio::detail::bounce_chunk_size(4096), 4096u);
   EXPECT_EQ(nvio::detail::bounce_chunk_size(64 * KiB + 1), 64 * KiB + 4096);
+}
+
+// The operation's lifecycle (handle/operation.hpp): only the documented transitions are made;
+// the others leave the state as it was.
+TEST(OperationLifecycle, OnlyTheDocumentedTransitionsAreMade) {
+  using nvio::detail::Lifecycle;
+  constexpr Lifecycle all[] = {Lifecycle::Prepared, Lifecycle::Queued, Lifecycle::Failed,
+                               Lifecycle::Finishing, Lifecycle::Finished};
+  const std::set<std::pair<Lifecycle, Lifecycle>> documented = {
+      {Lifecycle::Prepared, Lifecycle::Queued},    {Lifecycle::Queued, Lifecycle::Failed},
+      {Lifecycle::Prepared, Lifecycle::Finishing}, {Lifecycle::Queued, Lifecycle::Finishing},
+      {Lifecycle::Failed, Lifecycle::Finishing},   {Lifecycle::Finishing, Lifecycle::Finished}};
+  for (const Lifecycle from : all) {
+    for (const Lifecycle to : all) {
+      const bool allowed = documented.contains({from, to});
+      EXPECT_EQ(nvio::detail::lifecycle_allows(from, to), allowed)
+          << static_cast<int>(from) << " -> " << static_cast<int>(to);
+      nvio::detail::Operation op;
+      op.state.store(from);
+      Lifecycle was = Lifecycle::Finished;
+      EXPECT_EQ(op.advance(to, &was), allowed);
+      EXPECT_EQ(was, from);
+      EXPECT_EQ(op.state.load(), allowed ? to : from);
+    }
+  }
+  // An error keeps a Prepared operation Prepared (a refused push), fails a Queued one, and leaves
+  // a Finishing one Finishing (a failed fdatasync); the first error is kept.
+  for (const auto& [from, to] :
+       std::vector<std::pair<Lifecycle, Lifecycle>>{{Lifecycle::Prepared, Lifecycle::Prepared},
+                                                    {Lifecycle::Queued, Lifecycle::Failed},
+                                                    {Lifecycle::Failed, Lifecycle::Failed},
+                                                    {Lifecycle::Finishing, Lifecycle::Finishing}}) {
+    nvio::detail::Operation op;
+    op.state.store(from);
+    const auto first = std::make_exception_ptr(std::runtime_error("first"));
+    op.record_error(first);
+    op.record_error(std::make_exception_ptr(std::runtime_error("second")));
+    EXPECT_EQ(op.state.load(), to);
+    EXPECT_TRUE(op.has_error());
+    EXPECT_EQ(op.error, first);
+  }
 }
 
 }  // namespace

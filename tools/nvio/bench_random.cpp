@@ -219,10 +219,10 @@ struct RandomState {
     for (unsigned i = 0; i < plan.random.outstanding; ++i) {
       reads[i].buf = slot(i, plan);
       reads[i].length = plan.size;
-      reads[i].fd = fd;
+      reads[i].file = fd;
       writes[i].buf = slot(i, plan);
       writes[i].length = plan.size;
-      writes[i].fd = fd;
+      writes[i].file = fd;
     }
     // Without --verify a write stores what its slot holds: the pattern of offset 0 from here.
     for (unsigned i = 0; i < plan.random.outstanding; ++i) {

@@ -342,7 +342,8 @@ Handle::Impl::~Impl() {
 
 namespace {
 
-void plan(Operation& op, std::size_t block_size, DirectIo direct) {
+void plan(Operation& op, std::size_t block_size, DirectIo direct, CachedReads cached_reads) {
+  if (detail::plan_cached_whole(op, direct, cached_reads)) op.direct_fd = -1;
   if (op.direct_fd < 0) {
     op.plan = detail::plan_whole(op.offset, op.length, block_size, false);
     op.piece_count = op.plan.piece_count();
@@ -416,6 +417,7 @@ void plan(Operation& op, std::size_t block_size, DirectIo direct) {
     op.direct_fd = -1;
     op.plan = detail::plan_whole(op.offset, op.length, block_size, false);
   }
+  detail::mark_cached_pieces(op);
   op.piece_count = op.plan.piece_count();
 }
 
@@ -489,7 +491,7 @@ OperationPtr Handle::Impl::prepare_op(Direction dir, std::byte* buf, std::size_t
       files.adopt_fd(*op, fd);
     }
   }
-  plan(*op, options.block_size, options.direct);
+  plan(*op, options.block_size, options.direct, options.cached_reads);
   if (op->memory == MemoryKind::Device) prepare_device(*op);
   op->remaining.store(op->piece_count);
   return op;

@@ -13,7 +13,8 @@ from conftest import direct_io_supported, read_file, wait_child
 
 KEYS = {
     "reads", "writes", "bytes_read", "bytes_written", "pieces", "retries", "short_transfers",
-    "bounced_bytes", "edge_bytes", "gds_bytes", "device_bounce_bytes", "shifted_bytes", "errors",
+    "bounced_bytes", "edge_bytes", "gds_bytes", "device_bounce_bytes", "shifted_bytes", "cached_bytes",
+    "errors",
 }
 BLOCK = 256 << 10
 SIZE = (1 << 20) + 123

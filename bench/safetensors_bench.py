@@ -1,7 +1,9 @@
 """nvio.safetensors against the reference `safetensors` package (issue 27 item 6): save_file
 against the reference's save_file + fsync, load_file against the reference's load_file with the
 file's pages cold (dropped: fsync + posix_fadvise DONTNEED) and warm (read once before), and
-against `nvio bench --op read` of the same file.
+against `nvio bench --op read` of the same file, and against a numpy memmap copy of the file
+(the whole file into memory of its own: the speed a cached load that returns owned tensors can
+reach).
 
 One file of --tensors tensors of mixed dtypes and sizes (a transformer-like spread: a few large,
 many small), about --size bytes, written by the reference, is what every load reads; each save
@@ -70,6 +72,7 @@ def main() -> int:
     ap.add_argument("--no-save", action="store_true", help="loads only")
     args = ap.parse_args()
     benchlib.interrupt_on_sigterm()
+    import numpy as np
     import safetensors
     import safetensors.torch as ref
     import torch
@@ -130,6 +133,10 @@ def main() -> int:
                       (lambda b=b: ref.load_file(str(path), backend=b)))
                 contenders[f"ref load_file({b}) {mode}"] = benchlib.timed_load(
                     fn, [path], cold, checked)
+            # The file copied into memory of its own through a mapping: what a load that returns
+            # owned tensors can reach when the file is cached.
+            contenders[f"numpy memmap copy {mode}"] = benchlib.timed_load(
+                lambda: np.array(np.memmap(path, dtype=np.uint8, mode="r")), [path], cold)
             if cold or modes == ["warm"]:
                 contenders[f"nvio bench read {mode}"] = bench_read(cold)
         med, profiled = benchlib.run_rounds(
@@ -142,6 +149,8 @@ def main() -> int:
             for b in backends:
                 print(benchlib.ratio_line(med, ours, f"ref load_file({b}) {mode}",
                                           2 if mode == "cold" else None))
+            print(benchlib.ratio_line(med, ours, f"numpy memmap copy {mode}",
+                                      1.0 if mode == "warm" else None))
             if f"nvio bench read {mode}" in med:
                 print(benchlib.ratio_line(med, ours, f"nvio bench read {mode}", 0.9))
         benchlib.finish(args, profiled)

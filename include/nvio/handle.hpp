@@ -194,6 +194,10 @@ struct HandleStats {
   // were read into the caller's buffer a few bytes past their place and then moved there, instead
   // of through bounce buffers (a read of several pieces; see docs/design.md).
   std::uint64_t shifted_bytes = 0;
+  // Host memory: bytes of reads planned direct that were found in the page cache when planned and
+  // read through it instead (option cached_reads; a request partly cached counts its cached
+  // pieces).
+  std::uint64_t cached_bytes = 0;
   // Failed operations by the errno of their error (IoError::error_code, MemoryError's; 0 for a
   // failure without one, e.g. a file that shrank during a read, or a CUDA error). Only errnos seen
   // are present. An errno above 255 (Linux has none) counts under 255.

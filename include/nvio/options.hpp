@@ -46,6 +46,7 @@ namespace nvio {
 enum class EngineKind { Auto, IoUring, Libaio, Psync };
 enum class DirectIo { Auto, On, Off };
 enum class GpuDirect { Auto, On, Off };
+enum class CachedReads { Auto, Off };
 
 const char* to_string(EngineKind kind) noexcept;
 const char* to_string(DirectIo mode) noexcept;
@@ -54,6 +55,8 @@ EngineKind parse_engine(const std::string& text, const std::string& what = "engi
 DirectIo parse_direct(const std::string& text, const std::string& what = "direct");
 GpuDirect parse_gpu_direct(const std::string& text, const std::string& what = "gpu_direct");
 const char* to_string(GpuDirect mode) noexcept;
+CachedReads parse_cached_reads(const std::string& text, const std::string& what = "cached_reads");
+const char* to_string(CachedReads mode) noexcept;
 bool parse_bool(const std::string& text, const std::string& what);
 // Accepts plain bytes or a K/M/G/T suffix (powers of 1024, optional trailing "iB"/"B").
 std::size_t parse_size(const std::string& text, const std::string& what);
@@ -103,6 +106,7 @@ struct Options {
   unsigned intra_op_parallelism = 1;
   DirectIo direct = DirectIo::Auto;
   GpuDirect gpu_direct = GpuDirect::Auto;
+  CachedReads cached_reads = CachedReads::Auto;
 
   // Throws InvalidArgument (option() names it) for the first option out of range.
   void validate() const;
@@ -126,6 +130,7 @@ struct OptionOverrides {
   std::optional<unsigned> intra_op_parallelism;
   std::optional<DirectIo> direct;
   std::optional<GpuDirect> gpu_direct;
+  std::optional<CachedReads> cached_reads;
 
   // Sets option `name` from text as an NVIO_* variable or a command-line flag spells it ("64K",
   // "on", "io_uring"), strictly: a value that does not parse or is out of range throws

@@ -61,6 +61,7 @@ std::string lower(std::string s) {
 // The accepted values in words: in the parsers' messages and in the option table.
 constexpr const char* kEngineWords = "auto, io_uring, libaio or psync";
 constexpr const char* kModeWords = "auto, on or off";
+constexpr const char* kCachedWords = "auto or off";
 constexpr const char* kBoolWords = "true/false, 1/0, yes/no or on/off";
 
 }  // namespace
@@ -97,6 +98,21 @@ GpuDirect parse_gpu_direct(const std::string& text, const std::string& what) {
   if (t == "on" || t == "true" || t == "1" || t == "yes") return GpuDirect::On;
   if (t == "off" || t == "false" || t == "0" || t == "no") return GpuDirect::Off;
   reject(what, text, kModeWords);
+}
+
+const char* to_string(CachedReads mode) noexcept {
+  switch (mode) {
+    case CachedReads::Auto: return "auto";
+    case CachedReads::Off: return "off";
+  }
+  return "?";
+}
+
+CachedReads parse_cached_reads(const std::string& text, const std::string& what) {
+  const std::string t = lower(text);
+  if (t == "auto") return CachedReads::Auto;
+  if (t == "off" || t == "false" || t == "0" || t == "no") return CachedReads::Off;
+  reject(what, text, kCachedWords);
 }
 
 bool parse_bool(const std::string& text, const std::string& what) {
@@ -228,6 +244,8 @@ template <>
 struct Codec<DirectIo> : ChoiceCodec<DirectIo, parse_direct> {};
 template <>
 struct Codec<GpuDirect> : ChoiceCodec<GpuDirect, parse_gpu_direct> {};
+template <>
+struct Codec<CachedReads> : ChoiceCodec<CachedReads, parse_cached_reads> {};
 
 template <>
 struct Codec<bool> {
@@ -336,6 +354,10 @@ constexpr OptionSpec kOptions[] = {
     {"gpu_direct", "NVIO_GPU_DIRECT", OptionType::Choice, 0, 0, "", kModeWords,
      "GPUDirect Storage (cuFile) for device memory",
      &kAccess<&Options::gpu_direct, &OptionOverrides::gpu_direct>},
+    {"cached_reads", "NVIO_CACHED_READS", OptionType::Choice, 0, 0, "", kCachedWords,
+     "Under direct=auto, a read (not a small one) takes what the page cache holds of it through "
+     "the page cache, the rest direct; off: direct whatever is cached",
+     &kAccess<&Options::cached_reads, &OptionOverrides::cached_reads>},
 };
 
 }  // namespace

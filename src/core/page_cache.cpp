@@ -36,25 +36,6 @@ struct Cachestat {
   std::uint64_t nr_recently_evicted;
 };
 
-// Pages of `fd` in [0, size) that are resident, by mincore over read-only mappings of the file (a
-// mapping faults nothing in), a window at a time to bound the vector.
-int mincore_pages(int fd, std::uint64_t size, std::uint64_t& resident) {
-  constexpr std::uint64_t kWindow = std::uint64_t{1} << 30;
-  std::vector<unsigned char> vec;
-  resident = 0;
-  for (std::uint64_t at = 0; at < size; at += kWindow) {
-    const std::uint64_t len = std::min(kWindow, size - at);
-    void* p = ::mmap(nullptr, len, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(at));
-    if (p == MAP_FAILED) return -errno;
-    vec.assign((len + kPage - 1) / kPage, 0);
-    const int rc = ::mincore(p, len, vec.data()) == 0 ? 0 : -errno;
-    ::munmap(p, len);
-    if (rc != 0) return rc;
-    for (unsigned char v : vec) resident += v & 1u;
-  }
-  return 0;
-}
-
 // Whether the page cache of the file open as `fd` is its own inode's, which cachestat reports. An
 // overlayfs file's is not: its pages belong to the upper or lower file beneath, and cachestat of
 // the overlay file counts none, while a mapping of it maps that file, so mincore sees them.
@@ -86,6 +67,31 @@ void evict_page_cache(const std::string& path) {
 
 namespace detail {
 
+int cache_counts(int fd, std::uint64_t offset, std::uint64_t length, CacheCounts& out) noexcept {
+  CachestatRange range{offset, length};
+  Cachestat cs{};
+  if (::syscall(__NR_cachestat, fd, &range, &cs, 0) != 0) return -errno;
+  out.cached_pages = cs.nr_cache;
+  out.dirty_pages = cs.nr_dirty;
+  return 0;
+}
+
+int resident_map(int fd, std::uint64_t offset, std::uint64_t length,
+                 std::vector<unsigned char>& map) {
+  // The mapping starts on a page; map[i] is the page at page_start + i.
+  const std::uint64_t first = offset / kPage * kPage;
+  map.clear();
+  if (length == 0) return 0;
+  const std::uint64_t span = offset + length - first;
+  void* p = ::mmap(nullptr, span, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(first));
+  if (p == MAP_FAILED) return -errno;
+  map.assign((span + kPage - 1) / kPage, 0);
+  const int rc = ::mincore(p, span, map.data()) == 0 ? 0 : -errno;
+  ::munmap(p, span);
+  for (unsigned char& v : map) v &= 1u;
+  return rc;
+}
+
 PageCacheState page_cache_state(const std::string& path, CacheProbe probe) {
   // O_NONBLOCK: opening a FIFO for reading would otherwise wait for ever for a writer.
   const int raw = detail::open_file(path, O_RDONLY | O_NONBLOCK);
@@ -101,18 +107,24 @@ PageCacheState page_cache_state(const std::string& path, CacheProbe probe) {
   const auto bytes = [&](std::uint64_t pages) {
     return std::min(pages * static_cast<std::uint64_t>(kPage), out.file_bytes);
   };
-  CachestatRange range{0, 0};
-  Cachestat cs{};
+  CacheCounts counts;
   if (probe == CacheProbe::Any && cachestat_sees_pages(fd.get()) &&
-      ::syscall(__NR_cachestat, fd.get(), &range, &cs, 0) == 0) {
-    out.cached_bytes = bytes(cs.nr_cache);
-    out.dirty_bytes = bytes(cs.nr_dirty);
+      cache_counts(fd.get(), 0, 0, counts) == 0) {
+    out.cached_bytes = bytes(counts.cached_pages);
+    out.dirty_bytes = bytes(counts.dirty_pages);
     out.method = "cachestat";
     return out;
   }
+  // A window at a time, to bound the map.
+  constexpr std::uint64_t kWindow = std::uint64_t{1} << 30;
+  std::vector<unsigned char> map;
   std::uint64_t resident = 0;
-  const int rc = mincore_pages(fd.get(), out.file_bytes, resident);
-  if (rc < 0) throw_io_error(IoOp::Stat, path, 0, out.file_bytes, -rc, "mincore");
+  for (std::uint64_t at = 0; at < out.file_bytes; at += kWindow) {
+    const std::uint64_t len = std::min(kWindow, out.file_bytes - at);
+    const int rc = resident_map(fd.get(), at, len, map);
+    if (rc < 0) throw_io_error(IoOp::Stat, path, at, len, -rc, "mincore");
+    resident += static_cast<std::uint64_t>(std::count(map.begin(), map.end(), 1));
+  }
   out.cached_bytes = bytes(resident);
   out.method = "mincore";
   return out;

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "nvio/file_descriptor.hpp"
 #include "nvio/system.hpp"
@@ -68,6 +69,22 @@ int evict_page_cache(const std::string& path, std::uint64_t offset = 0,
 // file systems cannot share these blocks.
 int clone_range(int src_fd, std::uint64_t src_offset, std::uint64_t length, int dst_fd,
                 std::uint64_t dst_offset) noexcept;
+
+// Pages of [offset, offset + length) of `fd` (length 0: to the end of the file) in the page cache,
+// and how many of them are dirty, by cachestat(2) (Linux 6.5). Returns 0, or -errno: ENOSYS on
+// older kernels. An overlayfs file's pages belong to the file beneath it: cachestat counts none.
+struct CacheCounts {
+  std::uint64_t cached_pages = 0;
+  std::uint64_t dirty_pages = 0;
+};
+int cache_counts(int fd, std::uint64_t offset, std::uint64_t length, CacheCounts& out) noexcept;
+
+// Which pages of [offset, offset + length) of `fd` are in the page cache, by mincore(2) over a
+// read-only mapping of the range (a mapping faults nothing in): map[i] is 1 when the page at
+// round_down(offset, 4096) + i * 4096 is resident, else 0. Works on any kernel and on overlayfs.
+// Returns 0, or -errno (mmap's: a descriptor opened write-only cannot be mapped).
+int resident_map(int fd, std::uint64_t offset, std::uint64_t length,
+                 std::vector<unsigned char>& map);
 
 // nvio::page_cache_state, with a choice of how (Mincore: never cachestat, for tests of the
 // fallback that kernels before 6.5 take).

@@ -253,7 +253,7 @@ bool OperationQueue::take_piece(OperationPtr& op, Piece& piece, bool bounce_ok, 
   if (queue_.empty()) return false;
   Operation& head = *queue_.front();
   if (op.get() == &head && taken_from_op >= per_op_limit) return false;
-  const Piece p = head.plan.piece(head.next_piece);
+  const Piece p = head.piece(head.next_piece);
   if (!bounce_ok && head.needs_bounce(p)) {
     // push() may have woken only this worker for the piece: another one with bounce chunks free
     // takes it instead, sleeping or waiting in its engine.

@@ -23,6 +23,7 @@
 #include "cuda/device_ops.hpp"
 #include "engine/engine.hpp"
 #include "handle/plan.hpp"
+#include "handle/residency.hpp"
 #include "handle/stats.hpp"
 #include "nvio/errors.hpp"
 #include "nvio/handle.hpp"
@@ -231,6 +232,7 @@ struct Operation {
   Plan plan;
   std::size_t piece_count = 0;
   std::unique_ptr<ShiftedRead> shifted;  // set when the read's middle lands shifted
+  CachedRanges cached;                   // a read's pieces found in the page cache (residency.hpp)
   // Asynchronous operations: told when this one finishes, with `job` (the listener's own record
   // of the ticket it belongs to, which outlives the call).
   FinishListener* listener = nullptr;
@@ -252,6 +254,12 @@ struct Operation {
   bool is_read() const { return direction == engine::Direction::Read; }
   // The caller's memory of the piece that starts at file offset `at`.
   std::byte* user(std::uint64_t at) const { return buf + (at - offset); }
+  // Piece `index` of the plan, through the buffered descriptor where it was found cached.
+  Piece piece(std::size_t index) const {
+    Piece p = plan.piece(index);
+    if (p.direct && cached.holds(plan, p.file_offset)) p.direct = false;
+    return p;
+  }
   // Whether the piece at `file_offset` is a member of a shifted read (its middle or its tail).
   bool lands_shifted(std::uint64_t file_offset) const {
     return shifted != nullptr && file_offset >= plan.head_end;

@@ -15,6 +15,7 @@
 #include "cuda/device_ops.hpp"
 #include "handle/opened.hpp"
 #include "handle/plan.hpp"
+#include "handle/residency.hpp"
 #include "nvio/errors.hpp"
 #include "nvio/system.hpp"
 #include "nvio/warnings.hpp"
@@ -24,7 +25,8 @@ namespace {
 
 using engine::Direction;
 
-void plan(Operation& op, std::size_t block_size, DirectIo direct) {
+void plan(Operation& op, std::size_t block_size, DirectIo direct, CachedReads cached_reads) {
+  if (detail::plan_cached_whole(op, direct, cached_reads)) op.direct_fd = -1;
   if (op.direct_fd < 0) {
     op.plan = detail::plan_whole(op.offset, op.length, block_size, false);
     op.piece_count = op.plan.piece_count();
@@ -98,6 +100,7 @@ void plan(Operation& op, std::size_t block_size, DirectIo direct) {
     op.direct_fd = -1;
     op.plan = detail::plan_whole(op.offset, op.length, block_size, false);
   }
+  detail::mark_cached_pieces(op);
   op.piece_count = op.plan.piece_count();
 }
 
@@ -190,7 +193,7 @@ OperationPtr Preparer::operation(Direction dir, std::byte* buf, std::size_t leng
     op->memory = MemoryKind::Host;
   }
   use_file(*op, file, same_file, files_);
-  plan(*op, options_.block_size, options_.direct);
+  plan(*op, options_.block_size, options_.direct, options_.cached_reads);
   if (op->memory == MemoryKind::Device) prepare_device(*op);
   op->remaining.store(op->piece_count);
   return op;

@@ -28,6 +28,8 @@ constexpr HandleStatsField kFields[] = {
      "device memory: bytes moved through host bounce chunks"},
     {"shifted_bytes", &HandleStats::shifted_bytes,
      "host memory: direct bytes of unaligned reads landed beside their place, then moved there"},
+    {"cached_bytes", &HandleStats::cached_bytes,
+     "read bytes found in the page cache and read through it (cached_reads=auto)"},
 };
 static_assert(std::size(kFields) == detail::kCounterCount);
 

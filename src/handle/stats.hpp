@@ -35,8 +35,9 @@ enum class Counter : unsigned {
   GdsBytes,
   DeviceBounceBytes,
   ShiftedBytes,
+  CachedBytes,
 };
-inline constexpr std::size_t kCounterCount = 12;
+inline constexpr std::size_t kCounterCount = 13;
 
 // The errno of a failed operation's error, as HandleStats::errors counts it.
 int error_errno(const std::exception_ptr& error) noexcept;

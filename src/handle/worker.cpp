@@ -459,8 +459,13 @@ void Worker::count_piece(const Slot& s) {
   } else if (s.direct && op.lands_shifted(s.file_offset)) {
     stats_.add(Counter::ShiftedBytes, s.length);
   }
-  // A buffered piece of a request planned with direct I/O is one of its unaligned edges.
-  if (!s.direct && op.plan.direct) stats_.add(Counter::EdgeBytes, s.length);
+  // A buffered piece of a request planned with direct I/O is one of its unaligned edges, unless it
+  // was found in the page cache.
+  if (op.cached.holds(op.plan, s.file_offset)) {
+    stats_.add(Counter::CachedBytes, s.length);
+  } else if (!s.direct && op.plan.direct) {
+    stats_.add(Counter::EdgeBytes, s.length);
+  }
 }
 
 void Worker::transfer_finished(unsigned i) {

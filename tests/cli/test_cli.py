@@ -29,6 +29,7 @@ OPTION_NAMES = {
     "intra_op_parallelism",
     "direct",
     "gpu_direct",
+    "cached_reads",
 }
 ENGINES = ("io_uring", "libaio", "psync")
 
@@ -219,7 +220,8 @@ def test_bench_json_shape(tmp_path):
 
 STATS_KEYS = {
     "reads", "writes", "bytes_read", "bytes_written", "pieces", "retries", "short_transfers",
-    "bounced_bytes", "edge_bytes", "gds_bytes", "device_bounce_bytes", "shifted_bytes", "errors",
+    "bounced_bytes", "edge_bytes", "gds_bytes", "device_bounce_bytes", "shifted_bytes", "cached_bytes",
+    "errors",
 }
 
 
@@ -273,7 +275,7 @@ def test_bench_explicit_options_reach_the_handle(tmp_path):
     assert out["options"] == {
         "engine": "psync", "block_size": 8192, "queue_depth": 3, "single_submit": True,
         "overlap_events": False, "intra_op_parallelism": 2, "direct": "off",
-        "gpu_direct": "auto",
+        "gpu_direct": "auto", "cached_reads": "auto",
     }
     assert out["engine"] == "psync"
     assert [r["op"] for r in out["results"]] == ["write"]

@@ -356,6 +356,8 @@ TEST_P(ShiftedReads, StayDirectWhereTheFileSystemSplitsAboveABounceChunk) {
     Options o = base_options();
     o.block_size = MiB;
     o.direct = direct;
+    // The file was just written through the page cache: cached reads would take it from there.
+    o.cached_reads = nvio::CachedReads::Off;
     Handle h(o);
     const std::string mode = nvio::to_string(direct);
     // A page-aligned buffer at an odd offset, and a buffer one byte past a page at offset 0.

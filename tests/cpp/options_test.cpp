@@ -18,8 +18,9 @@ using nvio::OptionSource;
 using nvio::resolve_options;
 
 const std::vector<std::string> kOptionNames = {
-    "engine",         "block_size",           "queue_depth", "single_submit",
-    "overlap_events", "intra_op_parallelism", "direct",      "gpu_direct"};
+    "engine",        "block_size",     "queue_depth",
+    "single_submit", "overlap_events", "intra_op_parallelism",
+    "direct",        "gpu_direct",     "cached_reads"};
 
 template <typename Fn>
 ::testing::AssertionResult rejects_naming(Fn&& fn, const std::string& name) {
@@ -59,7 +60,8 @@ TEST(Options, EnvironmentNames) {
       {"overlap_events", "NVIO_OVERLAP_EVENTS"},
       {"intra_op_parallelism", "NVIO_INTRA_OP_PARALLELISM"},
       {"direct", "NVIO_DIRECT"},
-      {"gpu_direct", "NVIO_GPU_DIRECT"}};
+      {"gpu_direct", "NVIO_GPU_DIRECT"},
+      {"cached_reads", "NVIO_CACHED_READS"}};
   EXPECT_EQ(names, expected);
 }
 
@@ -90,9 +92,11 @@ TEST(Options, EnvironmentOverridesDefaults) {
   env.vars = {{"NVIO_ENGINE", "psync"},       {"NVIO_BLOCK_SIZE", "64K"},
               {"NVIO_QUEUE_DEPTH", "32"},     {"NVIO_SINGLE_SUBMIT", "true"},
               {"NVIO_OVERLAP_EVENTS", "off"}, {"NVIO_INTRA_OP_PARALLELISM", "4"},
-              {"NVIO_DIRECT", "on"},          {"NVIO_GPU_DIRECT", "off"}};
+              {"NVIO_DIRECT", "on"},          {"NVIO_GPU_DIRECT", "off"},
+              {"NVIO_CACHED_READS", "off"}};
   auto eff = resolve_options({}, env.lookup());
   EXPECT_EQ(eff.values.gpu_direct, nvio::GpuDirect::Off);
+  EXPECT_EQ(eff.values.cached_reads, nvio::CachedReads::Off);
   EXPECT_EQ(eff.values.engine, EngineKind::Psync);
   EXPECT_EQ(eff.values.block_size, 64 * KiB);
   EXPECT_EQ(eff.values.queue_depth, 32u);

@@ -413,6 +413,7 @@ TEST(HandleStatsDifference, FieldTableCoversTheStruct) {
       {"gds_bytes", &HandleStats::gds_bytes},
       {"device_bounce_bytes", &HandleStats::device_bounce_bytes},
       {"shifted_bytes", &HandleStats::shifted_bytes},
+      {"cached_bytes", &HandleStats::cached_bytes},
   };
   const auto fields = nvio::handle_stats_fields();
   ASSERT_EQ(fields.size(), std::size(expected));

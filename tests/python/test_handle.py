@@ -465,7 +465,7 @@ def test_report_keys(tmp_path):
     assert rep["memlock_limit"] is None or isinstance(rep["memlock_limit"], int)
     assert rep["version"] == nvio.__version__
     for name in ("engine", "block_size", "queue_depth", "single_submit", "overlap_events",
-                 "intra_op_parallelism", "direct", "gpu_direct"):
+                 "intra_op_parallelism", "direct", "gpu_direct", "cached_reads"):
         assert set(rep["options"][name]) == {"value", "source"}
     assert rep["options"]["block_size"]["value"] == 1048576
     assert rep["options"]["block_size"]["source"] == "default"

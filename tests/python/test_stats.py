@@ -13,7 +13,8 @@ from conftest import direct_io_supported, read_file, wait_child
 
 KEYS = {
     "reads", "writes", "bytes_read", "bytes_written", "pieces", "retries", "short_transfers",
-    "bounced_bytes", "edge_bytes", "gds_bytes", "device_bounce_bytes", "shifted_bytes", "errors",
+    "bounced_bytes", "edge_bytes", "gds_bytes", "device_bounce_bytes", "shifted_bytes", "cached_bytes",
+    "errors",
 }
 BLOCK = 256 << 10
 SIZE = (1 << 20) + 123
@@ -65,6 +66,21 @@ def test_direct_write_counts_edges_and_bounces(tmp_path, engine):
     mem_align = nvio.report(str(tmp_path))["dir"]["mem_align"]
     assert s["bounced_bytes"] == (middle if mem_align > 1 else 0)
     assert s["retries"] == s["short_transfers"] == s["reads"] == 0 and s["errors"] == {}
+
+
+def test_cached_reads_count_what_came_from_the_page_cache(tmp_path, engine):
+    if not direct_io_supported(tmp_path):
+        pytest.skip("no O_DIRECT here: every read goes through the page cache anyway")
+    # Written through the page cache, so cached: cached_reads=auto reads it from there, off direct.
+    data = np.random.default_rng(3).integers(0, 256, 4 * SIZE, dtype=np.uint8)
+    path = str(tmp_path / "c.bin")
+    data.tofile(path)
+    for mode, cached in (("auto", len(data) - OFFSET), ("off", 0)):
+        h = nvio.Handle(engine=engine, direct="auto", cached_reads=mode)
+        back = np.zeros(len(data) - OFFSET, dtype=np.uint8)
+        assert h.read(back, path, OFFSET) == len(back)
+        assert bytes(back) == bytes(data[OFFSET:]), mode
+        assert h.stats()["cached_bytes"] == cached, mode
 
 
 def test_aio_handle_stats(tmp_path):

@@ -7,7 +7,7 @@ out and parses it. ``f`` is a path or a file object, as torch takes them.
 ``save`` to a path lays the archive out itself, so it knows where every storage's bytes go, and
 writes all of them straight from the tensors' memory with one ``write_batch`` of an nvio handle,
 into a temporary file beside the target (created, named after its writer and cleaned up when its
-writer is gone by core/replace_file, through the binding). The CRC-32s are computed on a thread
+writer is gone by jobs/replace_file, through the binding). The CRC-32s are computed on a thread
 pool (``_nvio.crc32``, ISA-L without the GIL) while the batch is being written; the small records,
 the local headers (which hold the CRCs) and the central directory follow, then fdatasync, rename
 over the target and fsync of the directory. To a file object, the archive is written in order.

@@ -13,7 +13,7 @@ nvio's, drop-in for torch's ``FileSystemWriter`` / ``FileSystemReader``:
 - Writing (``FileSystemWriter.write_data``): each rank lays its one file out itself (every
   tensor's data at a file offset congruent to its address modulo the page size, so that the direct
   middle needs no bounce copy) and writes it into a temporary file (``_nvio.ReplacementFile``, the
-  binding of the library's one atomic-replace mechanism, core/replace_file.hpp): all tensors' data
+  binding of the library's one atomic-replace mechanism, jobs/replace_file.hpp): all tensors' data
   with one ``write_batch`` straight from their memory while the archives' CRC-32s are computed on
   a thread pool, then the headers, pickles and central directories (which hold the CRCs) with a
   second batch that fdatasyncs the file; then the rename. ``finish`` (the coordinator, once every

@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "core/fork.hpp"
-#include "core/replace_file.hpp"
+#include "jobs/replace_file.hpp"
 #include "jobs/swap_pool.hpp"
 #include "nvio/nvio.hpp"
 
@@ -673,7 +673,7 @@ void bind_batches(py::class_<nvio::Handle>& cls) {
 }
 
 // ---- atomic replacement (nvio/dcp.py) ---------------------------------------------------------
-// core/replace_file.hpp's ReplacementFile, the library's one mechanism for replacing a file
+// jobs/replace_file.hpp's ReplacementFile, the library's one mechanism for replacing a file
 // atomically: Python writes through `fd` (with a handle's batches) and then commits, or discards.
 // Held in an optional so that discard() removes the temporary file at once, not when Python
 // collects the object.
@@ -1269,7 +1269,7 @@ PYBIND11_MODULE(_nvio, m) {
   m.def("crc32_combine", &nvio::crc32_combine, py::arg("crc_a"), py::arg("crc_b"),
         py::arg("size_b"), "The CRC-32 of A followed by B, from both CRCs and B's length.");
 
-  // The temporaries of replacing saves (core/replace_file.hpp), for nvio.save / nvio.load.
+  // The temporaries of replacing saves (jobs/replace_file.hpp), for nvio.save / nvio.load.
   m.def(
       "create_temporary",
       [](const std::string& target) {

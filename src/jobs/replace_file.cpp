@@ -1,4 +1,4 @@
-#include "core/replace_file.hpp"
+#include "jobs/replace_file.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -1073,6 +1073,7 @@ void run_unlocked(const std::function<void()>& f, bool signals) {
   unlocked(f, signals ? Signals::Handle : Signals::Keep);
 }
 void bind_file(py::module_& m);  // file.cpp
+void bind_checkpoint(py::module_& m);
 }  // namespace nvio_py
 
 PYBIND11_MODULE(_nvio, m) {
@@ -1593,4 +1594,5 @@ PYBIND11_MODULE(_nvio, m) {
   m.attr("MIN_BLOCK_SIZE") = nvio::kMinBlockSize;
   // After Handle (its argument type) and `translate` (its translator for FileBusy goes first).
   nvio_py::bind_file(m);
+  nvio_py::bind_checkpoint(m);
 }

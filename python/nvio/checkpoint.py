@@ -1,8 +1,9 @@
 """``nvio.save`` / ``nvio.load``: torch checkpoints at the speed of the drive.
 
 The file is the zip archive ``torch.save`` writes (``torch.load`` reads it, also with
-``weights_only=True``, and ``nvio.load`` reads what ``torch.save`` writes); _torchzip.py lays it
-out and parses it. ``f`` is a path or a file object, as torch takes them.
+``weights_only=True``, and ``nvio.load`` reads what ``torch.save`` writes); the core lays it out
+and writes it (src/jobs/checkpoint.*), _torchzip.py parses it. ``f`` is a path or a file object,
+as torch takes them.
 
 ``save`` pickles here and hands the records to the core in one call (``_nvio.save_checkpoint``,
 src/jobs/checkpoint.*): it lays the archive out (every storage's bytes at a file offset congruent

@@ -1,12 +1,10 @@
-"""The zip layer of ``nvio.save`` / ``nvio.load`` (checkpoint.py): torch's archive laid out and
-parsed, and the records torch's loader asks for.
+"""The zip layer of ``nvio.save`` / ``nvio.load`` (checkpoint.py): torch's archive parsed, and the
+records torch's loader asks for. Writing is the core's (src/jobs/checkpoint.*, through
+``_nvio.save_checkpoint``, ``checkpoint_pieces`` and ``ArchiveFile``).
 
 The file is the zip archive ``torch.save`` writes: ``<dir>/data.pkl`` (the object, pickled with
 torch's scheme of persistent ids), ``<dir>/data/<key>`` (each storage's bytes) and
-``<dir>/version``, every entry stored (uncompressed) with its CRC-32, record data 64-byte aligned
-as torch's writer aligns it. ``_layout`` places the entries (a storage's data at a file offset
-congruent to its address modulo the page size, so that direct writes need no bounce copy),
-``_local_header`` and ``_central_directory`` write the zip structures; ``_Archive`` parses an
+``<dir>/version``, every entry stored (uncompressed) with its CRC-32. ``_Archive`` parses an
 archive held in memory (or read through ``_FileView``), ``_Records`` and ``_MetaRecords`` answer
 what ``torch.serialization._load`` asks of torch's own zip reader.
 """
@@ -15,7 +13,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import errno as _errno
-import io
 import os
 import struct
 from typing import Any, Dict, List, Optional, Tuple
@@ -32,11 +29,10 @@ class CheckpointFormatError(_nvio.Error, ValueError):
         self.path = path
 
 
-# Sizes and offsets at or above this need the zip64 extensions. A module attribute so that the
-# tests can exercise the zip64 layout with a small archive.
+# Sizes and offsets at or above this get the zip64 fields in what the core writes (its
+# zip64_limit). A module attribute so that the tests can exercise the zip64 layout with a small
+# archive.
 _ZIP64_LIMIT = 0xFFFFFFFF
-_RECORD_ALIGN = 64  # torch's writer aligns record data to 64 bytes (kFieldAlignment)
-_PAGE = 4096  # a storage's data starts at its address modulo this: the direct middle is aligned
 _CRC_CHUNK = 32 << 20  # pieces of a record checksummed by one task
 _ARCHIVE_DIR = "archive"
 _FORMAT_VERSION = b"3\n"  # what torch 1.13's writer stores in <dir>/version
@@ -46,9 +42,7 @@ _CENTRAL_SIG = 0x02014B50
 _EOCD_SIG = 0x06054B50
 _EOCD64_SIG = 0x06064B50
 _EOCD64_LOCATOR_SIG = 0x07064B50
-_UTF8_FLAG = 0x0800
 _ZIP64_TAG = 0x0001
-_PAD_TAG = b"FB"  # the padding extra field torch's writer uses ("FB", then 'Z' bytes)
 
 # ---- CRC-32 --------------------------------------------------------------------------------
 # _nvio.crc32 is zlib.crc32 computed with ISA-L (15-20 GB/s a core against zlib's 2), without the
@@ -117,94 +111,12 @@ def _typed(e: OSError, what: str, path: str, temporary: Optional[str] = None) ->
     return exc
 
 
-# ---- layout and writing -------------------------------------------------------------------
+# ---- records for the core's writer --------------------------------------------------------
 
-class _Entry:
-    """One zip entry as laid out: its name, size, where its local header and data go, its CRC."""
-
-    __slots__ = ("name", "size", "header_offset", "data_offset", "crc", "payload")
-
-    def __init__(self, name: str, size: int, payload: Any) -> None:
-        self.name = name.encode()
-        self.size = size
-        self.payload = payload  # bytes (small records) or a uint8 tensor (storages)
-        self.header_offset = 0
-        self.data_offset = 0
-        self.crc = 0
-
-
-def _local_fixed(entry: _Entry) -> int:
-    """Bytes of the local header before the padding: fixed part, name, zip64 sizes if needed."""
-    return 30 + len(entry.name) + (20 if entry.size >= _ZIP64_LIMIT else 0)
-
-
-def _layout(entries: List[_Entry], addresses: List[Optional[int]]) -> int:
-    """Places every entry: header at the current end, data at the first offset after it (with room
-    for a padding field of at least 4 bytes) that is 64-byte aligned and, for a storage whose
-    address is 64-byte aligned, congruent to its address modulo the page size. Returns where the
-    central directory starts."""
-    at = 0
-    for entry, address in zip(entries, addresses):
-        entry.header_offset = at
-        fixed = at + _local_fixed(entry)
-        if address is not None and address % _RECORD_ALIGN == 0:
-            target = address % _PAGE
-            data = fixed + ((target - fixed) % _PAGE)
-        else:
-            data = -(-fixed // _RECORD_ALIGN) * _RECORD_ALIGN
-        if data - fixed < 4:
-            data += _PAGE if address is not None and address % _RECORD_ALIGN == 0 \
-                else _RECORD_ALIGN
-        entry.data_offset = data
-        at = data + entry.size
-    return at
-
-
-def _local_header(entry: _Entry) -> bytes:
-    zip64 = entry.size >= _ZIP64_LIMIT
-    size32 = 0xFFFFFFFF if zip64 else entry.size
-    pad = entry.data_offset - entry.header_offset - _local_fixed(entry)
-    extra = b""
-    if zip64:
-        extra += struct.pack("<HHQQ", _ZIP64_TAG, 16, entry.size, entry.size)
-    extra += _PAD_TAG + struct.pack("<H", pad - 4) + b"Z" * (pad - 4)
-    return struct.pack("<IHHHHHIIIHH", _LOCAL_SIG, 45 if zip64 else 20, _UTF8_FLAG, 0, 0, 0x21,
-                       entry.crc, size32, size32, len(entry.name), len(extra)) + entry.name + extra
-
-
-def _central_directory(entries: List[_Entry], start: int) -> bytes:
-    out = io.BytesIO()
-    for e in entries:
-        values = []
-        size32 = e.size
-        offset32 = e.header_offset
-        if e.size >= _ZIP64_LIMIT:
-            values += [e.size, e.size]
-            size32 = 0xFFFFFFFF
-        if e.header_offset >= _ZIP64_LIMIT:
-            values.append(e.header_offset)
-            offset32 = 0xFFFFFFFF
-        extra = struct.pack(f"<HH{len(values)}Q", _ZIP64_TAG, 8 * len(values), *values) \
-            if values else b""
-        version = 45 if values else 20
-        out.write(struct.pack("<IHHHHHHIIIHHHHHII", _CENTRAL_SIG, version, version, _UTF8_FLAG,
-                              0, 0, 0x21, e.crc, size32, size32, len(e.name), len(extra), 0, 0,
-                              0, 0, offset32))
-        out.write(e.name)
-        out.write(extra)
-    size = out.tell()
-    count = len(entries)
-    end = start + size
-    if count >= 0xFFFF or size >= _ZIP64_LIMIT or start >= _ZIP64_LIMIT:
-        out.write(struct.pack("<IQHHIIQQQQ", _EOCD64_SIG, 44, 45, 45, 0, 0, count, count, size,
-                              start))
-        out.write(struct.pack("<IIQI", _EOCD64_LOCATOR_SIG, 0, end, 1))
-        out.write(struct.pack("<IHHHHIIH", _EOCD_SIG, 0, 0, min(count, 0xFFFF),
-                              min(count, 0xFFFF), min(size, 0xFFFFFFFF),
-                              min(start, 0xFFFFFFFF), 0))
-    else:
-        out.write(struct.pack("<IHHHHIIH", _EOCD_SIG, 0, 0, count, count, size, start, 0))
-    return out.getvalue()
+def _storage_record(name: str, t: Any) -> Tuple[str, None, int, int]:
+    """The record of a storage's bytes (a uint8 CPU tensor over them) as the core's writer takes
+    it: written from the tensor's memory, which the caller keeps alive until the write returns."""
+    return (name, None, t.data_ptr(), t.numel())
 
 
 

@@ -1,16 +1,18 @@
 """``nvio.save`` / ``nvio.load``: torch checkpoints at the speed of the drive.
 
 The file is the zip archive ``torch.save`` writes (``torch.load`` reads it, also with
-``weights_only=True``, and ``nvio.load`` reads what ``torch.save`` writes); _torchzip.py lays it
-out and parses it. ``f`` is a path or a file object, as torch takes them.
+``weights_only=True``, and ``nvio.load`` reads what ``torch.save`` writes); the core lays it out
+and writes it (src/jobs/checkpoint.*), _torchzip.py parses it. ``f`` is a path or a file object,
+as torch takes them.
 
-``save`` to a path lays the archive out itself, so it knows where every storage's bytes go, and
-writes all of them straight from the tensors' memory with one ``write_batch`` of an nvio handle,
-into a temporary file beside the target (created, named after its writer and cleaned up when its
-writer is gone by core/replace_file, through the binding). The CRC-32s are computed on a thread
-pool (``_nvio.crc32``, ISA-L without the GIL) while the batch is being written; the small records,
-the local headers (which hold the CRCs) and the central directory follow, then fdatasync, rename
-over the target and fsync of the directory. To a file object, the archive is written in order.
+``save`` pickles here and hands the records to the core in one call (``_nvio.save_checkpoint``,
+src/jobs/checkpoint.*): it lays the archive out (every storage's bytes at a file offset congruent
+to its address modulo the page size), writes the storages straight from the tensors' memory with
+one batch of an nvio handle into a temporary file beside the target (jobs/replace_file: named after
+its writer, cleaned up when its writer is gone) while their CRC-32s are computed on threads, then
+the headers, small records and central directory, fdatasyncs, renames over the target and fsyncs
+the directory. To a file object, the core lays the same archive out packed and Python writes its
+pieces in order.
 
 ``load`` reads the whole file with one parallel (O_DIRECT) read into page-aligned memory (or maps
 it copy-on-write with ``mmap=True``), checks the records' CRC-32s and unpickles with storages that
@@ -30,16 +32,14 @@ import os
 import pickle
 import stat
 import sys
-import threading
 import warnings
 from typing import Any, Dict, List, Optional, Tuple, Union
 
-from . import _args, _landing, _nvio
+from . import _args, _landing, _nvio, _torchzip
 from ._ckpt_into import load_into
 from ._handle import shared_handle
-from ._torchzip import (_ARCHIVE_DIR, _FORMAT_VERSION, CheckpointFormatError, _Archive, _Entry,
-                        _Records, _central_directory, _crc_results, _crc_tasks, _layout,
-                        _local_header, _pool, _typed)
+from ._torchzip import (_ARCHIVE_DIR, _FORMAT_VERSION, CheckpointFormatError, _Archive, _Records,
+                        _storage_record, _typed)
 
 __all__ = ["save", "load", "CheckpointFormatError", "UnsafeCheckpointError"]
 
@@ -137,70 +137,24 @@ def _storage_bytes(torch, storage) -> Any:
 
 
 
-def _fsync_directory(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _hold(path: bytes) -> int:
-    """A descriptor of the file about to be replaced (-1 if none): while it is open, the rename
-    does not free the old file's blocks (freeing a GiB took ~0.5 s inside rename on ext4)."""
-    try:
-        return os.open(path, os.O_PATH | os.O_CLOEXEC)
-    except OSError:
-        return -1
-
-
-def _release_later(fd: int) -> None:
-    """Closes `fd` on a daemon thread: the replaced file's blocks are freed there, after save has
-    returned (its name is already gone; a process exit closes it too)."""
-    if fd >= 0:
-        threading.Thread(target=os.close, args=(fd,), name="nvio-free-old", daemon=True).start()
-
-
-def _let_go(h: Any, fd: int) -> None:
-    """Has the handle let go of the temporary file open as `fd`: kept, a removed temporary file
-    (a failed save's) would hold its disk space for up to a second, so that a retry after freeing
-    space would still find the disk full."""
-    try:
-        h.close_files(fd)
-    except Exception:  # an optimisation only: the handle lets go by itself within a second
-        pass
-
-
-
-def _archive_entries(obj: Any, pickle_protocol: int) -> List[_Entry]:
-    """The archive's entries, not yet laid out: data.pkl, byteorder, each storage's bytes (a uint8
-    tensor over them, ordered by key as a string, as torch's writer orders them), version."""
+def _archive_records(obj: Any, pickle_protocol: int) -> Tuple[List[tuple], Dict[int, Any]]:
+    """The archive's records for the core (``(name, bytes or None, address, nbytes)``): data.pkl,
+    byteorder, each storage's bytes (ordered by key as a string, as torch's writer orders them),
+    version; and, by record index, the uint8 tensors over the storages' bytes, which must live
+    until they are written."""
     torch = _torch()
     buf = io.BytesIO()
     pickler = _StoragePickler(buf, pickle_protocol)
     pickler.dump(obj)
-    entries = [_Entry(f"{_ARCHIVE_DIR}/data.pkl", buf.tell(), buf.getvalue())]
     byteorder = sys.byteorder.encode()  # torch 2 writes it; torch 1.13 reads around it
-    entries.append(_Entry(f"{_ARCHIVE_DIR}/byteorder", len(byteorder), byteorder))
+    records = [(f"{_ARCHIVE_DIR}/data.pkl", buf.getvalue(), 0, 0),
+               (f"{_ARCHIVE_DIR}/byteorder", byteorder, 0, 0)]
+    tensors = {}
     for key in sorted(pickler.storages):
-        t = _storage_bytes(torch, pickler.storages[key])
-        entries.append(_Entry(f"{_ARCHIVE_DIR}/data/{key}", t.numel(), t))
-    entries.append(_Entry(f"{_ARCHIVE_DIR}/version", len(_FORMAT_VERSION), _FORMAT_VERSION))
-    return entries
-
-
-def _storage_entries(entries: List[_Entry]) -> List[_Entry]:
-    """The entries holding a storage's bytes (not empty): the ones written from tensor memory."""
-    return [e for e in entries if not isinstance(e.payload, bytes) and e.size > 0]
-
-
-def _checksum(entries: List[_Entry], storages: List[_Entry], crc_tasks: Any) -> None:
-    """Sets every entry's CRC-32: the storages' from their pool tasks, the small records' here."""
-    for e, crc in zip(storages, _crc_results(crc_tasks)):
-        e.crc = crc
-    for e in entries:
-        if isinstance(e.payload, bytes):
-            e.crc = _nvio.crc32(e.payload)
+        tensors[len(records)] = t = _storage_bytes(torch, pickler.storages[key])
+        records.append(_storage_record(f"{_ARCHIVE_DIR}/data/{key}", t))
+    records.append((f"{_ARCHIVE_DIR}/version", _FORMAT_VERSION, 0, 0))
+    return records, tensors
 
 
 def save(obj: Any, f: Any = None, *, pickle_protocol: int = 2, handle: Any = None,
@@ -223,61 +177,11 @@ def save(obj: Any, f: Any = None, *, pickle_protocol: int = 2, handle: Any = Non
     target = _source(f, path, "save", "write")
     if isinstance(target, tuple) and os.path.isdir(target[0]):
         raise _typed(IsADirectoryError(_errno.EISDIR, "is a directory"), "save", target[1])
-    entries = _archive_entries(obj, pickle_protocol)
+    records, tensors = _archive_records(obj, pickle_protocol)
     if not isinstance(target, tuple):
-        return _save_stream(target, entries)
-    return _save_file(target[0], target[1], entries, handle)
-
-
-def _save_file(raw: bytes, text: str, entries: List[_Entry], handle: Any) -> int:
-    # Each storage's data starts at a file offset congruent to its address modulo the page size
-    # (where the address is 64-byte aligned), so the direct middle of each extent needs no bounce.
-    directory_offset = _layout(entries, [None if isinstance(e.payload, bytes)
-                                         else e.payload.data_ptr() for e in entries])
-    central_size = len(_central_directory(entries, directory_offset))  # CRCs do not change it
-    storages = _storage_entries(entries)
+        return _save_stream(target, records, tensors)
     h = handle if handle is not None else shared_handle()
-    tmp, fd = None, -1
-    try:
-        tmp, fd = _nvio.create_temporary(raw)
-        # The final size first: direct writes inside the file are not extending writes, which
-        # file systems (ext4) serialise.
-        os.ftruncate(fd, directory_offset + central_size)
-        with _pool(os.cpu_count() or 1) as pool:
-            crc_tasks = _crc_tasks(pool, [e.payload.numpy() for e in storages])
-            # The data first, while the CRCs are computed; the headers need them.
-            if storages:
-                h.write_batch([(e.payload, e.data_offset) for e in storages], fd)
-            _checksum(entries, storages, crc_tasks)
-        for e in entries:
-            if isinstance(e.payload, bytes):
-                os.pwrite(fd, e.payload, e.data_offset)
-            os.pwrite(fd, _local_header(e), e.header_offset)
-        os.pwrite(fd, _central_directory(entries, directory_offset), directory_offset)
-        os.fdatasync(fd)
-        size = os.fstat(fd).st_size
-        _let_go(h, fd)
-        os.close(fd)
-        fd = -1
-        old = _hold(raw)
-        try:
-            os.rename(tmp, raw)
-        finally:
-            _release_later(old)
-        tmp = None
-        _fsync_directory(os.path.dirname(raw) or b".")
-        return size
-    except OSError as e:
-        raise _typed(e, "save", text, tmp) from (None if isinstance(e, _nvio.Error) else e)
-    finally:
-        if fd >= 0:
-            _let_go(h, fd)
-            os.close(fd)
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+    return _nvio.save_checkpoint(h._core, target[0], records, True, _torchzip._ZIP64_LIMIT)
 
 
 def _write_all(f: Any, data: Any) -> int:
@@ -294,21 +198,13 @@ def _write_all(f: Any, data: Any) -> int:
     return total
 
 
-def _save_stream(f: Any, entries: List[_Entry]) -> int:
-    """Writes the archive to file object `f`, in order: each entry's local header (which holds
-    its CRC, so every CRC first) and data, then the central directory. Data 64-byte aligned from
-    where `f` stood, as torch's writer aligns it."""
-    directory_offset = _layout(entries, [None] * len(entries))
-    storages = _storage_entries(entries)
-    with _pool(os.cpu_count() or 1) as pool:
-        _checksum(entries, storages, _crc_tasks(pool, [e.payload.numpy() for e in storages]))
+def _save_stream(f: Any, records: List[tuple], tensors: Dict[int, Any]) -> int:
+    """Writes the archive to file object `f` in order, as the core lays it out packed (data
+    64-byte aligned from where `f` stood, as torch's writer aligns it): its bytes, and each
+    storage's from the tensor's memory."""
     written = 0
-    for e in entries:
-        written += _write_all(f, _local_header(e))
-        if e.size > 0:
-            written += _write_all(f, e.payload if isinstance(e.payload, bytes)
-                                  else e.payload.numpy())
-    written += _write_all(f, _central_directory(entries, directory_offset))
+    for piece in _nvio.checkpoint_pieces(records, _torchzip._ZIP64_LIMIT):
+        written += _write_all(f, piece if isinstance(piece, bytes) else tensors[piece].numpy())
     flush = getattr(f, "flush", None)
     if flush is not None:
         flush()

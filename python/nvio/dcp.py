@@ -10,13 +10,14 @@ nvio's, drop-in for torch's ``FileSystemWriter`` / ``FileSystemReader``:
   and ``.metadata``, DCP's pickled ``Metadata`` naming the file, offset and length of every item.
   A checkpoint written here loads with torch's ``FileSystemReader``, and one torch's writer wrote
   loads with ``FileSystemReader`` of this module.
-- Writing (``FileSystemWriter.write_data``): each rank lays its one file out itself (every
-  tensor's data at a file offset congruent to its address modulo the page size, so that the direct
-  middle needs no bounce copy) and writes it into a temporary file (``_nvio.ReplacementFile``, the
-  binding of the library's one atomic-replace mechanism, core/replace_file.hpp): all tensors' data
-  with one ``write_batch`` straight from their memory while the archives' CRC-32s are computed on
-  a thread pool, then the headers, pickles and central directories (which hold the CRCs) with a
-  second batch that fdatasyncs the file; then the rename. ``finish`` (the coordinator, once every
+- Writing (``FileSystemWriter.write_data``): each rank lays its one file out (the core's
+  ``ArchiveFile``, src/jobs/checkpoint.*: every tensor's data at a file offset congruent to its
+  address modulo the page size, so that the direct middle needs no bounce copy) and the core
+  writes it into a temporary file (jobs/replace_file, the library's one atomic-replace
+  mechanism): all tensors' data with one batch straight from their memory while the archives'
+  CRC-32s are computed on threads, then the headers, pickles and central directories (which hold
+  the CRCs) with a second batch that fdatasyncs the file; then the rename. ``finish`` (the
+  coordinator, once every
   rank has written) replaces ``.metadata`` the same way, last (rename, directory fsync); then it
   removes the data files of earlier saves into the same directory that the new ``.metadata`` no
   longer names, and data files' temporaries whose writer is gone (a rank killed mid-save).
@@ -41,17 +42,14 @@ import re
 import secrets
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from . import _buffers, _nvio
+from . import _buffers, _nvio, _torchzip
 from ._handle import replace_file as _replace_file
-from ._torchzip import (_ARCHIVE_DIR, _FORMAT_VERSION, _Entry, _central_directory, _crc_results,
-                        _crc_tasks, _layout, _local_header, _pool, _typed)
+from ._torchzip import _ARCHIVE_DIR, _FORMAT_VERSION, _storage_record, _typed
 from .checkpoint import _StoragePickler, _storage_bytes
 
 __all__ = ["FileSystemWriter", "FileSystemReader", "DCPFormatError", "ShapeMismatch", "save",
            "load", "async_save"]
 
-_ALIGN = 64  # each item starts 64-byte aligned in its file
-_MERGE_GAP = 4096  # small pieces closer than this are written as one extent (zeros between)
 # Data files of a checkpoint in this layout: torch's (__0_0.distcp) and this module's
 # (__0_<tag>_0.distcp). finish() removes those the new .metadata does not name.
 _DATA_FILE = re.compile(r"__\d+_(?:[0-9a-f]{16}_)?\d+\.distcp$")
@@ -102,21 +100,16 @@ def replace_file(handle: Any, path: str, pieces: Sequence[Tuple[Any, int]], sync
 # ---- writing -----------------------------------------------------------------------------------
 
 class _Layout:
-    """One data file as laid out: the small pieces (headers, pickles, central directories: bytes
-    at file offsets) and the tensors' storages (uint8 tensors at file offsets)."""
+    """One data file as laid out by the core (``_nvio.ArchiveFile``: byte items and one archive
+    per tensor, each 64-byte aligned) and the tensors' storages it writes from their memory
+    (uint8 tensors at file offsets), kept alive here until the file is written."""
 
     def __init__(self) -> None:
-        self.end = 0
-        self.small: List[Tuple[int, bytes]] = []
+        self.file = _nvio.ArchiveFile(_torchzip._ZIP64_LIMIT)
         self.storages: List[Tuple[Any, int]] = []
-        # Per tensor archive: (its entries, base offset, central directory offset), CRCs pending.
-        self.archives: List[Tuple[List[_Entry], int, int]] = []
 
     def add_bytes(self, data: bytes) -> Tuple[int, int]:
-        at = -(-self.end // _ALIGN) * _ALIGN
-        self.small.append((at, data))
-        self.end = at + len(data)
-        return at, len(data)
+        return self.file.add_bytes(data)
 
     def add_tensor(self, torch, tensor: Any) -> Tuple[int, int]:
         """Lays out the archive torch.save(tensor) would write; returns (offset, length)."""
@@ -125,91 +118,18 @@ class _Layout:
         pickler.dump(tensor)
         keys = sorted(pickler.storages)
         stored = [_storage_bytes(torch, pickler.storages[k]) for k in keys]
-        entries = [_Entry(f"{_ARCHIVE_DIR}/data.pkl", buf.tell(), buf.getvalue())]
-        entries += [_Entry(f"{_ARCHIVE_DIR}/data/{k}", t.numel(), t) for k, t in zip(keys, stored)]
-        entries.append(_Entry(f"{_ARCHIVE_DIR}/version", len(_FORMAT_VERSION), _FORMAT_VERSION))
-        base = -(-self.end // _ALIGN) * _ALIGN
-        # Addresses relative to the archive's start: the data lands at a file offset congruent to
-        # its address modulo the page size (base is 64-byte aligned, so alignment is kept).
-        addresses = [None] + [t.data_ptr() - base for t in stored] + [None]
-        directory = _layout(entries, addresses)
-        size = directory + len(_central_directory(entries, directory))
-        for e in entries[1:-1]:
-            if e.size:
-                self.storages.append((e.payload, base + e.data_offset))
-        self.archives.append((entries, base, directory))
-        self.end = base + size
+        records = [(f"{_ARCHIVE_DIR}/data.pkl", buf.getvalue(), 0, 0)]
+        records += [_storage_record(f"{_ARCHIVE_DIR}/data/{k}", t) for k, t in zip(keys, stored)]
+        records.append((f"{_ARCHIVE_DIR}/version", _FORMAT_VERSION, 0, 0))
+        base, size, offsets = self.file.add_archive(records)
+        self.storages += zip([t for t in stored if t.numel()], offsets)
         return base, size
-
-    def start_crcs(self, pool) -> List[Any]:
-        """The storages' CRC-32s, submitted to the pool's threads."""
-        return _crc_tasks(pool, [t.numpy() for t, _ in self.storages])
-
-    def small_pieces(self, crc_tasks: List[Any]) -> List[Tuple[Any, int]]:
-        """The extents besides the storages, once their CRC-32s are known: headers, pickles and
-        central directories, merged where they are close."""
-        crcs = iter(_crc_results(crc_tasks))
-        small = list(self.small)
-        for entries, base, directory in self.archives:
-            for e in entries:
-                if isinstance(e.payload, bytes):
-                    e.crc = _nvio.crc32(e.payload)
-                    small.append((base + e.data_offset, e.payload))
-                elif e.size:
-                    e.crc = next(crcs)
-                small.append((base + e.header_offset, _local_header(e)))
-            small.append((base + directory, _central_directory(entries, directory)))
-        # Small pieces next to each other become one extent (zeros between); never across a
-        # storage.
-        ordered = sorted(small + [(at, t) for t, at in self.storages], key=lambda p: p[0])
-        merged: List[Tuple[Any, int]] = []
-        run: Optional[bytearray] = None
-        start = 0
-        for at, data in ordered:
-            if not isinstance(data, (bytes, bytearray)):  # a storage
-                if run is not None:
-                    merged.append((run, start))
-                    run = None
-            elif run is not None and at - (start + len(run)) < _MERGE_GAP:
-                run += bytes(at - (start + len(run)))
-                run += data
-            else:
-                if run is not None:
-                    merged.append((run, start))
-                run, start = bytearray(data), at
-        if run is not None:
-            merged.append((run, start))
-        return merged
 
 
 def write_data_file(handle: Any, path: str, layout: _Layout, sync: bool) -> None:
-    """Writes a laid-out data file as a new file in place of ``path``, atomically (the core's
-    ReplacementFile): the storages with one batch while their CRC-32s are computed on a thread
-    pool, then the pieces that hold the CRCs with a second, which fdatasyncs the file (with
-    ``sync``); then the rename."""
-    h = _handle(handle)
-    file = _nvio.ReplacementFile(h._core, path)
-    pending = None
-    try:
-        with _pool(os.cpu_count() or 1) as pool:
-            tasks = layout.start_crcs(pool)
-            if layout.storages:
-                pending = h.write_batch_async(layout.storages, file.fd)
-            small = layout.small_pieces(tasks)
-        if pending is not None:
-            pending.wait()
-            pending = None
-        if small:  # (a file with storages has headers; an empty one has nothing to sync)
-            h.write_batch(small, file.fd, sync=sync)
-        file.commit(sync)
-    except BaseException:
-        if pending is not None:  # its buffers and the descriptor stay valid until it ends
-            try:
-                pending.wait()
-            except BaseException:
-                pass
-        file.discard()
-        raise
+    """Writes a laid-out data file as a new file in place of ``path``, atomically, in one call
+    into the core (``ArchiveFile.write``, see the module's text)."""
+    layout.file.write(_handle(handle)._core, path, sync)
 
 
 def _plain(torch, value: Any) -> Any:

@@ -1,4 +1,4 @@
-// nvio._nvio.ReplacementFile and the temporaries of replacing saves: core/replace_file.hpp, the
+// nvio._nvio.ReplacementFile and the temporaries of replacing saves: jobs/replace_file.hpp, the
 // library's one mechanism for replacing a file atomically, for nvio/dcp.py, nvio.save and
 // nvio.load.
 #include <pybind11/pybind11.h>
@@ -10,12 +10,12 @@
 
 #include "bindings.hpp"
 #include "common.hpp"
-#include "core/replace_file.hpp"
+#include "jobs/replace_file.hpp"
 
 namespace nvio_py {
 namespace {
 
-// core/replace_file.hpp's ReplacementFile, the library's one mechanism for replacing a file
+// jobs/replace_file.hpp's ReplacementFile, the library's one mechanism for replacing a file
 // atomically: Python writes through `fd` (with a handle's batches) and then commits, or discards.
 // Held in an optional so that discard() removes the temporary file at once, not when Python
 // collects the object.
@@ -56,7 +56,7 @@ void bind_replace_file(py::module_& m) {
           py::arg("sync") = true)
       .def("discard", [](Replacement& r) { unlocked([&] { r.file.reset(); }); });
 
-  // The temporaries of replacing saves (core/replace_file.hpp), for nvio.save / nvio.load.
+  // The temporaries of replacing saves (jobs/replace_file.hpp), for nvio.save / nvio.load.
   m.def(
       "create_temporary",
       [](const std::string& target) {

@@ -14,6 +14,7 @@ void bind_errors(pybind11::module_& m);
 void bind_handle(pybind11::module_& m);
 void bind_safetensors(pybind11::module_& m);
 void bind_replace_file(pybind11::module_& m);
+void bind_checkpoint(pybind11::module_& m);
 void bind_swapper(pybind11::module_& m);
 void bind_striped(pybind11::module_& m);
 void bind_memory(pybind11::module_& m);

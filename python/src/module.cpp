@@ -13,6 +13,7 @@ PYBIND11_MODULE(_nvio, m) {
   nvio_py::bind_handle(m);
   nvio_py::bind_safetensors(m);
   nvio_py::bind_replace_file(m);
+  nvio_py::bind_checkpoint(m);
   nvio_py::bind_swapper(m);
   nvio_py::bind_striped(m);
   nvio_py::bind_memory(m);

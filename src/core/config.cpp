@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -11,13 +10,12 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "core/config_text.hpp"
 #include "core/json_excerpt.hpp"
 #include "core/posix.hpp"
-#include "core/replace_file.hpp"
 #include "core/retry.hpp"
 #include "nvio/errors.hpp"
 
@@ -251,30 +249,6 @@ std::optional<std::string> read_config_text(const std::string& path) {
   return text;
 }
 
-// An exclusive flock(2) on "<config>.lock", held while it lives: serialises the read-modify-write
-// of save_profile between threads (each opens its own descriptor, and flock locks belong to the
-// open file description) and between processes. The lock file is left in place: removing it
-// would let a waiter lock a file that a newcomer no longer sees. Not copyable; owned by one call.
-class ConfigLock {
- public:
-  explicit ConfigLock(const std::string& config) {
-    const std::string path = config + ".lock";
-    const int fd = detail::open_file(path, O_RDWR | O_CREAT | O_NOCTTY, 0644);
-    if (fd < 0) {
-      throw_io_error(IoOp::Open, path, 0, 0, -fd, "cannot open the configuration lock file");
-    }
-    fd_ = detail::FileDescriptor(fd);
-    const int rc =
-        detail::retry_interrupted([&] { return ::flock(fd, LOCK_EX) == 0 ? 0 : -errno; });
-    if (rc < 0) {
-      throw_io_error(IoOp::Open, path, 0, 0, -rc, "cannot lock the configuration lock file");
-    }
-  }
-
- private:
-  detail::FileDescriptor fd_;  // closing it (the destructor) releases the lock
-};
-
 }  // namespace
 
 std::string config_path(const EnvLookup& getenv_fn) {
@@ -328,55 +302,14 @@ std::optional<ConfigProfile> select_profile(const ConfigFile& file, const std::s
   return find(file.default_key);
 }
 
-void save_profile(const std::string& path, const ConfigProfile& profile) {
-  if (path.empty()) {
-    throw InvalidArgument(
-        "no configuration file to save to: NVIO_CONFIG is 'none', or neither "
-        "XDG_CONFIG_HOME nor HOME is set");
-  }
-  const std::filesystem::path target(path);
-  std::error_code ec;
-  if (target.has_parent_path()) {
-    std::filesystem::create_directories(target.parent_path(), ec);
-    if (ec) {
-      throw_io_error(IoOp::Open, target.parent_path().string(), 0, 0, ec.value(),
-                     "cannot create the configuration directory");
-    }
-  }
-  // Read, modify and replace under the lock: two saves at once (threads of one process or
-  // processes) would otherwise both read the old file and the later rename would drop the other's
-  // profile.
-  const ConfigLock lock(path);
-  ConfigFile file = load_config(path).value_or(ConfigFile{});
+std::string detail::config_text_with(const ConfigFile& file, const ConfigProfile& profile) {
   json profiles = json::object();
   for (const ConfigProfile& p : file.profiles) {
     if (p.key != profile.key) profiles[p.key] = profile_json(p);
   }
   profiles[profile.key] = profile_json(profile);
   const json j{{"version", 1}, {"default", profile.key}, {"profiles", profiles}};
-  const std::string text = j.dump(2) + "\n";
-
-  // A temporary file beside it, renamed over it once durable, then the directory synced: a crash
-  // leaves the old configuration or the new one.
-  detail::ReplacementFile out(path);
-  std::size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = detail::retry_interrupted([&]() -> ssize_t {
-      const ssize_t r = ::write(out.fd(), text.data() + done, text.size() - done);
-      return r < 0 ? -errno : r;
-    });
-    if (n <= 0) {
-      throw_io_error(IoOp::Write, path, done, text.size() - done,
-                     n < 0 ? static_cast<int>(-n) : EIO,
-                     "writing its temporary file '" + out.temp_path() + "'");
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  if (::fdatasync(out.fd()) != 0) {
-    throw_io_error(IoOp::Sync, path, 0, text.size(), errno,
-                   "syncing its temporary file '" + out.temp_path() + "'");
-  }
-  out.commit(Durability::Data);
+  return j.dump(2) + "\n";
 }
 
 }  // namespace nvio

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/posix.hpp"
-#include "core/replace_file.hpp"
+#include "jobs/replace_file.hpp"
 #include "nvio/errors.hpp"
 
 namespace nvio::safetensors {

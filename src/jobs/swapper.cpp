@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/align.hpp"
-#include "core/replace_file.hpp"
+#include "jobs/replace_file.hpp"
 #include "core/unique_name.hpp"
 #include "jobs/swapper_impl.hpp"
 #include "nvio/warnings.hpp"

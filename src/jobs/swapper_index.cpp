@@ -11,7 +11,7 @@
 #include <string>
 
 #include "core/json_excerpt.hpp"
-#include "core/replace_file.hpp"
+#include "jobs/replace_file.hpp"
 #include "jobs/swapper_impl.hpp"
 
 namespace nvio {

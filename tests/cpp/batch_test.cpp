@@ -234,48 +234,9 @@ TEST_P(Batch, AllocatingPastTheEndNeverShrinksAndSkipsTheHole) {
   EXPECT_TRUE(file_range_has_pattern(read_file(path), 0, 6 * MiB, 51));
 }
 
-// An engine that fails every request touching file offsets [kBadBegin, kBadEnd) with EIO.
+// The range the FailingRangeEngine of these tests fails (engine_override.hpp).
 constexpr std::uint64_t kBadBegin = 2 * MiB;
 constexpr std::uint64_t kBadEnd = 2 * MiB + 1;
-class FailingRangeEngine final : public nvio::engine::Engine {
- public:
-  explicit FailingRangeEngine(std::unique_ptr<nvio::engine::Engine> inner)
-      : inner_(std::move(inner)) {}
-  int submit(std::span<const nvio::engine::Request> requests) override {
-    for (const auto& r : requests) {
-      if (r.offset < kBadEnd && r.offset + r.length > kBadBegin) {
-        failed_.push_back({r.tag, -EIO});
-        continue;
-      }
-      const int rc = inner_->submit(std::span(&r, 1));
-      if (rc != 1) failed_.push_back({r.tag, rc < 0 ? rc : -EAGAIN});
-      if (rc == 1) ++inner_count_;
-    }
-    return static_cast<int>(requests.size());
-  }
-  int reap(std::span<nvio::engine::Completion> out, std::size_t min_complete) override {
-    std::size_t n = 0;
-    while (n < out.size() && !failed_.empty()) {
-      out[n++] = failed_.back();
-      failed_.pop_back();
-    }
-    if (inner_count_ > 0 && n < out.size()) {
-      const int got = inner_->reap(out.subspan(n), n >= min_complete ? 0 : min_complete - n);
-      if (got < 0) return got;
-      inner_count_ -= static_cast<std::size_t>(got);
-      n += static_cast<std::size_t>(got);
-    }
-    return static_cast<int>(n);
-  }
-  int cancel() override { return inner_->cancel(); }
-  nvio::EngineKind kind() const noexcept override { return inner_->kind(); }
-
- private:
-  std::unique_ptr<nvio::engine::Engine> inner_;
-  std::vector<nvio::engine::Completion> failed_;
-  std::size_t inner_count_ = 0;
-};
-
 // A direct write into a new file whose last piece fails: the range was allocated before the
 // pieces went out, so the file is as long as the write, and holds its bytes or zeros
 // (docs/design.md).
@@ -283,7 +244,7 @@ TEST_P(Batch, AFailedWritePastTheEndLeavesItsRangeAllocated) {
   if (!direct_supported()) GTEST_SKIP() << "no O_DIRECT in " << dir() << ": nothing is allocated";
   ScopedEngineFactory factory([](nvio::EngineKind k, unsigned qd) {
     return std::unique_ptr<nvio::engine::Engine>(
-        new FailingRangeEngine(nvio::engine::make_backend_engine(k, qd)));
+        new FailingRangeEngine(nvio::engine::make_backend_engine(k, qd), kBadBegin, kBadEnd));
   });
   nvio::Handle h(options());
   const std::string path = file("failed.bin");
@@ -313,7 +274,7 @@ TEST_P(Batch, AFailedWritePastTheEndLeavesItsRangeAllocated) {
 TEST_P(Batch, AFailingExtentFailsTheBatchNamingIt) {
   ScopedEngineFactory factory([](nvio::EngineKind k, unsigned qd) {
     return std::unique_ptr<nvio::engine::Engine>(
-        new FailingRangeEngine(nvio::engine::make_backend_engine(k, qd)));
+        new FailingRangeEngine(nvio::engine::make_backend_engine(k, qd), kBadBegin, kBadEnd));
   });
   nvio::Handle h(options());
   write_pattern_file(file("src"), 4 * MiB, 23);
@@ -343,7 +304,7 @@ TEST_P(Batch, AFailingExtentFailsTheBatchNamingIt) {
 TEST_P(Batch, WaitCompletionReturnsTheFailureAndWhenItFinished) {
   ScopedEngineFactory factory([](nvio::EngineKind k, unsigned qd) {
     return std::unique_ptr<nvio::engine::Engine>(
-        new FailingRangeEngine(nvio::engine::make_backend_engine(k, qd)));
+        new FailingRangeEngine(nvio::engine::make_backend_engine(k, qd), kBadBegin, kBadEnd));
   });
   nvio::Handle h(options());
   write_pattern_file(file("src"), 4 * MiB, 31);
@@ -385,7 +346,7 @@ TEST_P(Batch, WaitCompletionReturnsTheFailureAndWhenItFinished) {
 TEST_P(Batch, WaitSomeCollectsEachCompletionOnceWithItsOwnFailure) {
   ScopedEngineFactory factory([](nvio::EngineKind k, unsigned qd) {
     return std::unique_ptr<nvio::engine::Engine>(
-        new FailingRangeEngine(nvio::engine::make_backend_engine(k, qd)));
+        new FailingRangeEngine(nvio::engine::make_backend_engine(k, qd), kBadBegin, kBadEnd));
   });
   nvio::Handle h(options());
   write_pattern_file(file("src"), 4 * MiB, 29);

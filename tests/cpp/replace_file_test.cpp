@@ -1,7 +1,7 @@
-// The temporaries of replacing saves (core/replace_file.*): their names say who writes them, a
+// The temporaries of replacing saves (jobs/replace_file.*): their names say who writes them, a
 // replacing save removes those whose writer is gone and never a running writer's, and an error
 // about the temporary reaches the caller as an error about the target (issue 28 #4, #10).
-#include "core/replace_file.hpp"
+#include "jobs/replace_file.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>

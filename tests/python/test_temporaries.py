@@ -1,4 +1,4 @@
-"""The temporary files of replacing saves (src/core/replace_file.*, through the binding for
+"""The temporary files of replacing saves (src/jobs/replace_file.*, through the binding for
 nvio.save): named after the process that writes them (host, start time, pid), removed by the next
 save or load of their target once their writer is gone, and never while it may run (issue 28 #4).
 A SIGKILLed nvio.save is in test_checkpoint.py; here every other case, and the C++ saves
@@ -65,7 +65,7 @@ def access(entry, target):
         assert torch.equal(nvio.load(target)["w"], w)
     elif entry == "nvio.load(into=)":
         assert torch.equal(nvio.load(target, into={"w": torch.zeros(5, dtype=w.dtype)})["w"], w)
-    else:  # the C++ save (core/replace_file's ReplacementFile)
+    else:  # the C++ save (jobs/replace_file's ReplacementFile)
         nvio.safetensors.save_file({"w": w}, str(target))
         assert torch.equal(nvio.safetensors.load_file(str(target))["w"], w)
         torch.save({"w": w}, target)

@@ -177,7 +177,7 @@ class File:
         self.data_offset, self.data_size, self.meta, raw = _nvio.safetensors_read_header(
             self.handle, self.path)
         self.entries = entries_of(raw)
-        # The temporaries killed saves of this file left (core/replace_file), as nvio.load does.
+        # The temporaries killed saves of this file left (jobs/replace_file), as nvio.load does.
         _nvio.remove_stale_temporaries(self.path)
 
     def entry(self, name: str) -> Entry:

@@ -36,7 +36,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence, Tuple
 
 # Bytes of one parameter in the checkpoint: its bf16 weight and two fp32 Adam moments.
 _BYTES_PER_PARAM = 2 + 4 + 4
@@ -160,12 +160,26 @@ _CHILD_TIMEOUT_S = 1800
 def run_child(argv: Sequence[str], what: str, env: Optional[Dict[str, str]] = None
               ) -> "subprocess.CompletedProcess[str]":
     """Runs a child process to its end; RuntimeError naming `what` when it outlives the timeout
-    (it is killed then)."""
+    (it is killed then). A signal that ends the run kills the child first, also one that comes
+    while the child starts: the guard in force holds it until the child is known (a signal
+    raised inside Popen() would leave a child nobody kills)."""
+    proc: "Optional[subprocess.Popen[str]]" = None
     try:
-        return subprocess.run(list(argv), capture_output=True, text=True, env=env, check=False,
-                              timeout=_CHILD_TIMEOUT_S)
+        with _held_by_the_guard():
+            proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, env=env)
+        stdout, stderr = proc.communicate(timeout=_CHILD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
+        assert proc is not None
+        proc.kill()
+        proc.communicate()
         raise RuntimeError(f"{what} did not finish in {_CHILD_TIMEOUT_S} s") from None
+    except BaseException:
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
 def find_nvio(explicit: Optional[str]) -> Optional[str]:
@@ -340,6 +354,15 @@ class Interrupted(KeyboardInterrupt):
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
+# The guard whose handlers are in force (signal handlers are the process's, so is this).
+_GUARD: "Optional[SignalGuard]" = None
+
+
+def _held_by_the_guard() -> ContextManager[None]:
+    """The guard's held(), or nothing to hold when no guard is in force."""
+    return _GUARD.held() if _GUARD is not None else contextlib.nullcontext()
+
+
 class SignalGuard:
     """While entered (in the main thread), SIGINT, SIGTERM and SIGHUP raise Interrupted;
     ``held()`` puts one that arrives off to the end of the block, and once one was raised the
@@ -354,7 +377,9 @@ class SignalGuard:
         self.fired = False
 
     def __enter__(self) -> "SignalGuard":
+        global _GUARD
         if threading.current_thread() is threading.main_thread():
+            _GUARD = self
             for signum in _SIGNALS:
                 old = signal.getsignal(signum)
                 if old is signal.SIG_IGN:
@@ -364,6 +389,9 @@ class SignalGuard:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        global _GUARD
+        if _GUARD is self:
+            _GUARD = None
         for signum, old in self.previous.items():
             signal.signal(signum, old)
         self.previous.clear()

@@ -223,6 +223,34 @@ def test_a_signal_removes_the_scratch_dir_and_kills_the_child(tmp_path, signum):
             os.kill(child, signal.SIGKILL)
 
 
+def test_a_signal_while_the_child_starts_kills_it(monkeypatch):
+    # The signal comes after the child started and before Popen() returned it (on CI's two busy
+    # cores the test above once found its bench child left running): the guard holds it until
+    # the child is known; then the run kills the child and raises.
+    started = []
+    real_popen = subprocess.Popen
+
+    def popen_then_signal(*args, **kwargs):
+        child = real_popen(*args, **kwargs)
+        started.append(child)
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(10000):  # Python runs the handler between bytecodes: here, unless held
+            pass
+        return child
+
+    monkeypatch.setattr(subprocess, "Popen", popen_then_signal)
+    try:
+        with pytest.raises(ckpt_bench.Interrupted):
+            with ckpt_bench.SignalGuard():
+                ckpt_bench.run_child(["sleep", "300"], "the child")
+        assert len(started) == 1
+        assert started[0].wait(timeout=10) == -signal.SIGKILL
+    finally:
+        for child in started:
+            child.kill()
+            child.wait()
+
+
 def test_the_guard_keeps_ignored_signals_ignored_and_restores_the_handlers():
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as nohup leaves it

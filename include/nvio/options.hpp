@@ -106,7 +106,7 @@ struct Options {
   unsigned intra_op_parallelism = 1;
   DirectIo direct = DirectIo::Auto;
   GpuDirect gpu_direct = GpuDirect::Auto;
-  CachedReads cached_reads = CachedReads::Off;
+  CachedReads cached_reads = CachedReads::Auto;
 
   // Throws InvalidArgument (option() names it) for the first option out of range.
   void validate() const;

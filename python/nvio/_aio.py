@@ -14,7 +14,7 @@ import threading
 from typing import Any, Tuple
 
 from . import _args, _buffers, _fork, _nvio
-from ._future import Count, Future, Interrupt, PendingFutures
+from ._future import Count, Future, PendingFutures
 
 # DeepSpeed's own alignment constant, kept for callers that pad sizes with get_alignment().
 _DEEPSPEED_ALIGNMENT = 512
@@ -182,19 +182,28 @@ class aio_handle:  # noqa: N801 - DeepSpeed's name
             file_offset = _args.offset(file_offset, "file_offset")
             check = functools.partial(_validate, ref, file, file_offset, is_read)
         # Otherwise the core converts them (nvio/_args.py's errors, under these names).
+        if not is_async:
+            # A blocking call is one core call that submits and waits: a Ctrl-C cancels what has
+            # not started and waits for what the kernel holds before it raises. (Submitting, then
+            # waiting in a second call, left Python code between the two: a KeyboardInterrupt
+            # raised there left the operation writing into the buffer after the call had raised.)
+            if is_read:
+                self._core.read(ref.address, ref.nbytes, file, file_offset, ref.device,
+                                "filename", "file_offset")
+            else:
+                self._core.write(ref.address, ref.nbytes, file, file_offset, False, False,
+                                 ref.device, "filename", "file_offset")
+            if check is not None:
+                check()
+            return 1
         if is_read:
             ticket = self._core.submit_read(ref.address, ref.nbytes, file, file_offset,
                                             ref.device, "filename", "file_offset")
         else:
             ticket = self._core.submit_write(ref.address, ref.nbytes, file, file_offset,
                                              False, False, ref.device, "filename", "file_offset")
-        future = Future(self._core, ticket, ref.nbytes, ref.owner, check)
-        if is_async:
-            self._pending.add(future)
-            return 0
-        # A blocking call: a Ctrl-C cancels it and waits for what the kernel holds before raising.
-        future._wait(Interrupt.CANCEL)
-        return 1
+        self._pending.add(Future(self._core, ticket, ref.nbytes, ref.owner, check))
+        return 0
 
     def read(self, buffer: Any, filename: Any, validate: bool, file_offset: int = 0) -> int:
         """Blocking read of ``buffer.nbytes`` from ``filename`` at ``file_offset``; returns 1."""

@@ -8,9 +8,10 @@ operation has been waited for) and an optional check run after it (``aio_handle`
 any number of waits (by any threads) each return the result or raise the error.
 
 Ctrl-C: a wait on the main thread runs Python's signal handlers while it sleeps (the core asks
-every 20 ms). What a handler raises (KeyboardInterrupt) stops the wait, not the operation, unless
-the wait is a blocking call's own (``Interrupt.CANCEL``): the future stays pending, keeps its
-buffer, and a later wait waits for it again, as a ``concurrent.futures.Future`` does.
+every 20 ms). What a handler raises (KeyboardInterrupt) stops the wait, not the operation: the
+future stays pending, keeps its buffer, and a later wait waits for it again, as a
+``concurrent.futures.Future`` does. (A blocking call is never a future and a wait: it is one core
+call, which cancels and waits for what the kernel holds before it raises.)
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ class Interrupt(enum.Enum):
     """What a wait does when a signal handler raises (Ctrl-C) while it waits."""
 
     LEAVE = "leave"  # raise; the operation goes on and stays pending (a wait for a future)
-    CANCEL = "cancel"  # cancel the operation, wait for what the kernel holds, raise (a blocking call)
     NEVER = "never"  # do not run the handlers while waiting (a finalizer's drain)
 
 
@@ -189,16 +189,7 @@ class Future:
             if not self._core.is_pending(self._ticket):
                 self._finish(e)  # refused: the call's own error (an unknown ticket, say)
                 return
-            if interrupt is Interrupt.LEAVE:
-                raise  # a signal handler raised: the operation runs on, pending
-            # A blocking call's own operation: cut it short and see it end before going on.
-            try:
-                self._core.cancel(self._ticket)
-                self._core.collect_into(self._ticket, self, False)
-            except BaseException:  # ECANCELED is recorded; a second Ctrl-C: the first one counts
-                pass
-            self._finish(e)
-            return
+            raise  # a signal handler raised: the operation runs on, pending
         self._record()
 
     def _record(self) -> None:

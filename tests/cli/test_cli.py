@@ -275,7 +275,7 @@ def test_bench_explicit_options_reach_the_handle(tmp_path):
     assert out["options"] == {
         "engine": "psync", "block_size": 8192, "queue_depth": 3, "single_submit": True,
         "overlap_events": False, "intra_op_parallelism": 2, "direct": "off",
-        "gpu_direct": "auto", "cached_reads": "off",
+        "gpu_direct": "auto", "cached_reads": "auto",
     }
     assert out["engine"] == "psync"
     assert [r["op"] for r in out["results"]] == ["write"]

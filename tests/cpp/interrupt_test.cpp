@@ -276,6 +276,39 @@ TEST_P(Cancel, AnInterruptedBlockingReadCancelsWaitsForTheKernelAndThrows) {
   EXPECT_TRUE(buffer_has_pattern(buf.data(), kLength, 0, kSeed));
 }
 
+TEST_P(Cancel, AnInterruptedCachedReadWaitsForThePieceTheKernelHolds) {
+  // cached_reads=auto: the file was just written, so the read goes through the page cache on the
+  // handle's own buffered descriptor (every descriptor is gated). Stopped with its first piece in
+  // the kernel, the read must still wait for that piece before it throws.
+  if (!direct_supported()) GTEST_SKIP() << "cached reads apply under direct I/O only";
+  nvio::Options o = options();
+  o.direct = nvio::DirectIo::Auto;
+  o.cached_reads = nvio::CachedReads::Auto;
+  gate_->fd = -1;
+  nvio::Handle h(o);
+  std::vector<unsigned char> buf(kLength, kSentinel);
+  CountingCheck check(1, [&] { return gate_->held.load() >= 1; });
+  const auto since_stop = std::make_shared<std::atomic<int>>(0);
+  OpenerAfterStop opener(*gate_, check, [since_stop] { return ++*since_stop > 200; });
+  {
+    nvio::ScopedInterruptCheck scope(check);
+    try {
+      h.read(buf.data(), kLength, path_, 0);
+      ADD_FAILURE() << "the interrupted read returned";
+    } catch (const nvio::Interrupted&) {
+      EXPECT_TRUE(opener.opened()) << "it threw while the kernel still held a piece";
+    }
+  }
+  opener.join();
+  EXPECT_EQ(pieces_read(buf), 1u);
+  // A piece that completes after its operation failed is not counted: the same read again, not
+  // interrupted, shows that this file is read through the page cache.
+  std::fill(buf.begin(), buf.end(), kSentinel);
+  h.read(buf.data(), kLength, path_, 0);
+  EXPECT_TRUE(buffer_has_pattern(buf.data(), kLength, 0, kSeed));
+  EXPECT_EQ(h.stats().cached_bytes, kLength) << "the read did not go through the page cache";
+}
+
 TEST_P(Cancel, AnInterruptedBlockingCallWithEveryPieceStartedEndsAsItWould) {
   nvio::Handle h(options());
   std::vector<unsigned char> buf(kBlock, kSentinel);

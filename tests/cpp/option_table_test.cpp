@@ -43,7 +43,7 @@ const std::map<std::string, Sample>& samples() {
       {"intra_op_parallelism", {"3", std::int64_t{3}, "257", std::int64_t{-1}}},
       {"direct", {"off", std::string("off"), "sometimes", std::string("sometimes")}},
       {"gpu_direct", {"on", std::string("on"), "p2p", true}},
-      {"cached_reads", {"auto", std::string("auto"), "on", std::string("on")}},
+      {"cached_reads", {"off", std::string("off"), "on", std::string("on")}},
   };
   return s;
 }

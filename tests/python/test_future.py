@@ -20,7 +20,7 @@ import pytest
 
 import nvio
 from conftest import random_bytes, start_waiting, wait_child, write_file
-from nvio._future import Count, Future, Interrupt, PendingFutures
+from nvio._future import Count, Future, PendingFutures
 
 
 class ScriptedCore:
@@ -164,18 +164,6 @@ def test_an_aio_wait_interrupted_leaves_its_count_to_the_next_wait():
         pending.wait_all(Count.COLLECTED)
     assert pending.wait_all(Count.COLLECTED) == 3  # 1 finished in the interrupted wait, 2 and 3 now
     assert pending.wait_all(Count.COLLECTED) == 0
-
-
-def test_a_blocking_calls_future_is_cancelled_and_drained_on_ctrl_c():
-    core = ScriptedCore(interrupting=(7,))
-    future = Future(core, 7, 107, Owner())
-    with pytest.raises(KeyboardInterrupt):
-        future._wait(Interrupt.CANCEL)
-    # Cancelled, then waited for without running the handlers, before the exception left.
-    assert core.calls == [("wait", 7, True), ("cancel", 7), ("wait", 7, False)]
-    assert future.done() and future._keep_alive is None
-    with pytest.raises(KeyboardInterrupt):
-        future.wait()  # the outcome is recorded
 
 
 def test_drain_never_runs_the_handlers_and_cancels_on_request():

@@ -232,6 +232,79 @@ def test_ctrl_c_stops_an_aio_handle_sync_pread_after_cancelling_it(tmp_path):
     _until_cut_short("sync_pread", attempt)
 
 
+class _CtrlCAsTheFirstCallReturns:
+    """Stands for an aio_handle's core: its first call that returns is followed by a Ctrl-C, a
+    signal handler raising KeyboardInterrupt at the first bytecode after it, as a SIGINT that
+    arrives during the call does. No timing: the interrupt lands at the one place a blocking call
+    must not leave anything running."""
+
+    def __init__(self, core) -> None:
+        self._core = core
+        self.fired = False
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._core, name)
+        if self.fired or not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            attr(*args, **kwargs)
+            self.fired = True
+            raise KeyboardInterrupt
+
+        return call
+
+
+@pytest.mark.parametrize("op", ["sync_pread", "sync_pwrite", "read", "write"])
+def test_a_ctrl_c_as_a_blocking_aio_call_returns_from_the_core_leaves_nothing_running(tmp_path, op):
+    """A Ctrl-C landing between the core's calls of a blocking aio_handle call (before the fix:
+    after submit_read returned, before the wait began) must not leave the operation writing into
+    the caller's buffer: nothing of it may still be pending when the call raises."""
+    size = 4 << 20
+    path, expected = _data_file(tmp_path, size)
+    h = nvio.aio_handle(block_size=PIECE, queue_depth=1, intra_op_parallelism=1)
+    core = h._core
+    h._core = _CtrlCAsTheFirstCallReturns(core)
+    buf = _buffer(size) if op in ("sync_pread", "read") else expected.copy()
+    args = (buf, path) if op.startswith("sync_") else (buf, path, False)
+    with pytest.raises(KeyboardInterrupt):
+        getattr(h, op)(*args)
+    assert h._core.fired
+    h._core = core
+    assert core.pending() == 0, "the blocking call raised with its operation still pending"
+    _settled(buf)
+    if op in ("sync_pread", "read"):
+        assert np.array_equal(buf, expected)  # the call had run to its end when the Ctrl-C came
+
+
+@pytest.mark.xfail(strict=True, reason="not fixed: the future is made after the submit returns")
+@pytest.mark.parametrize("kind", ["Handle.read_async", "aio_handle.async_pread"])
+def test_a_ctrl_c_as_an_async_submit_returns_leaves_the_buffer_kept(tmp_path, kind):
+    """An asynchronous read may run on after a Ctrl-C, but something must keep its buffer alive
+    and wait for it (the handle's pending futures). A KeyboardInterrupt raised as the core's
+    submit returns (the handler runs right after a call into C) loses the ticket before the
+    future that keeps the buffer is made: the read runs on into a buffer nobody holds."""
+    size = 4 << 20
+    path, _ = _data_file(tmp_path, size)
+    if kind == "Handle.read_async":
+        h = nvio.Handle(block_size=PIECE, queue_depth=1, intra_op_parallelism=1)
+        submit = h.read_async
+    else:
+        h = nvio.aio_handle(block_size=PIECE, queue_depth=1, intra_op_parallelism=1)
+        submit = h.async_pread
+    core = h._core
+    buf = _buffer(size)
+    h._core = _CtrlCAsTheFirstCallReturns(core)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            submit(buf, path)
+        h._core = core
+        assert core.pending() == len(h._pending), "a submitted read is held by no future"
+    finally:
+        h._core = core
+        core.wait_all()  # the lost ticket too, before `buf` can go
+
+
 def test_ctrl_c_during_nvio_save_leaves_no_file_behind(tmp_path):
     torch = pytest.importorskip("torch")
 

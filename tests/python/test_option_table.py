@@ -24,7 +24,7 @@ SAMPLES = {
     "intra_op_parallelism": (3, "3", 257),
     "direct": ("off", "off", "sometimes"),
     "gpu_direct": ("off", "off", "p2p"),
-    "cached_reads": ("auto", "auto", "on"),
+    "cached_reads": ("off", "off", "on"),
 }
 
 

@@ -83,6 +83,26 @@ def test_cached_reads_count_what_came_from_the_page_cache(tmp_path, engine):
         assert h.stats()["cached_bytes"] == cached, mode
 
 
+@pytest.mark.parametrize("env", [None, "auto", "off"])
+def test_nvio_cached_reads_in_the_environment_reaches_aio_handle(tmp_path, monkeypatch, env):
+    """aio_handle takes no cached_reads argument (DeepSpeed has none): the default (auto) or
+    NVIO_CACHED_READS decides, as for nvio.Handle."""
+    if not direct_io_supported(tmp_path):
+        pytest.skip("no O_DIRECT here: every read goes through the page cache anyway")
+    data = np.random.default_rng(4).integers(0, 256, 4 * SIZE, dtype=np.uint8)
+    path = str(tmp_path / "e.bin")
+    data.tofile(path)  # through the page cache: cached
+    if env is None:
+        monkeypatch.delenv("NVIO_CACHED_READS", raising=False)
+    else:
+        monkeypatch.setenv("NVIO_CACHED_READS", env)
+    h = nvio.aio_handle(block_size=BLOCK, queue_depth=8)
+    back = np.zeros(len(data), dtype=np.uint8)
+    assert h.sync_pread(back, path) == 1
+    assert bytes(back) == bytes(data)
+    assert h.stats()["cached_bytes"] == (0 if env == "off" else len(data))
+
+
 def test_aio_handle_stats(tmp_path):
     h = nvio.aio_handle(block_size=BLOCK, queue_depth=8)
     data = np.arange(SIZE, dtype=np.uint8)

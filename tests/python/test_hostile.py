@@ -259,14 +259,18 @@ def test_dataloader_workers_forked_with_a_handle(tmp_path):
 # --------------------------------------------------------------------------------------------
 
 
-def _slow_aio():
+def _slow_aio(monkeypatch):
+    """A handle slow enough that a second thread's wait overlaps the first's: 4 KiB pieces one at
+    a time, and direct (the test has just written its file, and read through the page cache the
+    whole read could end before the other thread waits)."""
+    monkeypatch.setenv("NVIO_CACHED_READS", "off")
     return nvio.aio_handle(block_size=4096, queue_depth=1, intra_op_parallelism=1)
 
 
-def test_shared_aio_handle_wait_never_returns_before_the_callers_read(tmp_path):
+def test_shared_aio_handle_wait_never_returns_before_the_callers_read(tmp_path, monkeypatch):
     data = random_bytes(16 << 20, seed=8)
     path = write_file(tmp_path / "s.bin", data)
-    h = _slow_aio()
+    h = _slow_aio(monkeypatch)
     mine, theirs = bytearray(len(data)), bytearray(len(data))
     h.async_pread(theirs, path)
     h.async_pread(mine, path)
@@ -282,10 +286,10 @@ def test_shared_aio_handle_wait_never_returns_before_the_callers_read(tmp_path):
     assert sorted(counts) == [0, 2]  # each operation counted once
 
 
-def test_shared_aio_handle_wait_raises_a_failure_collected_by_another_thread(tmp_path):
+def test_shared_aio_handle_wait_raises_a_failure_collected_by_another_thread(tmp_path, monkeypatch):
     data = random_bytes(8 << 20, seed=9)
     path = write_file(tmp_path / "s.bin", data)
-    h = _slow_aio()
+    h = _slow_aio(monkeypatch)
     ro = os.open(path, os.O_RDONLY)
     h.async_pread(bytearray(len(data)), path)
     h.async_pwrite(bytearray(len(data)), fd=ro)  # EBADF when it runs
@@ -321,10 +325,10 @@ def test_shared_handle_wait_all_waits_for_futures_another_thread_is_waiting_for(
     t.join()
 
 
-def test_threads_submitting_and_waiting_on_one_aio_handle(tmp_path):
+def test_threads_submitting_and_waiting_on_one_aio_handle(tmp_path, monkeypatch):
     data = random_bytes((1 << 20) + 123, seed=11)
     path = write_file(tmp_path / "m.bin", data)
-    h = _slow_aio()
+    h = _slow_aio(monkeypatch)
     bad = []
 
     def body():

@@ -56,10 +56,11 @@ CallerLanes::Lease CallerLanes::lease(const Job& job, OperationQueue& handle_que
   if (!enabled_ || job.ops.size() != 1) return {};
   const Operation& op = *job.ops.front();
   if (op.memory != MemoryKind::Host || op.length > kMaxBytes || op.piece_count == 0) return {};
-  if (!handle_queue.idle()) return {};
+  // A handle whose workers died refuses every call: the workers' queue says so.
+  if (!handle_queue.idle() || handle_queue.worker_failure() != nullptr) return {};
   Lane* lane = lane_of_this_thread();
   // A lane whose worker stopped (queue.worker_died()) is never driven again: the workers serve
-  // the thread from then on, and a handle whose workers died refuses the call itself.
+  // the thread from then on.
   if (lane == nullptr || lane->worker == nullptr || lane->busy ||
       lane->queue.worker_failure() != nullptr) {
     return {};

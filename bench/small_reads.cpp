@@ -8,7 +8,7 @@
 //   strace -c -f /tmp/small_reads FILE path|fd|file|read [N=10000] [QD=32] [SIZE=4096] [DIRECT]
 // `read` is the blocking File::read, one at a time (QD is ignored): the call the caller-driven
 // path serves (handle/caller_lane.hpp; NVIO_CALLER_DRIVEN=off hands it to a worker as before).
-// DIRECT: on, off or auto (the default: the handle's default).
+// DIRECT: on or off, or auto (the default: the handle's, NVIO_DIRECT's).
 // Not part of the build: a measuring tool.
 #include <fcntl.h>
 #include <unistd.h>
@@ -33,12 +33,9 @@ int main(int argc, char** argv) {
   const long qd = argc > 4 ? std::atol(argv[4]) : 32;
   const std::size_t size = argc > 5 ? std::strtoul(argv[5], nullptr, 10) : 4096;
   try {
-    nvio::Options options;
-    if (argc > 6) {
-      const std::string d = argv[6];
-      options.direct = d == "on"    ? nvio::DirectIo::On
-                       : d == "off" ? nvio::DirectIo::Off
-                                    : nvio::DirectIo::Auto;
+    nvio::Options options = nvio::resolve_options().values;  // NVIO_* environment (NVIO_ENGINE)
+    if (argc > 6 && std::string(argv[6]) != "auto") {
+      options.direct = std::string(argv[6]) == "on" ? nvio::DirectIo::On : nvio::DirectIo::Off;
     }
     nvio::Handle h(options);
     nvio::File file(h, path, "r");

@@ -3,11 +3,14 @@
 // every engine at odd sizes, unaligned offsets and buffers, through File and Handle; threads
 // sharing a File; an interrupt during a caller-driven read; a read past the end (ShortFile); and
 // the same stats as the worker path (NVIO_CALLER_DRIVEN=off).
+#include "handle/caller_lane.hpp"
+
 #include <unistd.h>
 
 #include <atomic>
 #include <mutex>
 #include <set>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -137,6 +140,36 @@ TEST_P(CallerLaneTest, ThreadsSharingAFileReadTheirBytes) {
     }
   });
   EXPECT_EQ(bad.load(), 0);
+  EXPECT_TRUE(h.stats().errors.empty());
+}
+
+// More threads over time than there are lanes: an ended thread's lane goes to the next thread,
+// and threads beyond the lanes use the workers; bytes right either way.
+TEST_P(CallerLaneTest, EndedThreadsLeaveTheirLanesToOthers) {
+  EngineThreads threads;
+  const ScopedEngineFactory guard(threads.factory());
+  nvio::Handle h(base_options());
+  const std::string path = file("m.bin");
+  write_pattern_file(path, 256 * KiB, 6);
+  nvio::File f(h, path, "r");
+  auto reads = [&](unsigned t) {
+    GuardedBuffer buf(4 * KiB, BufKind::Plus1);
+    for (unsigned i = 0; i < 20; ++i) {
+      const std::uint64_t off = ((t * 20 + i) * 4 * KiB + t) % (252 * KiB);
+      f.read(buf.data(), 4 * KiB, off);
+      if (!buffer_has_pattern(buf.data(), 4 * KiB, off, 6)) throw std::runtime_error("bytes");
+    }
+  };
+  // One after another: each ends before the next starts.
+  for (unsigned t = 0; t < 3 * nvio::detail::CallerLanes::kMaxLanes; ++t) {
+    run_threads(1, [&](unsigned) { reads(t); });
+  }
+  {
+    std::lock_guard lock(threads.mutex);  // a lane (an engine) for each, past the 8 places
+    EXPECT_GE(threads.count, 3 * nvio::detail::CallerLanes::kMaxLanes);
+  }
+  // More at once than there are lanes.
+  run_threads(2 * nvio::detail::CallerLanes::kMaxLanes, reads);
   EXPECT_TRUE(h.stats().errors.empty());
 }
 

@@ -5,7 +5,10 @@
 //
 //   g++ -O2 -std=c++20 -Iinclude -o /tmp/small_reads bench/small_reads.cpp \
 //       -Lbuild/src -lnvio -Wl,-rpath,$PWD/build/src
-//   strace -c -f /tmp/small_reads FILE path|fd|file [N=10000] [QD=32] [SIZE=4096]
+//   strace -c -f /tmp/small_reads FILE path|fd|file|read [N=10000] [QD=32] [SIZE=4096] [DIRECT]
+// `read` is the blocking File::read, one at a time (QD is ignored): the call the caller-driven
+// path serves (handle/caller_lane.hpp; NVIO_CALLER_DRIVEN=off hands it to a worker as before).
+// DIRECT: on or off, or auto (the default: the handle's, NVIO_DIRECT's).
 // Not part of the build: a measuring tool.
 #include <fcntl.h>
 #include <unistd.h>
@@ -30,7 +33,11 @@ int main(int argc, char** argv) {
   const long qd = argc > 4 ? std::atol(argv[4]) : 32;
   const std::size_t size = argc > 5 ? std::strtoul(argv[5], nullptr, 10) : 4096;
   try {
-    nvio::Handle h;
+    nvio::Options options = nvio::resolve_options().values;  // NVIO_* environment (NVIO_ENGINE)
+    if (argc > 6 && std::string(argv[6]) != "auto") {
+      options.direct = std::string(argv[6]) == "on" ? nvio::DirectIo::On : nvio::DirectIo::Off;
+    }
+    nvio::Handle h(options);
     nvio::File file(h, path, "r");
     const int fd = ::open(path.c_str(), O_RDONLY);
     const std::uint64_t blocks = file.size() / size;
@@ -41,6 +48,10 @@ int main(int argc, char** argv) {
       for (long k = 0; k < qd && done < n; ++k, ++done) {
         void* dst = static_cast<std::byte*>(buf.data()) + static_cast<std::size_t>(k) * size;
         const std::uint64_t off = (rng() % blocks) * size;
+        if (form == "read") {
+          file.read(dst, size, off);
+          continue;
+        }
         if (form == "path") {
           h.submit_read(dst, size, path, off);
         } else if (form == "fd") {
@@ -49,7 +60,7 @@ int main(int argc, char** argv) {
           file.submit_read(dst, size, off);
         }
       }
-      h.wait();
+      if (form != "read") h.wait();
     }
     const double s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

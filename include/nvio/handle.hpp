@@ -7,7 +7,10 @@
 // the caller's buffer when it is suitably aligned, else through pooled aligned bounce buffers), and
 // the unaligned head and tail (each shorter than the alignment) go through a buffered descriptor.
 // Every completion is checked: short transfers are resumed, errors raise an IoError with the path,
-// offset, length and errno of the failed piece.
+// offset, length and errno of the failed piece. A small blocking call (64 KiB or less of host
+// memory) made while the workers have nothing to do is run by the calling thread instead, on an
+// engine of the same kind made for that thread, with the same results, errors and counters: no
+// hand-off to a worker and back (environment NVIO_CALLER_DRIVEN=off turns this off).
 //
 // Writes do not truncate: writing [offset, offset + length) over a longer file leaves the bytes
 // outside that range and the file size unchanged, as pwrite does. WriteOptions::truncate asks for

@@ -25,6 +25,7 @@
 #include "cuda/cufile.hpp"
 #include "cuda/device_ops.hpp"
 #include "engine/engine.hpp"
+#include "handle/caller_lane.hpp"
 #include "handle/files.hpp"
 #include "handle/operation.hpp"
 #include "handle/prepare.hpp"
@@ -112,7 +113,7 @@ struct Handle::Impl {
   // Queues the job's operations, once all of them are prepared (a batch refused for one extent
   // allocates and extends nothing): a direct write past its file's end first allocates that
   // range, while no operation of the handle is queued on the file (allocate_past_end).
-  void queue_job(const detail::Job& job);
+  void queue_job(const detail::Job& job, detail::OperationQueue& into);
   // Cancels the operations of `job` that have pieces not started yet (OperationQueue::cancel),
   // failing them with ECANCELED and `why`. Returns how many were cancelled.
   std::size_t cancel_job(const detail::Job& job, const char* why);
@@ -128,6 +129,9 @@ struct Handle::Impl {
   detail::OperationQueue queue;
   detail::FileCache files{options.direct};
   const detail::Preparer prepare{options, files, queue};
+  // The caller-driven path of small blocking calls (handle/caller_lane.hpp): after the counters
+  // and the queue, so that it goes before them.
+  std::unique_ptr<detail::CallerLanes> lanes;
 
   std::vector<std::thread> workers;
 };
@@ -195,8 +199,17 @@ Handle::Impl::Impl(const Options& opts) : options(opts) {
   started.reserve(count);
   workers.reserve(count);
   std::exception_ptr first;
-  counters.set_workers(count);
+  counters.set_workers(count + detail::CallerLanes::kMaxLanes);  // the lanes' shards after
   queue.prepare_wakeups(count);
+  detail::WorkerSettings lane_settings;
+  lane_settings.queue_depth = options.queue_depth;
+  lane_settings.intra_op_parallelism = count;
+  lane_settings.block_size = options.block_size;
+  lane_settings.overlap_events = options.overlap_events;
+  lane_settings.single_submit = options.single_submit;
+  lane_settings.engine = engine_kind;
+  lanes = std::make_unique<detail::CallerLanes>(lane_settings, &counters.worker(count),
+                                                detail::caller_driven_enabled());
   for (unsigned i = 0; i < count && !first; ++i) {
     try {
       auto ready = std::make_shared<std::promise<void>>();
@@ -240,7 +253,7 @@ Handle::Impl::~Impl() {
   for (auto& t : workers) t.join();
 }
 
-void Handle::Impl::queue_job(const detail::Job& job) {
+void Handle::Impl::queue_job(const detail::Job& job, detail::OperationQueue& into) {
   // Every allocation before any piece of the job is queued: none then waits for the job's own
   // direct I/O (the extents of a batch share their file, and its count is still the one before).
   for (const OperationPtr& op : job.ops) {
@@ -259,12 +272,20 @@ void Handle::Impl::queue_job(const detail::Job& job) {
     if (op->file != nullptr) {
       op->file->queued_ops.fetch_add(1, std::memory_order_relaxed);  // until it is Finishing
     }
-    queue.push(op, counters.others());
+    into.push(op, counters.others());
   }
 }
 
 void Handle::Impl::run_blocking(const JobPtr& job) {
-  queue_job(*job);
+  if (const detail::CallerLanes::Lease lane = lanes->lease(*job, queue)) {
+    // Small, with the workers idle: the calling thread runs it (handle/caller_lane.hpp), and the
+    // wait below finds it finished.
+    queue_job(*job, lane.queue());
+    lane.drive();
+    queue.arm_idle_hook();  // the kept files are let go of once the handle is idle, as after a push
+  } else {
+    queue_job(*job, queue);
+  }
   if (!job->wait(detail::WaitMode::Interruptible)) {
     // The caller is going away from its buffer: nothing may be left in the kernel when it does.
     const std::size_t cancelled = cancel_job(*job, "the blocking call was interrupted");
@@ -299,7 +320,7 @@ std::size_t Handle::Impl::cancel_job(const detail::Job& job, const char* why) {
 
 Ticket Handle::Impl::register_async(const JobPtr& job) {
   const Ticket t = tickets.add(job);
-  queue_job(*job);
+  queue_job(*job, queue);
   return t;
 }
 

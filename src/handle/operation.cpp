@@ -393,6 +393,20 @@ std::exception_ptr OperationQueue::worker_failure() {
   return worker_error_;
 }
 
+void OperationQueue::arm_idle_hook() {
+  {
+    std::lock_guard lock(mutex_);
+    if (idle_armed_ || !idle_hook_) return;
+    idle_armed_ = true;
+  }
+  cv_.notify_one();
+}
+
+bool OperationQueue::idle() {
+  std::lock_guard lock(live_mutex_);
+  return live_ops_ == 0;
+}
+
 bool OperationQueue::wait_finished(Operation& op, WaitMode mode) {
   // A small operation usually finishes within microseconds: poll before sleeping. The finishing
   // thread still holds a reference to `op` while it notifies, so returning here is safe.

@@ -351,6 +351,9 @@ class OperationQueue {
   void worker_died(const std::exception_ptr& error, StatsShard& stats);
   // The error of a dead worker, or null while all are alive.
   std::exception_ptr worker_failure();
+  // True when no operation is queued or running (the caller-driven path's test, handle/
+  // caller_lane.hpp: the handle's workers have nothing to do).
+  bool idle();
   // Blocks until `op` has finished: returns true. An Interruptible wait returns false instead when
   // the thread's InterruptCheck said to stop (core/interrupt.hpp); `op` goes on.
   static bool wait_finished(Operation& op, WaitMode mode = WaitMode::Uninterruptible);
@@ -358,6 +361,9 @@ class OperationQueue {
   // lock, and again after each further `period` while it returns true; it is armed again when an
   // operation is queued. Set before any worker starts (not synchronised).
   void set_idle_hook(std::function<bool()> hook, std::chrono::milliseconds period);
+  // Arms the hook as a push does, for an operation run elsewhere (the caller-driven path, handle/
+  // caller_lane.hpp), waking a worker to wait for the period when it was not armed.
+  void arm_idle_hook();
   // Waits until no operation is alive, then wakes the workers to stop.
   void stop();
   // True once stop() was called and nothing is queued: a worker with nothing in flight exits.

@@ -202,7 +202,8 @@ void Worker::fill() {
   while (!free_.empty()) {
     OperationPtr op = last_op;
     Piece piece;
-    const bool idle = inflight_ == 0;
+    // Idle, a worker thread waits here for work; a caller-driven worker never waits for work.
+    const bool idle = inflight_ == 0 && !settings_.caller_driven;
     const std::size_t limit =
         op ? std::max<std::size_t>(1, ceil_div(op->piece_count, settings_.intra_op_parallelism))
            : settings_.queue_depth;
@@ -497,7 +498,8 @@ void Worker::run() noexcept {
       const std::size_t copies_done = copying_.empty() ? 0 : poll_copies(false);
       if (!ready_.empty()) submit_ready();
       if (inflight_ == 0) {
-        if (queue_.should_exit()) return;
+        // fill() found nothing more: a caller-driven worker is done with what its caller queued.
+        if (settings_.caller_driven || queue_.should_exit()) return;
         continue;
       }
       if (!host_copies_.empty()) {
@@ -604,6 +606,13 @@ void Worker::die(std::exception_ptr cause) noexcept {
 }  // namespace nvio::detail::worker_impl
 
 namespace nvio::detail {
+
+DrivenWorker::DrivenWorker(const WorkerSettings& settings, OperationQueue& queue)
+    : worker_(std::make_unique<worker_impl::Worker>(settings, queue)) {}
+
+DrivenWorker::~DrivenWorker() = default;
+
+void DrivenWorker::drive() noexcept { worker_->run(); }
 
 void run_worker(const WorkerSettings& settings, OperationQueue& queue, std::promise<void> ready) {
   using worker_impl::Worker;

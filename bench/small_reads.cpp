@@ -43,7 +43,8 @@ int main(int argc, char** argv) {
     const auto start = std::chrono::steady_clock::now();
     for (long done = 0; done < n;) {
       for (long k = 0; k < qd && done < n; ++k, ++done) {
-        void* dst = static_cast<std::byte*>(buf.data()) + static_cast<std::size_t>(k) * stride + skew;
+        void* dst =
+            static_cast<std::byte*>(buf.data()) + static_cast<std::size_t>(k) * stride + skew;
         const std::uint64_t off = (rng() % blocks) * size;
         if (form == "path") {
           h.submit_read(dst, size, path, off);

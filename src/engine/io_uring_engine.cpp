@@ -255,9 +255,10 @@ class IoUringEngine final : public Engine {
         const bool known = ::getrlimit(RLIMIT_MEMLOCK, &limit) == 0;
         hint = !known || limit.rlim_cur == RLIM_INFINITY
                    ? std::string(" (registered buffers are pinned memory)")
-                   : fmt::format(" (registered buffers are pinned memory, limited by "
-                                 "RLIMIT_MEMLOCK to {} KiB without CAP_IPC_LOCK)",
-                                 limit.rlim_cur / 1024);
+                   : fmt::format(
+                         " (registered buffers are pinned memory, limited by "
+                         "RLIMIT_MEMLOCK to {} KiB without CAP_IPC_LOCK)",
+                         limit.rlim_cur / 1024);
       } else if (rc == -EINVAL) {
         hint = " (sparse buffer tables need Linux 5.19)";
       }

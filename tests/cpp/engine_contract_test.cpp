@@ -390,8 +390,8 @@ TEST_P(EngineContract, RequestsInsideARegionMoveTheRightBytes) {
     }
     const Fd buffered(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
     ASSERT_GE(buffered.get(), 0);
-    for (const std::size_t len : {std::size_t{1}, std::size_t{4095}, std::size_t{65536 + 3},
-                                  nvio_test::MiB + 123}) {
+    for (const std::size_t len :
+         {std::size_t{1}, std::size_t{4095}, std::size_t{65536 + 3}, nvio_test::MiB + 123}) {
       for (unsigned char* at : {base + 3, base + kSlab - len}) {
         SCOPED_TRACE(testing::Message() << "buffered len " << len << " at " << at - base);
         write_then_read(*engine, kDepth, buffered.get(), path, at, len, 4097 + len, 1, len,
@@ -404,8 +404,8 @@ TEST_P(EngineContract, RequestsInsideARegionMoveTheRightBytes) {
     for (const std::size_t len : {std::size_t{4096}, std::size_t{65536}, nvio_test::MiB}) {
       for (unsigned char* at : {base, base + kSlab - len}) {
         SCOPED_TRACE(testing::Message() << "direct len " << len << " at " << at - base);
-        write_then_read(*engine, kDepth, direct.get(), path, at, len, 8192, 4096, len + 1,
-                        policy(), region);
+        write_then_read(*engine, kDepth, direct.get(), path, at, len, 8192, 4096, len + 1, policy(),
+                        region);
       }
     }
   });

@@ -34,10 +34,10 @@ using nvio::engine::Request;
 
 // What the engines of a test did through their IoUringCalls, and what to refuse.
 struct Log {
-  std::atomic<int> fixed{0};     // READ_FIXED / WRITE_FIXED SQEs handed to the kernel
-  std::atomic<int> plain{0};     // READ / WRITE SQEs
-  std::atomic<int> sparse{0};    // register_buffers_sparse calls
-  std::atomic<int> updates{0};   // register_buffers_update_tag calls
+  std::atomic<int> fixed{0};          // READ_FIXED / WRITE_FIXED SQEs handed to the kernel
+  std::atomic<int> plain{0};          // READ / WRITE SQEs
+  std::atomic<int> sparse{0};         // register_buffers_sparse calls
+  std::atomic<int> updates{0};        // register_buffers_update_tag calls
   std::atomic<int> refuse_sparse{0};  // -errno to answer the table with, or 0
   std::atomic<int> refuse_update{0};  // -errno to answer each region with, or 0
 } g_log;
@@ -61,8 +61,8 @@ int refusing_update(io_uring* ring, unsigned offset, const iovec* iovecs,
                     const unsigned long long* tags, unsigned count) {
   ++g_log.updates;
   if (const int rc = g_log.refuse_update.load()) return rc;
-  return nvio::engine::real_io_uring_calls().register_buffers_update_tag(ring, offset, iovecs,
-                                                                         tags, count);
+  return nvio::engine::real_io_uring_calls().register_buffers_update_tag(ring, offset, iovecs, tags,
+                                                                         count);
 }
 
 class IoUringRegions : public ::testing::Test {

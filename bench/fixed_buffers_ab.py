@@ -3,9 +3,9 @@ at random aligned offsets into memory SKEW bytes past a page (so every read goes
 worker's bounce buffer: READ_FIXED on a registered slab), against the same binary with
 bench/no_fixed_buffers.c preloaded (registration refused: plain READ). Alternating rounds, medians.
 
-  g++ -O2 -std=c++20 -Iinclude -o /tmp/small_reads bench/small_reads.cpp \\
+  g++ -O2 -std=c++20 -Iinclude -o /tmp/nvio_fixed_small_reads bench/small_reads.cpp \\
       -Lbuild/src -lnvio -Wl,-rpath,$PWD/build/src
-  gcc -O2 -shared -fPIC -o /tmp/no_fixed_buffers.so bench/no_fixed_buffers.c
+  gcc -O2 -shared -fPIC -o /tmp/nvio_no_fixed_buffers.so bench/no_fixed_buffers.c
   python3 bench/fixed_buffers_ab.py [--ramdisk] [--dir DIR] [--rounds 7]
 
 Python 3 standard library only.
@@ -57,8 +57,8 @@ def main() -> None:
     ap.add_argument("--dir", default="/tmp")
     ap.add_argument("--ramdisk", action="store_true", help="a RAM-backed loop device (root)")
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--binary", default="/tmp/small_reads")
-    ap.add_argument("--shim", default="/tmp/no_fixed_buffers.so")
+    ap.add_argument("--binary", default="/tmp/nvio_fixed_small_reads")
+    ap.add_argument("--shim", default="/tmp/nvio_no_fixed_buffers.so")
     args = ap.parse_args()
     if args.ramdisk:
         with RamDisk(512 << 20) as rd:

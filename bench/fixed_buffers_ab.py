@@ -41,6 +41,10 @@ def run(directory: str, args: argparse.Namespace) -> None:
     with open(path, "wb") as f:
         for _ in range(256):
             f.write(os.urandom(1 << 20))
+        # Written back before the runs: an O_DIRECT read of a range with dirty pages cannot run
+        # without blocking, and io_uring hands it to a worker thread (the first runs paid that).
+        f.flush()
+        os.fsync(f.fileno())
     print(f"{'size':>6} {'QD':>3} {'fixed':>9} {'plain':>9} {'fixed/plain':>11}")
     for size, qd, n in CASES:
         fixed, plain = [], []

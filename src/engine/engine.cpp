@@ -2,7 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <cstddef>
+#include <memory>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "core/fork.hpp"
 #include "nvio/errors.hpp"
@@ -84,16 +88,27 @@ std::unique_ptr<Engine> make_backend_engine(EngineKind kind, unsigned queue_dept
 
 namespace {
 
+// Whether `engine` registers memory that requests reuse (Engine::add_region), tried on one page.
+std::string registered_buffers(engine::Engine& engine) {
+  std::vector<std::byte> page(4096);
+  if (engine.add_region(page.data(), page.size()) >= 0) return "registered buffers usable";
+  const std::string why = engine.region_refusal();
+  return why.empty() ? "registered buffers not used"
+                     : "registered buffers refused (" + why + "): plain reads and writes";
+}
+
 EngineProbe run_probe(EngineKind kind) {
   // Creating a small instance is the probe: it fails exactly where real use would (ENOSYS on old
   // kernels, EPERM under seccomp or io_uring_disabled, EAGAIN when fs.aio-max-nr is exhausted).
+  std::unique_ptr<engine::Engine> probe;
   try {
-    engine::make_backend_engine(kind, 4);
+    probe = engine::make_backend_engine(kind, 4);
   } catch (const EngineUnavailable& e) {
     return EngineProbe{false, e.what()};
   }
   switch (kind) {
-    case EngineKind::IoUring: return EngineProbe{true, "io_uring ring created"};
+    case EngineKind::IoUring:
+      return EngineProbe{true, "io_uring ring created; " + registered_buffers(*probe)};
     case EngineKind::Libaio: return EngineProbe{true, "aio context created"};
     default: return EngineProbe{true, "pread/pwrite are always available"};
   }
@@ -122,7 +137,7 @@ const AutoChoice& auto_engine() {
   static const AutoChoice choice = [] {
     const EngineProbe& uring = probe_engine(EngineKind::IoUring);
     if (uring.available) {
-      return AutoChoice{EngineKind::IoUring, "io_uring is available"};
+      return AutoChoice{EngineKind::IoUring, "io_uring is available (" + uring.reason + ")"};
     }
     const EngineProbe& aio = probe_engine(EngineKind::Libaio);
     if (aio.available) {

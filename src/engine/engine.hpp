@@ -83,12 +83,17 @@ class Engine {
   // Request::region of requests inside [base, base + bytes), or -1 when the engine makes no use
   // of it or could not prepare it (RLIMIT_MEMLOCK, say): requests with region -1 work all the
   // same, so a caller never needs to tell why. May be called with requests in flight. The
-  // default makes no use of it.
+  // default makes no use of it. An engine that could use regions but was refused says so once per
+  // process through the warning sink (nvio/warnings.hpp), and region_refusal() tells why.
   virtual int add_region(void* base, std::size_t bytes) noexcept {
     (void)base;
     (void)bytes;
     return -1;
   }
+  // Why the system refused the engine's first add_region() that it refused ("io_uring_register_
+  // buffers_sparse: Cannot allocate memory (...)"), for reports (the engine probe's reason); empty
+  // while none was refused, and for engines that make no use of regions.
+  virtual std::string region_refusal() const { return {}; }
   // Asks reap() to end a wait early once `fd`, an eventfd, becomes readable: another thread has
   // work for this engine's thread (OperationQueue::block_in_engine). The engine reads the eventfd
   // when that happens, and reap() then returns what it has, fewer than min_complete completions

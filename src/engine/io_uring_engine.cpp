@@ -2,17 +2,20 @@
 #include <fmt/format.h>
 #include <liburing.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <string>
 #include <vector>
 
 #include "core/retry.hpp"
 #include "engine/engine.hpp"
 #include "nvio/errors.hpp"
+#include "nvio/warnings.hpp"
 
 namespace nvio::engine {
 namespace {
@@ -174,23 +177,30 @@ class IoUringEngine final : public Engine {
   // Registers [base, base + bytes) as one fixed buffer of the ring. The kernel pins its pages
   // (they count against RLIMIT_MEMLOCK without CAP_IPC_LOCK) and keeps them until the ring is
   // closed, so the memory may even be freed before the engine. Any refusal leaves the region
-  // unregistered, and a refused table (kernels before 5.19) every later one too.
+  // unregistered, and a refused table (kernels before 5.19) every later one too; the first is
+  // reported (region_refusal(), and once per process as a warning).
   int add_region(void* base, std::size_t bytes) noexcept override {
     if (!regions_usable_ || next_region_ >= kMaxRegions) return -1;
     if (!regions_made_) {
-      if (calls_.register_buffers_sparse(ring_.get(), kMaxRegions) < 0) {
+      const int rc = calls_.register_buffers_sparse(ring_.get(), kMaxRegions);
+      if (rc < 0) {
         regions_usable_ = false;
+        refused("io_uring_register_buffers_sparse", rc);
         return -1;
       }
       regions_made_ = true;
     }
     const iovec region{base, bytes};
     const unsigned long long tag = 0;  // no notification when the kernel lets the region go
-    if (calls_.register_buffers_update_tag(ring_.get(), next_region_, &region, &tag, 1) != 1) {
+    const int rc = calls_.register_buffers_update_tag(ring_.get(), next_region_, &region, &tag, 1);
+    if (rc != 1) {
+      refused("io_uring_register_buffers_update_tag", rc < 0 ? rc : -EIO);
       return -1;
     }
     return static_cast<int>(next_region_++);
   }
+
+  std::string region_refusal() const override { return refusal_; }
 
   bool watch(int fd) noexcept override {
     watch_fd_ = fd;
@@ -233,6 +243,32 @@ class IoUringEngine final : public Engine {
     std::uint64_t count = 0;
     // Resets the counter; EAGAIN (another poll of ours saw it first) needs nothing.
     [[maybe_unused]] const ssize_t rc = ::read(watch_fd_, &count, sizeof count);
+  }
+
+  // Keeps why `call` refused a region (-errno `rc`), the first time, and warns once per process.
+  void refused(const char* call, int rc) noexcept {
+    if (!refusal_.empty()) return;
+    try {
+      std::string hint;
+      if (rc == -ENOMEM) {
+        rlimit limit{};
+        const bool known = ::getrlimit(RLIMIT_MEMLOCK, &limit) == 0;
+        hint = !known || limit.rlim_cur == RLIM_INFINITY
+                   ? std::string(" (registered buffers are pinned memory)")
+                   : fmt::format(
+                         " (registered buffers are pinned memory, limited by "
+                         "RLIMIT_MEMLOCK to {} KiB without CAP_IPC_LOCK)",
+                         limit.rlim_cur / 1024);
+      } else if (rc == -EINVAL) {
+        hint = " (sparse buffer tables need Linux 5.19)";
+      }
+      refusal_ = fmt::format("{}: {}{}", call, std::strerror(-rc), hint);
+      warn(fmt::format("io_uring refused to register nvio's locked buffers ({}): requests into "
+                       "them use plain reads and writes instead of fixed-buffer ones",
+                       refusal_),
+           "io_uring-registered-buffers");
+    } catch (...) {  // out of memory for the message: the fallback works all the same
+    }
   }
 
   // Requests accepted and not reaped yet, in the ring or in the kernel.
@@ -300,6 +336,7 @@ class IoUringEngine final : public Engine {
   bool regions_made_ = false;         // the sparse table of registered buffers exists
   bool regions_usable_ = true;        // false: the kernel refused the table
   unsigned next_region_ = 0;          // the table's next free entry
+  std::string refusal_;               // why the first refused region was (region_refusal())
   int watch_fd_ = -1;                 // the eventfd that ends a wait (Engine::watch), or -1
   bool watch_armed_ = false;          // its poll is in the ring or in the kernel
   bool woken_ = false;                // its poll completed during this reap()

@@ -149,7 +149,7 @@ EngineKind choose_engine(EngineKind requested, std::string& reason) {
     throw EngineUnavailable(
         fmt::format("engine {} is not available here: {}", to_string(requested), probe.reason));
   }
-  reason = "requested explicitly";
+  reason = "requested explicitly (" + probe.reason + ")";
   return requested;
 }
 

@@ -97,6 +97,7 @@ struct Piece {
   std::size_t length;
   std::uint64_t offset;
   std::size_t done = 0;
+  int region = -1;        // Request::region of each submission (Engine::add_region)
   std::uint32_t gen = 0;  // submissions so far
   unsigned tries = 0;     // failed submissions in a row
   bool at_eof = false;
@@ -130,6 +131,7 @@ enum class ErrorPolicy {
         Piece& p = pieces[ready[k]];
         batch.push_back(Request{fd, p.direction, p.buf + p.done, p.length - p.done,
                                 p.offset + p.done, tag_for(ready[k], p.gen)});
+        batch.back().region = p.region;
       }
       const int rc = engine.submit(batch);
       if (rc > static_cast<int>(n)) return ::testing::AssertionFailure() << "submit took " << rc;
@@ -304,16 +306,16 @@ TEST_P(EngineContract, TagsRoundTripUnchanged) {
 }
 
 // Writes the pattern at `offset` in pieces, checks the file with plain pread, then reads it back
-// through the engine into a sentinel-filled buffer and checks that.
+// through the engine into a sentinel-filled buffer and checks that. The requests carry `region`.
 void write_then_read(Engine& engine, unsigned depth, int fd, const std::string& path,
                      unsigned char* buf, std::size_t len, std::uint64_t offset, std::size_t unit,
-                     std::uint64_t seed, ErrorPolicy policy) {
+                     std::uint64_t seed, ErrorPolicy policy, int region = -1) {
   std::mt19937_64 rng(seed);
   const auto split = [&](Direction d) {
     std::vector<Piece> pieces;
     const std::size_t each = std::max(unit, (len / depth + unit - 1) / unit * unit);
     for (std::size_t at = 0; at < len; at += each) {
-      pieces.push_back(Piece{d, buf + at, std::min(each, len - at), offset + at});
+      pieces.push_back(Piece{d, buf + at, std::min(each, len - at), offset + at, 0, region});
     }
     return pieces;
   };
@@ -364,6 +366,49 @@ TEST_P(EngineContract, DirectAlignedWritesThenReads) {
       });
     }
   }
+}
+
+// Requests into memory the engine prepared (add_region; io_uring: fixed-buffer reads and writes
+// on a registered buffer) move the same bytes as any other, shortened ones too: odd sizes at
+// unaligned places through a buffered descriptor, pages through a direct one, at the region's
+// first and last bytes. An engine that uses regions either prepares this one or says why not;
+// the others make no use of it.
+TEST_P(EngineContract, RequestsInsideARegionMoveTheRightBytes) {
+  constexpr unsigned kDepth = 8;
+  constexpr std::size_t kSlab = 2 * nvio_test::MiB;
+  nvio::AlignedBuffer slab(kSlab);
+  auto* const base = static_cast<unsigned char*>(slab.data());
+  const std::string path = file("data");
+  run_within(kLimit, "regions", [&] {
+    auto engine = make(kDepth, FaultPlan::everything(), 5);
+    const int region = engine->add_region(base, kSlab);
+    if (GetParam().kind == EngineKind::IoUring) {
+      EXPECT_TRUE(region >= 0 || !engine->region_refusal().empty()) << "refused without a reason";
+    } else {
+      EXPECT_EQ(region, -1);
+      EXPECT_EQ(engine->region_refusal(), "");
+    }
+    const Fd buffered(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+    ASSERT_GE(buffered.get(), 0);
+    for (const std::size_t len :
+         {std::size_t{1}, std::size_t{4095}, std::size_t{65536 + 3}, nvio_test::MiB + 123}) {
+      for (unsigned char* at : {base + 3, base + kSlab - len}) {
+        SCOPED_TRACE(testing::Message() << "buffered len " << len << " at " << at - base);
+        write_then_read(*engine, kDepth, buffered.get(), path, at, len, 4097 + len, 1, len,
+                        policy(), region);
+      }
+    }
+    if (!direct_.supported) return;
+    const Fd direct(::open(path.c_str(), O_RDWR | O_DIRECT | O_CLOEXEC));
+    ASSERT_GE(direct.get(), 0);
+    for (const std::size_t len : {std::size_t{4096}, std::size_t{65536}, nvio_test::MiB}) {
+      for (unsigned char* at : {base, base + kSlab - len}) {
+        SCOPED_TRACE(testing::Message() << "direct len " << len << " at " << at - base);
+        write_then_read(*engine, kDepth, direct.get(), path, at, len, 8192, 4096, len + 1, policy(),
+                        region);
+      }
+    }
+  });
 }
 
 TEST_P(EngineContract, QueueDepthInFlightAtOnceAndReapWaitsForK) {

@@ -106,6 +106,7 @@ class FaultEngine final : public nvio::engine::Engine {
   int add_region(void* base, std::size_t bytes) noexcept override {
     return inner_->add_region(base, bytes);
   }
+  std::string region_refusal() const override { return inner_->region_refusal(); }
   nvio::EngineKind kind() const noexcept override;
 
  private:

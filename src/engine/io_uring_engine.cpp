@@ -245,7 +245,8 @@ class IoUringEngine final : public Engine {
     [[maybe_unused]] const ssize_t rc = ::read(watch_fd_, &count, sizeof count);
   }
 
-  // Keeps why `call` refused a region (-errno `rc`), the first time, and warns once per process.
+  // Keeps why `call` refused a region (-errno `rc`), the first time; warns once per process when
+  // the memlock limit refused it.
   void refused(const char* call, int rc) noexcept {
     if (!refusal_.empty()) return;
     try {
@@ -263,6 +264,9 @@ class IoUringEngine final : public Engine {
         hint = " (sparse buffer tables need Linux 5.19)";
       }
       refusal_ = fmt::format("{}: {}{}", call, std::strerror(-rc), hint);
+      // Warned only when the user can change it (the memlock limit); an old kernel's refusal is
+      // kept for reports (region_refusal(), the probe's reason) without a warning in every process.
+      if (rc != -ENOMEM) return;
       warn(fmt::format("io_uring refused to register nvio's locked buffers ({}): requests into "
                        "them use plain reads and writes instead of fixed-buffer ones",
                        refusal_),

@@ -3,7 +3,8 @@
 (python/src/bind_args.cpp), the one place where they are decided, for the binding's own calls and
 for these alike, so that every entry point (``nvio.Handle``, ``aio_handle``, ``nvio.tune``,
 ``nvio.report``) refuses the same input with the same typed error, naming the argument, before
-anything reaches the core. Option values are checked here against the core's option table.
+anything reaches the core. Option values are checked by the binding too, by the core's option
+table; only the names of options are checked here.
 
 Paths are handed to the core as bytes, encoded the way ``open()`` encodes them
 (``os.fsencode``), and a NUL byte, which would silently cut the name short at the system call, is
@@ -29,33 +30,16 @@ path = _nvio.check_path  # str, bytes or os.PathLike -> the bytes open() passes 
 file_target = _nvio.check_file  # a path (bytes, as above) or a descriptor (an int)
 offset = _nvio.check_offset  # 0 to 2**63 - 1
 
-# The Python type of each handle option, from the core's option table (its one list of options).
-_KIND_OF_TYPE = {"boolean": bool, "integer": int, "choice": str}
-_OPTION_KINDS = {spec["name"]: _KIND_OF_TYPE[spec["type"]] for spec in _nvio.option_specs()}
-OPTION_NAMES = tuple(_OPTION_KINDS)
-
-
-def _type_name(value: Any) -> str:
-    return type(value).__name__
-
-
-def option(name: str, value: Any) -> Any:
-    """A handle option's value checked against its type; None (not given) stays None."""
-    if value is None:
-        return None
-    kind = _OPTION_KINDS[name]
-    if kind is bool:
-        return boolean(value, name)
-    if kind is int:
-        return integer(value, name)
-    if not isinstance(value, str):
-        raise InvalidType(f"nvio: {name} must be a string, got {_type_name(value)} {value!r}")
-    return value
+# The handle options, from the core's option table (its one list of options). Their values are
+# checked by the binding, by each option's type, when the options reach it (python/src/common.cpp,
+# overrides()).
+OPTION_NAMES = tuple(spec["name"] for spec in _nvio.option_specs())
 
 
 def options(values: "dict[str, Any]", owner: str) -> "dict[str, Any]":
-    """Every option of ``values`` checked; an unknown name is a TypeError naming the known ones."""
-    unknown = sorted(set(values) - set(_OPTION_KINDS))
+    """``values`` when every name is an option's; an unknown name is a TypeError naming the known
+    ones, as Python refuses an unexpected keyword argument."""
+    unknown = sorted(set(values) - set(OPTION_NAMES))
     if unknown:
-        raise TypeError(f"{owner}: unknown option(s) {unknown}; known: {sorted(_OPTION_KINDS)}")
-    return {k: option(k, v) for k, v in values.items()}
+        raise TypeError(f"{owner}: unknown option(s) {unknown}; known: {sorted(OPTION_NAMES)}")
+    return values

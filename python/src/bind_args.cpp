@@ -1,5 +1,6 @@
 // The checks of the arguments every entry point shares: files (paths and descriptors), offsets,
-// integers, booleans and UTF-8 text. The one place they are decided: the binding's own calls take
+// integers, booleans, UTF-8 text and option values (by the option table's types, through
+// common.cpp's overrides()). The one place they are decided: the binding's own calls take
 // their files and offsets through to_target/to_offset (common.hpp), and the Python package's
 // entry points (nvio.Handle, aio_handle, nvio.tune, nvio.safetensors, ...) through the functions
 // bound here, which nvio/_args.py names. Each refuses a value with a typed error naming the
@@ -119,6 +120,14 @@ py::str checked_utf8(py::handle value, py::handle name) {
   }
   Py_DECREF(encoded);
   return py::reinterpret_borrow<py::str>(value);
+}
+
+std::string checked_choice(py::handle value, py::handle name) {
+  if (!PyUnicode_Check(value.ptr())) {
+    throw InvalidType("nvio: " + text(name) + " must be a string, got " + type_name(value) + " " +
+                      repr_of(value));
+  }
+  return value.cast<std::string>();
 }
 
 std::string checked_path(py::handle value, py::handle name) {

@@ -173,22 +173,25 @@ nvio::OptionOverrides overrides(const py::kwargs& kwargs, std::string& config_di
     }
     const nvio::OptionSpec& spec = nvio::option_spec(name);
     if (value.is_none()) continue;
-    if (py::isinstance<py::bool_>(value)) {
-      o.set_value(name, value.cast<bool>());
-    } else if (py::isinstance<py::int_>(value)) {
-      std::int64_t v = 0;
-      try {
-        v = value.cast<std::int64_t>();
-      } catch (const py::cast_error&) {
-        // Past 64 bits: the core's text parser refuses it, naming the option.
-        o.set_text(name, py::str(value).cast<std::string>());
-        continue;
+    switch (spec.type) {
+      case nvio::OptionType::Boolean:
+        o.set_value(name, checked_boolean(value, key));
+        break;
+      case nvio::OptionType::Integer: {
+        const py::object n = checked_integer(value, key);
+        int overflow = 0;
+        const long long v = PyLong_AsLongLongAndOverflow(n.ptr(), &overflow);
+        if (overflow != 0) {
+          // Past 64 bits: the core's text parser refuses it, naming the option.
+          o.set_text(name, py::str(n).cast<std::string>());
+        } else {
+          o.set_value(name, static_cast<std::int64_t>(v));
+        }
+        break;
       }
-      o.set_value(name, v);
-    } else if (py::isinstance<py::str>(value)) {
-      o.set_value(name, value.cast<std::string>());
-    } else {
-      nvio::reject_option_type(spec, py::repr(value).cast<std::string>(), name);
+      case nvio::OptionType::Choice:
+        o.set_value(name, checked_choice(value, key));
+        break;
     }
   }
   return o;

@@ -149,11 +149,13 @@ std::string checked_path(py::handle value, py::handle name);
 py::object checked_integer(py::handle value, py::handle name);  // a Python int
 bool checked_boolean(py::handle value, py::handle name);
 py::str checked_utf8(py::handle value, py::handle name);
+std::string checked_choice(py::handle value, py::handle name);  // a str (an option's choice)
 
 // ---- options and statistics --------------------------------------------------------------------
 // The handle options among a call's keyword arguments, by the option table: None means "not
-// given" (environment, configuration or default applies). Types were checked by nvio/_args.py; the
-// core parses and range-checks each value, naming the option. `config_dir` is taken out first.
+// given" (environment, configuration or default applies). Each value's type is checked here by its
+// row's type (checked_boolean, checked_integer, checked_choice: InvalidType naming the option);
+// the core parses and range-checks each value, naming the option. `config_dir` is taken out first.
 nvio::OptionOverrides overrides(const py::kwargs& kwargs, std::string& config_dir);
 
 // An option value as Python holds it (bool, int or str).

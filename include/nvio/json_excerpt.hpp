@@ -20,7 +20,8 @@ NVIO_API_BEGIN
 
 namespace nvio {
 
-// Hidden: compiled into each program that uses it, never exported (its type names the JSON library).
+// Hidden: compiled into each program that uses it, never exported (its type names the JSON
+// library).
 template <class Json>
 NVIO_LOCAL inline std::string json_excerpt(const Json& v) {
   constexpr std::size_t kMost = 80;

@@ -28,7 +28,7 @@
 namespace nvio_py {
 namespace {
 
-constexpr long long kFdMax = INT_MAX;  // descriptors are C ints
+constexpr long long kFdMax = INT_MAX;                                    // descriptors are C ints
 constexpr long long kOffsetMax = std::numeric_limits<long long>::max();  // off_t
 
 std::string text(py::handle name) { return py::str(name).cast<std::string>(); }
@@ -136,8 +136,8 @@ std::string checked_path(py::handle value, py::handle name) {
   if (fspath == nullptr) {
     if (!PyErr_ExceptionMatches(PyExc_TypeError)) throw py::error_already_set();
     PyErr_Clear();
-    throw InvalidType("nvio: " + text(name) +
-                      " must be a path (str, bytes or os.PathLike), got " + type_name(value));
+    throw InvalidType("nvio: " + text(name) + " must be a path (str, bytes or os.PathLike), got " +
+                      type_name(value));
   }
   py::object raw = py::reinterpret_steal<py::object>(fspath);
   if (PyUnicode_Check(fspath)) {
@@ -206,9 +206,9 @@ void bind_args(py::module_& m) {
       py::arg("value"), py::arg("name") = "file",
       "A file named by a path (see check_path) or an open descriptor (an int).");
   m.def(
-      "check_offset",
-      [](py::handle value, py::handle name) { return to_offset(value, name); },
-      py::arg("value"), py::arg("name") = "offset", "A file offset: an integer from 0 to 2**63 - 1.");
+      "check_offset", [](py::handle value, py::handle name) { return to_offset(value, name); },
+      py::arg("value"), py::arg("name") = "offset",
+      "A file offset: an integer from 0 to 2**63 - 1.");
 }
 
 }  // namespace nvio_py

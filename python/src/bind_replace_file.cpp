@@ -60,8 +60,7 @@ void bind_replace_file(py::module_& m) {
   m.def(
       "create_temporary",
       [](const std::string& target) {
-        const nvio::TemporaryFile t =
-            unlocked([&] { return nvio::create_temporary(target); });
+        const nvio::TemporaryFile t = unlocked([&] { return nvio::create_temporary(target); });
         return py::make_tuple(path_text(t.path), t.fd);
       },
       py::arg("target"),

@@ -174,9 +174,7 @@ nvio::OptionOverrides overrides(const py::kwargs& kwargs, std::string& config_di
     const nvio::OptionSpec& spec = nvio::option_spec(name);
     if (value.is_none()) continue;
     switch (spec.type) {
-      case nvio::OptionType::Boolean:
-        o.set_value(name, checked_boolean(value, key));
-        break;
+      case nvio::OptionType::Boolean: o.set_value(name, checked_boolean(value, key)); break;
       case nvio::OptionType::Integer: {
         const py::object n = checked_integer(value, key);
         int overflow = 0;
@@ -189,9 +187,7 @@ nvio::OptionOverrides overrides(const py::kwargs& kwargs, std::string& config_di
         }
         break;
       }
-      case nvio::OptionType::Choice:
-        o.set_value(name, checked_choice(value, key));
-        break;
+      case nvio::OptionType::Choice: o.set_value(name, checked_choice(value, key)); break;
     }
   }
   return o;

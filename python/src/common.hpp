@@ -143,7 +143,7 @@ class InvalidType : public nvio::Error {
  public:
   using nvio::Error::Error;
 };
-Target to_target(py::handle value, py::handle name);       // a path (fs-encoded) or a descriptor
+Target to_target(py::handle value, py::handle name);         // a path (fs-encoded) or a descriptor
 std::uint64_t to_offset(py::handle value, py::handle name);  // 0 to 2**63 - 1
 std::string checked_path(py::handle value, py::handle name);
 py::object checked_integer(py::handle value, py::handle name);  // a Python int

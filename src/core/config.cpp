@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "core/config_text.hpp"
-#include "nvio/json_excerpt.hpp"
 #include "core/posix.hpp"
 #include "core/retry.hpp"
 #include "nvio/errors.hpp"
+#include "nvio/json_excerpt.hpp"
 
 namespace nvio {
 namespace {

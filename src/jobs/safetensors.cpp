@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "core/posix.hpp"
-#include "nvio/replace_file.hpp"
 #include "nvio/errors.hpp"
+#include "nvio/replace_file.hpp"
 
 namespace nvio::safetensors {
 

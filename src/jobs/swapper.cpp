@@ -14,9 +14,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/align.hpp"
-#include "nvio/replace_file.hpp"
 #include "core/unique_name.hpp"
 #include "jobs/swapper_impl.hpp"
+#include "nvio/replace_file.hpp"
 #include "nvio/warnings.hpp"
 
 namespace nvio {

@@ -10,9 +10,9 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "jobs/swapper_impl.hpp"
 #include "nvio/json_excerpt.hpp"
 #include "nvio/replace_file.hpp"
-#include "jobs/swapper_impl.hpp"
 
 namespace nvio {
 

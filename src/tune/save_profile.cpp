@@ -13,9 +13,9 @@
 #include "core/config_text.hpp"
 #include "core/posix.hpp"
 #include "core/retry.hpp"
-#include "nvio/replace_file.hpp"
 #include "nvio/config.hpp"
 #include "nvio/errors.hpp"
+#include "nvio/replace_file.hpp"
 
 namespace nvio {
 namespace {

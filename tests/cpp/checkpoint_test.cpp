@@ -3,7 +3,6 @@
 // each record's CRC-32 is right, a storage is placed by its address, and a write that fails part
 // way leaves the old file and no temporary.
 #include "jobs/checkpoint.hpp"
-#include "nvio/checkpoint.hpp"
 
 #include <dirent.h>
 
@@ -14,6 +13,7 @@
 
 #include "engine/engine.hpp"
 #include "engine_override.hpp"
+#include "nvio/checkpoint.hpp"
 #include "nvio/checksum.hpp"
 #include "nvio/pattern.hpp"
 #include "test_util.hpp"

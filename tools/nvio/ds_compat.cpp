@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "cli.hpp"
-#include "nvio/json_excerpt.hpp"
 #include "nvio/errors.hpp"
+#include "nvio/json_excerpt.hpp"
 #include "nvio/options.hpp"
 #include "nvio/tune.hpp"
 

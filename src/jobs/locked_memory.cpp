@@ -28,9 +28,9 @@ detail::SwapPool& process_pool() {
   return **pool;
 }
 
-class Slot final : public LockedBuffer {
+class PoolSlot final : public LockedBuffer {
  public:
-  explicit Slot(std::shared_ptr<SwapBuffer> slot) : slot_(std::move(slot)) {}
+  explicit PoolSlot(std::shared_ptr<SwapBuffer> slot) : slot_(std::move(slot)) {}
   void* data() const noexcept override { return slot_->data(); }
   std::size_t size() const noexcept override { return slot_->size(); }
 
@@ -38,9 +38,9 @@ class Slot final : public LockedBuffer {
   std::shared_ptr<SwapBuffer> slot_;
 };
 
-class Mapping final : public LockedBuffer {
+class OwnMapping final : public LockedBuffer {
  public:
-  explicit Mapping(std::size_t size) : buffer_(size, LockMode::Try) {}
+  explicit OwnMapping(std::size_t size) : buffer_(size, LockMode::Try) {}
   void* data() const noexcept override { return buffer_.data(); }
   std::size_t size() const noexcept override { return buffer_.size(); }
 
@@ -51,12 +51,12 @@ class Mapping final : public LockedBuffer {
 }  // namespace
 
 std::shared_ptr<LockedBuffer> allocate_locked(std::size_t size) {
-  if (!detail::SwapPool::is_medium(size)) return std::make_shared<Mapping>(size);
+  if (!detail::SwapPool::is_medium(size)) return std::make_shared<OwnMapping>(size);
   std::shared_ptr<SwapBuffer> slot = process_pool().try_allocate(size);
   if (!slot) {
     throw MemoryError("locked memory: no room for " + std::to_string(size) + " bytes", ENOMEM);
   }
-  return std::make_shared<Slot>(std::move(slot));
+  return std::make_shared<PoolSlot>(std::move(slot));
 }
 
 }  // namespace nvio

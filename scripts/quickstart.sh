@@ -12,11 +12,12 @@ cd "$(dirname "$0")/.."
 scripts/deps.sh
 scripts/venv.sh
 py=$PWD/.venv/bin/python
-# A unity build (CMAKE_UNITY_BUILD, as scripts/test.sh builds for CI) compiles the library in
-# about half the time of one compiler run per file; the first build is only the command the
-# benchmark runs (nvio_cli and libnvio), the Python package's after the figures.
-cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_UNITY_BUILD=ON \
-  -DPython3_EXECUTABLE="$py" -DNVIO_TEST_PYTHON="$py" >/dev/null
+# Built as scripts/test.sh builds for CI: a unity build (CMAKE_UNITY_BUILD), in about half the
+# compile time of one compiler run per file, with line tables for debug information (-g1) rather
+# than full -g. The first build is only the command the benchmark runs (nvio_cli and libnvio);
+# the Python package's comes after the figures.
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
+  -DCMAKE_UNITY_BUILD=ON -DPython3_EXECUTABLE="$py" -DNVIO_TEST_PYTHON="$py" >/dev/null
 cmake --build build -j"$(nproc)" --target nvio_cli
 build/bin/nvio bench --dir "${NVIO_BENCH_DIR:-/tmp/nvio-bench}" --size "${NVIO_BENCH_SIZE:-1G}" --verify "$@"
 cmake --build build -j"$(nproc)" --target _nvio nvio_bundled_cli

@@ -60,8 +60,8 @@ class FileBusy(Error, RuntimeError):
     in_flight: int
 
 _Target = Union[str, int]
-# A file as the single calls and the spans take it: a plain str/bytes path or int descriptor is
-# converted in C++, anything else checked by nvio/_args.py (its errors).
+# A file as the single calls and the spans take it: a path (str, bytes, os.PathLike) or a
+# descriptor (an int or an integer scalar), converted and checked as check_file does.
 _File = Any
 # One extent of a batch: (address, nbytes, file offset, path or descriptor).
 _BatchItem = Tuple[int, int, int, _Target]

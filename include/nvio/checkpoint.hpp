@@ -17,6 +17,11 @@
 // storages with one batch of the handle straight from their memory while their CRC-32s are
 // computed on threads; then the headers, small records and central directories (which hold the
 // CRCs), merged into few extents, with a second batch that syncs the file; then the rename.
+//
+// Ownership: an ArchiveFile copies the small records and byte items it is given, never a
+// storage's bytes: those are read from the caller's memory by pieces() and write(), so they must
+// stay valid and unchanged until the last of those calls returns. Thread-safety: none; one thread
+// builds an ArchiveFile and writes it (write() runs the CRC-32s on threads of its own).
 #pragma once
 
 #include <cstddef>

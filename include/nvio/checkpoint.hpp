@@ -21,7 +21,8 @@
 // Ownership: an ArchiveFile copies the small records and byte items it is given, never a
 // storage's bytes: those are read from the caller's memory by pieces() and write(), so they must
 // stay valid and unchanged until the last of those calls returns. Thread-safety: none; one thread
-// builds an ArchiveFile and writes it (write() runs the CRC-32s on threads of its own).
+// builds an ArchiveFile and writes it (pieces() and write() compute the CRC-32s on threads of
+// their own).
 #pragma once
 
 #include <cstddef>

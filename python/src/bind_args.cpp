@@ -81,6 +81,11 @@ bool path_like(py::handle value) {
 
 }  // namespace
 
+std::optional<long long> plain_integer(py::handle value, long long lo, long long hi) {
+  if (!PyLong_CheckExact(value.ptr())) return std::nullopt;
+  return in_range(value, lo, hi);
+}
+
 py::object checked_integer(py::handle value, py::handle name) {
   if (PyLong_CheckExact(value.ptr())) return py::reinterpret_borrow<py::object>(value);
   if (PyBool_Check(value.ptr()) || type_name(value) == "bool_") {

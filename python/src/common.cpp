@@ -135,14 +135,6 @@ nvio::WriteOptions write_options(bool truncate, bool sync, bool device) {
   return w;
 }
 
-std::optional<long long> plain_integer(py::handle value, long long lo, long long hi) {
-  if (!PyLong_CheckExact(value.ptr())) return std::nullopt;
-  int overflow = 0;
-  const long long v = PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
-  if (overflow != 0 || v < lo || v > hi) return std::nullopt;
-  return v;
-}
-
 py::object to_python(const nvio::OptionValue& value) {
   return std::visit([](const auto& v) { return py::cast(v); }, value);
 }

@@ -129,7 +129,8 @@ using Target = std::variant<std::string, int>;
 
 std::uint64_t checked_offset(long long offset);
 
-// A plain Python int within [lo, hi], else nullopt.
+// A plain Python int within [lo, hi], else nullopt: the fast path of a check that names nothing
+// (bind_args.cpp).
 std::optional<long long> plain_integer(py::handle value, long long lo, long long hi);
 
 // The checks of the arguments every entry point shares (bind_args.cpp, the one place they are

@@ -1,17 +1,21 @@
 // Umbrella header for the nvio C++ API.
 #pragma once
 
+#include "nvio/checkpoint.hpp"
 #include "nvio/checksum.hpp"
 #include "nvio/config.hpp"
 #include "nvio/errors.hpp"
 #include "nvio/file.hpp"
 #include "nvio/file_descriptor.hpp"
+#include "nvio/fork.hpp"
 #include "nvio/gpu.hpp"
 #include "nvio/handle.hpp"
 #include "nvio/interrupt.hpp"
+#include "nvio/locked_memory.hpp"
 #include "nvio/memory.hpp"
 #include "nvio/options.hpp"
 #include "nvio/pattern.hpp"
+#include "nvio/replace_file.hpp"
 #include "nvio/safetensors.hpp"
 #include "nvio/stripe.hpp"
 #include "nvio/swapper.hpp"

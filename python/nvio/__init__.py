@@ -97,7 +97,7 @@ from .stripe import StripedHandle  # noqa: E402
 
 __all__ += ["StripedHandle"]
 
-# An opened file (issue 32): many small operations on one file without a statx each.
+# An opened file: many small operations on one file without a statx each.
 from ._file import File  # noqa: E402
 from ._nvio import FileBusy  # noqa: E402
 

@@ -181,7 +181,7 @@ class aio_handle:  # noqa: N801 - DeepSpeed's name
             file = _args.file_target(file, "filename")
             file_offset = _args.offset(file_offset, "file_offset")
             check = functools.partial(_validate, ref, file, file_offset, is_read)
-        # Otherwise the core converts them (nvio/_args.py's errors, under these names).
+        # Otherwise the binding converts them (check_file/check_offset, under these names).
         if not is_async:
             # A blocking call is one core call that submits and waits: a Ctrl-C cancels what has
             # not started and waits for what the kernel holds before it raises. (Submitting, then

@@ -97,7 +97,7 @@ def read_region(handle: Any, path: Any, offset: int, length: int, *,
     ``whole_file=True`` (a one-shot load of the file: nothing more will be read of it) lets go of
     the descriptors the handle keeps of `path` afterwards, also after a failure: a loaded file
     removed right after ("delete the old checkpoint, then save") must give its blocks back at
-    once, not when the handle's cache lets go of it (issue 28 #3)."""
+    once, not when the handle's cache lets go of it."""
     try:
         return _read_region(handle, path, offset, length)
     finally:

@@ -91,7 +91,8 @@ def _typed(e: OSError, what: str, path: str, temporary: Optional[str] = None) ->
     """An OSError as nvio's typed exception naming the operation and `path`, the file the caller
     gave. One of nvio's own errors is kept as it is unless it names `temporary` (the file a save
     wrote to be renamed over `path`): it is then the same error about `path`, with the temporary
-    file, offset and length as detail (issue 28 #10: a full disk's error named the temporary)."""
+    file, offset and length as detail: the user asked to save `path` and never saw the temporary's
+    name."""
     if isinstance(e, _nvio.Error):
         if temporary is None or e.errno is None or temporary not in str(getattr(e, "path", "")):
             return e

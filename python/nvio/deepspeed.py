@@ -335,7 +335,7 @@ def aio_handle_from_config(config: Mapping[str, Any]) -> _aio.aio_handle:
             value = section.pop(alias)
             if "intra_op_parallelism" in section:
                 # Overridden, but still a value the user wrote: refused as the key it stands for
-                # would refuse it (issue 28 #9), never silently dropped.
+                # would refuse it, never silently dropped.
                 _parallelism(alias, value)
             section.setdefault("intra_op_parallelism", value)
     unknown = set(section) - set(_AIO_DEFAULTS)

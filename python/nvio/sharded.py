@@ -195,7 +195,7 @@ def save_sharded(state_dict: Dict[str, Any], directory: Any, group: Any = None, 
     rank, world = _rank_and_size(group)
     # Every check and local step before the first exchange only records its failure: a rank that
     # raised there would leave its peers waiting in the collective (gloo's timeout is 30 minutes
-    # by default; issue 28 #5).
+    # by default).
     error: Optional[BaseException] = None
     text = repr(directory)
     mine: Dict[str, Any] = {}

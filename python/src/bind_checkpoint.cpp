@@ -1,4 +1,4 @@
-// nvio._nvio's torch checkpoint writing (jobs/checkpoint.hpp): save_checkpoint, nvio.save's one
+// nvio._nvio's torch checkpoint writing (nvio/checkpoint.hpp): save_checkpoint, nvio.save's one
 // call into the core after pickling (layout, CRC-32s, the batch write, sync and rename);
 // checkpoint_pieces, the same archive in order for a file object; ArchiveFile, nvio.dcp's data
 // files. The writes and the checksums run without the GIL through common.hpp's unlocked(); errors
@@ -18,7 +18,7 @@
 
 #include "bindings.hpp"
 #include "common.hpp"
-#include "jobs/checkpoint.hpp"
+#include "nvio/checkpoint.hpp"
 #include "nvio/handle.hpp"
 
 namespace py = pybind11;
@@ -27,9 +27,9 @@ namespace nvio_py {
 
 namespace checkpoint_binding {
 
-using nvio::detail::ArchiveFile;
-using nvio::detail::ArchiveRecord;
-using nvio::detail::Placement;
+using nvio::ArchiveFile;
+using nvio::ArchiveRecord;
+using nvio::Placement;
 
 using PyRecord = std::tuple<std::string, py::object, std::uintptr_t, std::uint64_t>;
 
@@ -65,7 +65,7 @@ nvio::Durability durability(bool sync) {
 
 void bind_checkpoint(py::module_& m) {
   using namespace checkpoint_binding;
-  constexpr std::uint64_t kLimit = nvio::detail::kZip64Limit;
+  constexpr std::uint64_t kLimit = nvio::kZip64Limit;
   m.def(
       "save_checkpoint",
       [](nvio::Handle& h, const std::string& path, const std::vector<PyRecord>& records, bool sync,

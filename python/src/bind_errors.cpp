@@ -16,6 +16,7 @@ namespace {
 struct PyErrors {
   PyObject* error;
   PyObject* invalid_argument;
+  PyObject* invalid_type;
   PyObject* engine_unavailable;
   PyObject* memory;
   PyObject* io;
@@ -73,6 +74,8 @@ void raise_os_error(PyObject* type, const nvio::IoError& e) {
 void translate(std::exception_ptr p) {
   try {
     std::rethrow_exception(p);
+  } catch (const InvalidType& e) {
+    set_error(g_errors.invalid_type, e.what());
   } catch (const nvio::ShortFile& e) {
     raise_os_error(g_errors.short_file, e);
   } catch (const nvio::FileNotFound& e) {
@@ -156,8 +159,11 @@ void bind_errors(py::module_& m) {
   g_errors.invalid_argument = make_error(m, "InvalidArgument", {g_errors.error, PyExc_ValueError},
                                          "A bad option or argument; its `option` attribute names "
                                          "the handle option at fault (None when none is).");
-  // Raised from Python code too (nvio/_args.py): every instance has the attribute.
+  // Raised from Python code too: every instance has the attribute.
   py::reinterpret_borrow<py::object>(g_errors.invalid_argument).attr("option") = py::none();
+  g_errors.invalid_type = make_error(m, "InvalidType", {g_errors.error, PyExc_TypeError},
+                                     "An argument of the wrong type (a float offset, a bool file, "
+                                     "an object-dtype array...).");
   g_errors.engine_unavailable =
       make_error(m, "EngineUnavailable", {g_errors.error, PyExc_RuntimeError},
                  "The requested engine cannot be used on this machine.");

@@ -57,7 +57,7 @@ std::vector<Extent> batch_extents(const std::vector<BatchItem>& items) {
 // One buffer and many file offsets (nvio/_handle.py's `read_batch(buf, offsets=, size=)`): extent
 // i is the `size` bytes at address + i * size, moved at offsets[i] of the one file. _handle.py
 // has checked the size and that count x size fits in the buffer; each offset is converted here,
-// without a Python object per extent for a list of plain ints (others go through _args, which
+// without a Python object per extent for a list of plain ints (others go through to_offset, which
 // names the item it refuses).
 template <class Extent>
 std::vector<Extent> span_extents(std::uintptr_t address, const py::list& offsets, std::size_t size,

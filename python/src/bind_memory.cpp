@@ -4,7 +4,6 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <cerrno>
 #include <cstdint>
 #include <limits>
 #include <map>
@@ -13,7 +12,8 @@
 
 #include "bindings.hpp"
 #include "common.hpp"
-#include "jobs/swap_pool.hpp"
+#include "nvio/locked_memory.hpp"
+#include "nvio/memory.hpp"
 
 namespace nvio_py {
 namespace {
@@ -36,45 +36,20 @@ bool in_locked_memory(std::uintptr_t addr, std::size_t nbytes) {
   return addr >= it->first && nbytes <= it->second && addr - it->first <= it->second - nbytes;
 }
 
-// The process's pool for locked buffers of 256 KiB to 2 MiB: slots of huge-page slabs, so that
-// such a buffer is physically contiguous where the kernel gives huge pages. A buffer of its own
-// that size is 4 KiB pages scattered in physical memory, and an O_DIRECT transfer into 1 MiB of
-// them is 256 segments, which a virtio disk (254 at most) split into two requests: reads into
-// 512 separate 1 MiB buffers ran at 1.33 GB/s against 2.61 into one huge-page buffer. No budget;
-// at most 32 MiB of free slabs are kept for reuse (and of unused slots in slabs in use). Leaked
-// (buffers may outlive the module) and its mutex held across fork (core/fork.hpp), since a forked
-// child may allocate.
-nvio::detail::SwapPool& locked_arena() {
-  static auto* pool = [] {
-    auto* p = new std::shared_ptr<nvio::detail::SwapPool>(std::make_shared<nvio::detail::SwapPool>(
-        std::numeric_limits<std::uint64_t>::max(), nvio::LockMode::Try, std::uint64_t{32} << 20));
-    (*p)->hold_across_fork();
-    return p;
-  }();
-  return **pool;
-}
-
 // Owner of a locked, page-aligned host allocation exported through the buffer protocol, so torch
-// and numpy can wrap it without a copy (the tensor or array keeps this object alive): a slot of
-// locked_arena() for 256 KiB to 2 MiB, else a mapping of its own. Neither copied nor moved: its
-// registration is keyed by the address it owns.
+// and numpy can wrap it without a copy (the tensor or array keeps this object alive): the core's
+// allocate_locked (nvio/locked_memory.hpp), which puts 256 KiB to 2 MiB in huge-page slabs.
+// Neither copied nor moved: its registration is keyed by the address it owns.
 class LockedMemory {
  public:
-  explicit LockedMemory(std::size_t nbytes) : nbytes_(nbytes) {
-    if (nvio::detail::SwapPool::is_medium(nbytes)) {
-      slot_ = unlocked([&] { return locked_arena().try_allocate(nbytes); });
-      if (!slot_)
-        throw nvio::MemoryError("locked memory: no room for " + std::to_string(nbytes) + " bytes",
-                                ENOMEM);
-    } else {
-      buffer_ = unlocked([&] { return nvio::AlignedBuffer(nbytes, nvio::LockMode::Try); });
-    }
+  explicit LockedMemory(std::size_t nbytes)
+      : nbytes_(nbytes), memory_(unlocked([&] { return nvio::allocate_locked(nbytes); })) {
     locked_memory_regions()[address()] = nbytes_;
   }
   ~LockedMemory() { locked_memory_regions().erase(address()); }
   LockedMemory(const LockedMemory&) = delete;
   LockedMemory& operator=(const LockedMemory&) = delete;
-  void* data() const { return slot_ ? slot_->data() : buffer_.data(); }
+  void* data() const { return memory_->data(); }
   std::uintptr_t address() const { return reinterpret_cast<std::uintptr_t>(data()); }
   std::size_t nbytes() const { return nbytes_; }
   // Whether mlock took (RLIMIT_MEMLOCK may refuse it): the slab's or the buffer's.
@@ -86,8 +61,7 @@ class LockedMemory {
 
  private:
   std::size_t nbytes_;
-  std::shared_ptr<nvio::SwapBuffer> slot_;  // a slot of locked_arena(), or
-  nvio::AlignedBuffer buffer_;              // a mapping of its own
+  std::shared_ptr<nvio::LockedBuffer> memory_;
 };
 
 // (address, nbytes, DLPack device type) of the bytes of a "dltensor" capsule.

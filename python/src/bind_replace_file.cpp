@@ -1,4 +1,4 @@
-// nvio._nvio.ReplacementFile and the temporaries of replacing saves: jobs/replace_file.hpp, the
+// nvio._nvio.ReplacementFile and the temporaries of replacing saves: nvio/replace_file.hpp, the
 // library's one mechanism for replacing a file atomically, for nvio/dcp.py, nvio.save and
 // nvio.load.
 #include <pybind11/pybind11.h>
@@ -10,19 +10,19 @@
 
 #include "bindings.hpp"
 #include "common.hpp"
-#include "jobs/replace_file.hpp"
+#include "nvio/replace_file.hpp"
 
 namespace nvio_py {
 namespace {
 
-// jobs/replace_file.hpp's ReplacementFile, the library's one mechanism for replacing a file
+// nvio/replace_file.hpp's ReplacementFile, the library's one mechanism for replacing a file
 // atomically: Python writes through `fd` (with a handle's batches) and then commits, or discards.
 // Held in an optional so that discard() removes the temporary file at once, not when Python
 // collects the object.
 struct Replacement {
-  std::optional<nvio::detail::ReplacementFile> file;
+  std::optional<nvio::ReplacementFile> file;
 
-  nvio::detail::ReplacementFile& get() {
+  nvio::ReplacementFile& get() {
     if (!file) throw nvio::InvalidArgument("nvio: this ReplacementFile was committed or discarded");
     return *file;
   }
@@ -44,7 +44,7 @@ void bind_replace_file(py::module_& m) {
       .def(
           "commit",
           [](Replacement& r, bool sync) {
-            nvio::detail::ReplacementFile& f = r.get();
+            nvio::ReplacementFile& f = r.get();
             const auto durability = sync ? nvio::Durability::Data : nvio::Durability::None;
             // A failed commit has removed the temporary file: the object is spent either way.
             struct Spent {
@@ -56,12 +56,11 @@ void bind_replace_file(py::module_& m) {
           py::arg("sync") = true)
       .def("discard", [](Replacement& r) { unlocked([&] { r.file.reset(); }); });
 
-  // The temporaries of replacing saves (jobs/replace_file.hpp), for nvio.save / nvio.load.
+  // The temporaries of replacing saves (nvio/replace_file.hpp), for nvio.save / nvio.load.
   m.def(
       "create_temporary",
       [](const std::string& target) {
-        const nvio::detail::TemporaryFile t =
-            unlocked([&] { return nvio::detail::create_temporary(target); });
+        const nvio::TemporaryFile t = unlocked([&] { return nvio::create_temporary(target); });
         return py::make_tuple(path_text(t.path), t.fd);
       },
       py::arg("target"),
@@ -70,13 +69,13 @@ void bind_replace_file(py::module_& m) {
   m.def(
       "remove_stale_temporaries",
       [](const std::string& target) {
-        return unlocked([&] { return nvio::detail::remove_stale_temporaries(target); });
+        return unlocked([&] { return nvio::remove_stale_temporaries(target); });
       },
       py::arg("target"), "Removes the target's temporaries whose writer is gone; how many.");
   m.def(
       "temporary_writer",
       [](const std::string& base, const std::string& name) -> py::object {
-        const auto w = nvio::detail::temporary_writer(base, name);
+        const auto w = nvio::temporary_writer(base, name);
         if (!w.has_value()) return py::none();
         return py::make_tuple(w->host, w->start, w->pid);
       },

@@ -33,7 +33,7 @@ py::dict striped_transfer_dict(const nvio::StripedTransfer& t) {
 }  // namespace
 
 // nvio.StripedHandle's core: one handle per directory (nvio/stripe.hpp). Names and directories
-// arrive as bytes (os.fsencode'd by nvio/_args.py).
+// arrive as bytes (os.fsencode'd by bind_args.cpp's check_path).
 void bind_striped(py::module_& m) {
   py::class_<nvio::StripedHandle>(m, "StripedHandle")
       .def(

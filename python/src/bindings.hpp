@@ -11,6 +11,8 @@ namespace nvio_py {
 void bind_runtime(pybind11::module_& m);
 // The exception types and their translator, first: later translators (FileBusy's) go before it.
 void bind_errors(pybind11::module_& m);
+// The argument checks and nvio.InvalidType's users (after bind_errors, which makes the type).
+void bind_args(pybind11::module_& m);
 void bind_handle(pybind11::module_& m);
 void bind_safetensors(pybind11::module_& m);
 void bind_replace_file(pybind11::module_& m);

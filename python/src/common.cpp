@@ -8,10 +8,9 @@
 #include <deque>
 #include <limits>
 #include <mutex>
-#include <string_view>
 
 #include "bindings.hpp"
-#include "core/fork.hpp"
+#include "nvio/fork.hpp"
 
 namespace nvio_py {
 namespace {
@@ -25,9 +24,9 @@ std::deque<std::string> g_warnings;
 std::atomic<bool> g_warnings_queued{false};
 
 // Held across fork() so that a child never inherits it locked by a worker thread of the parent;
-// ranked after the core's warning mutex, under which the sink takes it (core/fork.hpp).
+// ranked after the core's warning mutex, under which the sink takes it (nvio/fork.hpp).
 [[maybe_unused]] const bool g_warnings_held_across_fork =
-    (nvio::detail::hold_across_fork(g_warnings_mutex, nvio::detail::ForkRank::WarningSink), true);
+    (nvio::hold_across_fork(g_warnings_mutex, nvio::ForkRank::WarningSink), true);
 
 // The thread the interpreter runs signal handlers on (threading.main_thread()): set at import and
 // again in a forked child, whose main thread is the one that forked.
@@ -136,58 +135,6 @@ nvio::WriteOptions write_options(bool truncate, bool sync, bool device) {
   return w;
 }
 
-namespace {
-
-// nvio/_args.py (see to_target), imported on first use (nvio._args imports this module).
-py::handle args_module() {
-  static py::handle module = py::module_::import("nvio._args").release();  // lives to the exit
-  return module;
-}
-
-// The path as os.fsencode() gives it, when it needs no check beyond "non-empty, no NUL".
-std::optional<std::string> plain_path(py::handle value) {
-  py::object encoded;
-  PyObject* bytes = value.ptr();
-  if (PyUnicode_CheckExact(bytes)) {
-    encoded = py::reinterpret_steal<py::object>(PyUnicode_EncodeFSDefault(bytes));
-    if (!encoded) throw py::error_already_set();
-    bytes = encoded.ptr();
-  } else if (!PyBytes_CheckExact(bytes)) {
-    return std::nullopt;
-  }
-  const std::string_view raw(PyBytes_AS_STRING(bytes),
-                             static_cast<std::size_t>(PyBytes_GET_SIZE(bytes)));
-  if (raw.empty() || raw.find('\0') != std::string_view::npos) return std::nullopt;
-  return std::string(raw);
-}
-
-}  // namespace
-
-std::optional<long long> plain_integer(py::handle value, long long lo, long long hi) {
-  if (!PyLong_CheckExact(value.ptr())) return std::nullopt;
-  int overflow = 0;
-  const long long v = PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
-  if (overflow != 0 || v < lo || v > hi) return std::nullopt;
-  return v;
-}
-
-Target to_target(py::handle value, py::handle name) {
-  if (auto fd = plain_integer(value, 0, std::numeric_limits<int>::max())) {
-    return static_cast<int>(*fd);
-  }
-  if (auto path = plain_path(value)) return std::move(*path);
-  py::object checked = args_module().attr("file_target")(value, name);  // raises for a bad value
-  if (PyLong_Check(checked.ptr())) return checked.cast<int>();
-  return checked.cast<std::string>();
-}
-
-std::uint64_t to_offset(py::handle value, py::handle name) {
-  if (auto v = plain_integer(value, 0, std::numeric_limits<long long>::max())) {
-    return static_cast<std::uint64_t>(*v);
-  }
-  return args_module().attr("offset")(value, name).cast<std::uint64_t>();
-}
-
 py::object to_python(const nvio::OptionValue& value) {
   return std::visit([](const auto& v) { return py::cast(v); }, value);
 }
@@ -218,22 +165,21 @@ nvio::OptionOverrides overrides(const py::kwargs& kwargs, std::string& config_di
     }
     const nvio::OptionSpec& spec = nvio::option_spec(name);
     if (value.is_none()) continue;
-    if (py::isinstance<py::bool_>(value)) {
-      o.set_value(name, value.cast<bool>());
-    } else if (py::isinstance<py::int_>(value)) {
-      std::int64_t v = 0;
-      try {
-        v = value.cast<std::int64_t>();
-      } catch (const py::cast_error&) {
-        // Past 64 bits: the core's text parser refuses it, naming the option.
-        o.set_text(name, py::str(value).cast<std::string>());
-        continue;
+    switch (spec.type) {
+      case nvio::OptionType::Boolean: o.set_value(name, checked_boolean(value, key)); break;
+      case nvio::OptionType::Integer: {
+        const py::object n = checked_integer(value, key);
+        int overflow = 0;
+        const long long v = PyLong_AsLongLongAndOverflow(n.ptr(), &overflow);
+        if (overflow != 0) {
+          // Past 64 bits: the core's text parser refuses it, naming the option.
+          o.set_text(name, py::str(n).cast<std::string>());
+        } else {
+          o.set_value(name, static_cast<std::int64_t>(v));
+        }
+        break;
       }
-      o.set_value(name, v);
-    } else if (py::isinstance<py::str>(value)) {
-      o.set_value(name, value.cast<std::string>());
-    } else {
-      nvio::reject_option_type(spec, py::repr(value).cast<std::string>(), name);
+      case nvio::OptionType::Choice: o.set_value(name, checked_choice(value, key)); break;
     }
   }
   return o;

@@ -129,20 +129,34 @@ using Target = std::variant<std::string, int>;
 
 std::uint64_t checked_offset(long long offset);
 
-// A plain Python int within [lo, hi], else nullopt.
+// A plain Python int within [lo, hi], else nullopt: the fast path of a check that names nothing
+// (bind_args.cpp).
 std::optional<long long> plain_integer(py::handle value, long long lo, long long hi);
 
-// nvio/_args.py, the one place where files and offsets are checked and refused: these take the
-// plain cases (an int, a str or bytes path, as _args accepts them) without calling into Python,
-// and hand it everything else, so any value it refuses is refused with its error. `name` is the
-// argument as _args names it in its error ("file", "filename", "offsets[3]"...).
-Target to_target(py::handle value, py::handle name);
-std::uint64_t to_offset(py::handle value, py::handle name);
+// The checks of the arguments every entry point shares (bind_args.cpp, the one place they are
+// decided; nvio/_args.py names the same functions for the Python package). `name` is the argument
+// as the error names it ("file", "filename", "offsets[3]"...). A plain value (an int, a str or
+// bytes path) takes no Python call.
+//
+// nvio.InvalidType, also a TypeError: an argument of the wrong type (a float offset, a bool
+// file, an object-dtype array...).
+class InvalidType : public nvio::Error {
+ public:
+  using nvio::Error::Error;
+};
+Target to_target(py::handle value, py::handle name);         // a path (fs-encoded) or a descriptor
+std::uint64_t to_offset(py::handle value, py::handle name);  // 0 to 2**63 - 1
+std::string checked_path(py::handle value, py::handle name);
+py::object checked_integer(py::handle value, py::handle name);  // a Python int
+bool checked_boolean(py::handle value, py::handle name);
+py::str checked_utf8(py::handle value, py::handle name);
+std::string checked_choice(py::handle value, py::handle name);  // a str (an option's choice)
 
 // ---- options and statistics --------------------------------------------------------------------
 // The handle options among a call's keyword arguments, by the option table: None means "not
-// given" (environment, configuration or default applies). Types were checked by nvio/_args.py; the
-// core parses and range-checks each value, naming the option. `config_dir` is taken out first.
+// given" (environment, configuration or default applies). Each value's type is checked here by its
+// row's type (checked_boolean, checked_integer, checked_choice: InvalidType naming the option);
+// the core parses and range-checks each value, naming the option. `config_dir` is taken out first.
 nvio::OptionOverrides overrides(const py::kwargs& kwargs, std::string& config_dir);
 
 // An option value as Python holds it (bool, int or str).

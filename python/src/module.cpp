@@ -10,6 +10,7 @@ PYBIND11_MODULE(_nvio, m) {
   m.doc() = "nvio core bindings (internal: use the nvio package)";
   nvio_py::bind_runtime(m);
   nvio_py::bind_errors(m);
+  nvio_py::bind_args(m);
   nvio_py::bind_handle(m);
   nvio_py::bind_safetensors(m);
   nvio_py::bind_replace_file(m);

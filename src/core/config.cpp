@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "core/config_text.hpp"
-#include "core/json_excerpt.hpp"
 #include "core/posix.hpp"
 #include "core/retry.hpp"
 #include "nvio/errors.hpp"
+#include "nvio/json_excerpt.hpp"
 
 namespace nvio {
 namespace {
@@ -85,7 +85,7 @@ void check_keys(const json& object, const std::vector<std::string>& known, const
 
 std::string json_string(const json& v, const std::string& path, const std::string& where) {
   if (!v.is_string())
-    malformed(path, fmt::format("{} must be a string, got {}", where, detail::json_excerpt(v)));
+    malformed(path, fmt::format("{} must be a string, got {}", where, json_excerpt(v)));
   return v.get<std::string>();
 }
 
@@ -119,7 +119,7 @@ OptionOverrides parse_options(const json& j, const std::string& path, const std:
       } else if (value.is_number_unsigned() && option_spec(name).type == OptionType::Integer) {
         o.set_text(name, value.dump(), at);  // past int64: out of range, reported as such
       } else {
-        reject_option_type(option_spec(name), detail::json_excerpt(value), at);
+        reject_option_type(option_spec(name), json_excerpt(value), at);
       }
     } catch (const InvalidArgument& e) {
       malformed(path, e.what(), e.option());

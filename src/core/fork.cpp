@@ -66,14 +66,18 @@ void install() noexcept {
 
 }  // namespace
 
-void hold_across_fork(std::mutex& mutex, ForkRank rank) noexcept {
-  install();  // already done at load time, unless called from an earlier static initialiser
-  const std::size_t i = g_reserved.fetch_add(1, std::memory_order_acq_rel);
-  if (i >= kMaxForkMutexes) return;  // tests check that the library stays below the cap
-  g_slots[i].rank = rank;
-  g_slots[i].mutex.store(&mutex, std::memory_order_release);
-}
-
 std::size_t fork_mutex_count() noexcept { return g_reserved.load(std::memory_order_acquire); }
 
 }  // namespace nvio::detail
+
+namespace nvio {
+
+void hold_across_fork(std::mutex& mutex, ForkRank rank) noexcept {
+  detail::install();  // already done at load time, unless called from an earlier static initialiser
+  const std::size_t i = detail::g_reserved.fetch_add(1, std::memory_order_acq_rel);
+  if (i >= detail::kMaxForkMutexes) return;  // tests check that the library stays below the cap
+  detail::g_slots[i].rank = rank;
+  detail::g_slots[i].mutex.store(&mutex, std::memory_order_release);
+}
+
+}  // namespace nvio

@@ -4,7 +4,7 @@
 //
 // Thread-safety: a pool is shared by all threads (an operation is made by its submitter and
 // released by whichever thread lets go of it last); one mutex guards its free list, held across
-// fork() (core/fork.hpp). The lists are never returned to the system: at most kKeep blocks each.
+// fork() (nvio/fork.hpp). The lists are never returned to the system: at most kKeep blocks each.
 // Under AddressSanitizer the pool passes everything to operator new, so that a use after free is
 // still caught.
 #pragma once
@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/fork.hpp"
+#include "nvio/fork.hpp"
 
 namespace nvio::detail {
 

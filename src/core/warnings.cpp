@@ -3,7 +3,7 @@
 #include <mutex>
 #include <set>
 
-#include "core/fork.hpp"
+#include "nvio/fork.hpp"
 
 namespace nvio {
 namespace {
@@ -19,8 +19,8 @@ WarningState& state() {
   static auto* s = [] {
     auto* created = new WarningState;
     // Sinks are called under this mutex and may take their own (the Python binding's, ranked
-    // after this one): see core/fork.hpp on order.
-    detail::hold_across_fork(created->mutex, detail::ForkRank::WarningState);
+    // after this one): see nvio/fork.hpp on order.
+    hold_across_fork(created->mutex, ForkRank::WarningState);
     return created;
   }();
   return *s;

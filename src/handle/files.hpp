@@ -134,8 +134,9 @@ class FileCache {
 };
 
 // Lets go of the removed files every FileCache of the process keeps (each handle's), for a write
-// that ran out of space (issue 28 #3): a file removed while a handle kept it open holds its
-// blocks. Returns removed_files_released() after it. Thread-safe; a worker calls it.
+// that ran out of space: a file removed while a handle kept it open holds its blocks until
+// closed, so the disk stays full. Returns removed_files_released() after it. Thread-safe; a
+// worker calls it.
 std::uint64_t release_removed_files() noexcept;
 // How many calls of release_removed_files let go of some file, in this process so far. A write
 // that ran out of space is worth trying again when this changed since it was submitted: its

@@ -1,6 +1,6 @@
-// torch's checkpoint format, written (jobs/checkpoint.hpp): the layout, the zip structures, the
+// torch's checkpoint format, written (nvio/checkpoint.hpp): the layout, the zip structures, the
 // CRC-32s on threads and the write through a handle into a replaced file.
-#include "jobs/checkpoint.hpp"
+#include "nvio/checkpoint.hpp"
 
 #include <unistd.h>
 
@@ -11,11 +11,12 @@
 #include <thread>
 #include <utility>
 
-#include "jobs/replace_file.hpp"
+#include "jobs/checkpoint.hpp"
 #include "nvio/checksum.hpp"
 #include "nvio/errors.hpp"
+#include "nvio/replace_file.hpp"
 
-namespace nvio::detail {
+namespace nvio {
 namespace {
 
 constexpr std::uint64_t kRecordAlign = 64;  // torch's writer aligns record data (kFieldAlignment)
@@ -121,10 +122,14 @@ class Crc32Job {
 
 }  // namespace
 
+namespace detail {
+
 std::vector<std::uint32_t> parallel_crc32(
     std::span<const std::pair<const void*, std::uint64_t>> buffers) {
   return Crc32Job(buffers).results();
 }
+
+}  // namespace detail
 
 ArchiveFile::ArchiveFile(std::uint64_t zip64_limit) : zip64_limit_(zip64_limit) {
   if (zip64_limit == 0 || zip64_limit > kZip64Limit) {
@@ -332,7 +337,7 @@ std::vector<ArchiveFile::Piece> ArchiveFile::pieces() const {
   std::vector<std::pair<const void*, std::uint64_t>> buffers;
   buffers.reserve(storages_.size());
   for (const StorageExtent& s : storages_) buffers.emplace_back(s.data, s.size);
-  return pieces_with(parallel_crc32(buffers));
+  return pieces_with(detail::parallel_crc32(buffers));
 }
 
 std::uint64_t ArchiveFile::write(Handle& handle, const std::string& path,
@@ -372,4 +377,4 @@ std::uint64_t ArchiveFile::write(Handle& handle, const std::string& path,
   return end_;
 }
 
-}  // namespace nvio::detail
+}  // namespace nvio

@@ -1,4 +1,4 @@
-#include "jobs/replace_file.hpp"
+#include "nvio/replace_file.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -20,7 +20,7 @@
 #include "core/posix.hpp"
 #include "core/unique_name.hpp"
 
-namespace nvio::detail {
+namespace nvio {
 namespace {
 
 constexpr const char* kTempSuffix = ".nvio-tmp";
@@ -216,8 +216,8 @@ TemporaryFile create_temporary(const std::string& target) {
                            host_name() + "." + std::to_string(own_start_time()) + ".";
   TemporaryFile t;
   int fd = -EEXIST;
-  for (int attempt = 0; attempt < kUniqueNameAttempts && fd == -EEXIST; ++attempt) {
-    t.path = stem + unique_suffix() + kTempSuffix;
+  for (int attempt = 0; attempt < detail::kUniqueNameAttempts && fd == -EEXIST; ++attempt) {
+    t.path = stem + detail::unique_suffix() + kTempSuffix;
     fd = open_file(t.path, O_WRONLY | O_CREAT | O_EXCL, 0666);
   }
   if (fd < 0) {
@@ -300,4 +300,4 @@ void ReplacementFile::commit(Durability durability) {
   }
 }
 
-}  // namespace nvio::detail
+}  // namespace nvio

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "core/posix.hpp"
-#include "jobs/replace_file.hpp"
 #include "nvio/errors.hpp"
+#include "nvio/replace_file.hpp"
 
 namespace nvio::safetensors {
 
@@ -85,7 +85,7 @@ void save_safetensors(Handle& handle, const std::string& path, std::span<const T
     throw InvalidArgument("safetensors: save writes a new file; truncate must be Truncate::No");
   }
   const SerializedHeader header = serialize_safetensors_header(tensors, metadata);
-  detail::ReplacementFile file(path, &handle);
+  ReplacementFile file(path, &handle);
   std::vector<WriteExtent> extents;
   extents.reserve(tensors.size() + 1);
   extents.push_back({header.bytes.data(), header.bytes.size(), 0, file.fd()});

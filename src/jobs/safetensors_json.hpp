@@ -3,7 +3,7 @@
 // The header's JSON is read once, front to back, with no tree built: the caller asks for the next
 // token it expects (a string, an unsigned integer, a punctuation mark) and skips values it does
 // not need. Every step is linear in the bytes it reads, so a header of n bytes takes O(n) time
-// (a generic DOM parser with a per-key callback took quadratic time on 20,000 entries, issue 28).
+// (a generic DOM parser with a per-key callback took quadratic time on 20,000 entries).
 //
 // It accepts exactly RFC 8259 JSON: whitespace is space, tab, CR and LF; strings are valid UTF-8
 // (no overlong forms, no surrogates, nothing above U+10FFFF) with no raw control characters, and

@@ -30,7 +30,7 @@ constexpr std::size_t kStripeAlign = 4096;
 constexpr const char* kLayoutAttr = "user.nvio.stripe";
 // The extended attribute that records the striped file's logical size in each part, set whenever
 // a write resizes the parts: a part truncated to a stripe boundary leaves sizes that fit a smaller
-// striped file, which only this record tells apart (issue 28 #7).
+// striped file, which only this record tells apart.
 constexpr const char* kLengthAttr = "user.nvio.stripe.length";
 
 using Clock = std::chrono::steady_clock;

@@ -48,7 +48,7 @@ class SwapPool : public std::enable_shared_from_this<SwapPool> {
   // Whether a buffer of `size` bytes is a slot of a huge-page slab (256 KiB up to 2 MiB):
   // page-aligned and, where the kernel gives huge pages, physically contiguous.
   static bool is_medium(std::size_t size) noexcept;
-  // Registers the pool's mutex with core/fork.hpp, for a pool that lives as long as the process
+  // Registers the pool's mutex with nvio/fork.hpp, for a pool that lives as long as the process
   // and that a forked child may use.
   void hold_across_fork() noexcept;
 

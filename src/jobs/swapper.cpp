@@ -14,9 +14,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/align.hpp"
-#include "jobs/replace_file.hpp"
 #include "core/unique_name.hpp"
 #include "jobs/swapper_impl.hpp"
+#include "nvio/replace_file.hpp"
 #include "nvio/warnings.hpp"
 
 namespace nvio {
@@ -139,7 +139,7 @@ void Swapper::Impl::remove_stale(const std::unordered_set<std::string>& indexed,
     const std::string name = item.path().filename().string();
     const bool swap_file = own_file_name(name) && !indexed.contains(name);
     // The directory is this swapper's (its lock): any temporary of its index is debris.
-    const bool index_temp = detail::temporary_writer(kIndexName, name).has_value();
+    const bool index_temp = temporary_writer(kIndexName, name).has_value();
     if (!swap_file && !index_temp) continue;
     const std::string path = join(dir, name);
     detail::FileFacts facts;

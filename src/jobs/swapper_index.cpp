@@ -10,9 +10,9 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "core/json_excerpt.hpp"
-#include "jobs/replace_file.hpp"
 #include "jobs/swapper_impl.hpp"
+#include "nvio/json_excerpt.hpp"
+#include "nvio/replace_file.hpp"
 
 namespace nvio {
 
@@ -48,7 +48,7 @@ std::unordered_set<std::string> Swapper::Impl::load_index() {
         const json& v = e.at(key);
         if (!v.is_number_unsigned()) {
           throw FormatError(path, fmt::format("tensor '{}': entry {} {} is not a byte count", name,
-                                              key, detail::json_excerpt(v)));
+                                              key, json_excerpt(v)));
         }
         return v.get<std::uint64_t>();
       };
@@ -110,7 +110,7 @@ void Swapper::Impl::write_index(const std::string& directory, const json& doc) {
         "'{}': {}",
         directory, e.what()));
   }
-  detail::ReplacementFile file(join(directory, kIndexName), &handle);
+  ReplacementFile file(join(directory, kIndexName), &handle);
   file.writing([&] {
     handle.write(text.data(), text.size(), file.fd(), 0,
                  WriteOptions{Truncate::No, Durability::Data, MemoryKind::Host});

@@ -1,6 +1,6 @@
 // save_profile (include/nvio/config.hpp): the configuration file's locked read-modify-replace.
 // Here rather than beside the parser in core/config.cpp because it replaces the file through
-// jobs/replace_file.hpp, a layer above the core; the text itself comes from the core
+// nvio/replace_file.hpp (src/jobs), a layer above the core; the text itself comes from the core
 // (core/config_text.hpp), the one writer of the format.
 #include <fcntl.h>
 #include <sys/file.h>
@@ -13,9 +13,9 @@
 #include "core/config_text.hpp"
 #include "core/posix.hpp"
 #include "core/retry.hpp"
-#include "jobs/replace_file.hpp"
 #include "nvio/config.hpp"
 #include "nvio/errors.hpp"
+#include "nvio/replace_file.hpp"
 
 namespace nvio {
 namespace {
@@ -70,7 +70,7 @@ void save_profile(const std::string& path, const ConfigProfile& profile) {
 
   // A temporary file beside it, renamed over it once durable, then the directory synced: a crash
   // leaves the old configuration or the new one.
-  detail::ReplacementFile out(path);
+  ReplacementFile out(path);
   std::size_t done = 0;
   while (done < text.size()) {
     const ssize_t n = detail::retry_interrupted([&]() -> ssize_t {

@@ -13,15 +13,16 @@
 
 #include "engine/engine.hpp"
 #include "engine_override.hpp"
+#include "nvio/checkpoint.hpp"
 #include "nvio/checksum.hpp"
 #include "nvio/pattern.hpp"
 #include "test_util.hpp"
 
 namespace {
 
-using nvio::detail::ArchiveFile;
-using nvio::detail::ArchiveRecord;
-using nvio::detail::Placement;
+using nvio::ArchiveFile;
+using nvio::ArchiveRecord;
+using nvio::Placement;
 using nvio_test::MiB;
 using nvio_test::TempDir;
 
@@ -138,7 +139,7 @@ std::vector<std::string> dir_names(const std::string& dir) {
 }
 
 TEST(Checkpoint, TinyArchiveIsTheKnownLayout) {
-  for (const auto& [limit, hex] : {std::pair{nvio::detail::kZip64Limit, kKnownLayout},
+  for (const auto& [limit, hex] : {std::pair{nvio::kZip64Limit, kKnownLayout},
                                    std::pair{std::uint64_t{8}, kKnownZip64Layout}}) {
     SCOPED_TRACE(limit);
     ArchiveFile file(limit);
@@ -243,7 +244,7 @@ TEST(Checkpoint, AFailureMidWriteLeavesTheOldFileAndNoTemporary) {
 }
 
 TEST(Checkpoint, ZipLimitAboveFourGibIsRefused) {
-  EXPECT_THROW(ArchiveFile(nvio::detail::kZip64Limit + 1), nvio::InvalidArgument);
+  EXPECT_THROW(ArchiveFile(nvio::kZip64Limit + 1), nvio::InvalidArgument);
   EXPECT_THROW(ArchiveFile(0), nvio::InvalidArgument);
 }
 

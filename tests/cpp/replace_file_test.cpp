@@ -1,7 +1,7 @@
 // The temporaries of replacing saves (jobs/replace_file.*): their names say who writes them, a
 // replacing save removes those whose writer is gone and never a running writer's, and an error
 // about the temporary reaches the caller as an error about the target (issue 28 #4, #10).
-#include "jobs/replace_file.hpp"
+#include "nvio/replace_file.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -18,8 +18,8 @@
 
 namespace {
 
-using nvio::detail::ReplacementFile;
-using nvio::detail::temporary_writer;
+using nvio::ReplacementFile;
+using nvio::temporary_writer;
 using nvio_test::TempDir;
 
 std::vector<std::string> temporaries(const std::string& dir) {
@@ -48,7 +48,7 @@ pid_t dead_pid() {
 
 TEST(ReplaceFile, TemporaryNameSaysWhoWritesIt) {
   TempDir dir;
-  const nvio::detail::TemporaryFile t = nvio::detail::create_temporary(dir.file("ckpt.pt"));
+  const nvio::TemporaryFile t = nvio::create_temporary(dir.file("ckpt.pt"));
   ASSERT_GE(t.fd, 0);
   ::close(t.fd);
   const std::string name = t.path.substr(dir.path().size() + 1);
@@ -67,7 +67,7 @@ TEST(ReplaceFile, ASaveRemovesTemporariesOfGoneWritersOnly) {
   TempDir dir;
   const std::string target = dir.file("state.json");
   // This process's own temporary: its writer runs.
-  const nvio::detail::TemporaryFile mine = nvio::detail::create_temporary(target);
+  const nvio::TemporaryFile mine = nvio::create_temporary(target);
   ::close(mine.fd);
   const std::string mine_name = mine.path.substr(dir.path().size() + 1);
   const auto w = temporary_writer("state.json", mine_name);
@@ -97,7 +97,7 @@ TEST(ReplaceFile, ASaveRemovesTemporariesOfGoneWritersOnly) {
   EXPECT_EQ(temporaries(dir.path()), kept);
 
   ::close(lock);  // its writer let go
-  EXPECT_EQ(nvio::detail::remove_stale_temporaries(target), 1u);
+  EXPECT_EQ(nvio::remove_stale_temporaries(target), 1u);
   kept.erase(std::find(kept.begin(), kept.end(), locked));
   EXPECT_EQ(temporaries(dir.path()), kept);
 }

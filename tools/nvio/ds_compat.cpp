@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "cli.hpp"
-#include "core/json_excerpt.hpp"
 #include "nvio/errors.hpp"
+#include "nvio/json_excerpt.hpp"
 #include "nvio/options.hpp"
 #include "nvio/tune.hpp"
 
@@ -293,7 +293,7 @@ nvio::TuneSpace read_sweep_config(const std::string& path) {
     if (v.is_string()) return nvio::parse_size(v.get<std::string>(), "--sweep_config " + key);
     if (v.is_number_unsigned()) return v.get<std::size_t>();
     throw UsageError(fmt::format("--sweep_config {}: \"{}\" holds {}, not a size", path, key,
-                                 nvio::detail::json_excerpt(v)));
+                                 nvio::json_excerpt(v)));
   };
   const auto count = [&path](const nlohmann::json& v, const std::string& key) -> unsigned {
     if (v.is_number_unsigned() && v.get<std::uint64_t>() > 0 &&
@@ -301,12 +301,12 @@ nvio::TuneSpace read_sweep_config(const std::string& path) {
       return v.get<unsigned>();
     }
     throw UsageError(fmt::format("--sweep_config {}: \"{}\" holds {}, not a count", path, key,
-                                 nvio::detail::json_excerpt(v)));
+                                 nvio::json_excerpt(v)));
   };
   const auto boolean = [&path](const nlohmann::json& v, const std::string& key) -> bool {
     if (v.is_boolean()) return v.get<bool>();
     throw UsageError(fmt::format("--sweep_config {}: \"{}\" holds {}, not true or false", path, key,
-                                 nvio::detail::json_excerpt(v)));
+                                 nvio::json_excerpt(v)));
   };
   nvio::TuneSpace s = ds_default_space();
   // A key the file leaves out is held at ds_io's default, as ds_io runs without its flag.

@@ -1,8 +1,9 @@
 // Atomic replacement of a file: the new contents go to a temporary file in the same directory,
-// which is renamed over the target once complete. Internal to the library: every replacing save
-// goes through ReplacementFile (the safetensors save, nvio.save and nvio.dcp's data files through
-// jobs/checkpoint.hpp, the swapper's index, save_profile, and through the binding nvio.dcp's
-// metadata and nvio.sharded's index), so there is one naming scheme and one clean-up for all.
+// which is renamed over the target once complete. Every replacing save of nvio goes through
+// ReplacementFile (the safetensors save, nvio.save and nvio.dcp's data files through
+// nvio/checkpoint.hpp, the swapper's index, save_profile, and through the Python binding
+// nvio.dcp's metadata and nvio.sharded's index), so there is one naming scheme and one clean-up
+// for all; a program that writes files beside nvio's may use it too.
 //
 // Temporary names. A temporary of target "<dir>/<base>" is
 //   "<dir>/.<base>.<host>.<start>.<pid>-<tid>-<n>.nvio-tmp"
@@ -21,7 +22,8 @@
 //
 // Ownership: a ReplacementFile owns its temporary file (and its descriptor) until commit(); if it
 // is destroyed before, the temporary file is removed, so a failed save leaves the old file and no
-// debris. Move-only; not thread-safe.
+// debris. Move-only; one object is not thread-safe. The free functions may be called from any
+// thread (two saves of one target at once each get a temporary of their own).
 #pragma once
 
 #include <cstddef>
@@ -30,9 +32,12 @@
 #include <utility>
 
 #include "nvio/errors.hpp"
+#include "nvio/export.hpp"
 #include "nvio/handle.hpp"
 
-namespace nvio::detail {
+NVIO_API_BEGIN
+
+namespace nvio {
 
 struct TemporaryFile {
   std::string path;
@@ -106,4 +111,5 @@ class ReplacementFile {
   bool committed_ = false;
 };
 
-}  // namespace nvio::detail
+}  // namespace nvio
+NVIO_API_END

@@ -233,10 +233,11 @@ def test_ctrl_c_stops_an_aio_handle_sync_pread_after_cancelling_it(tmp_path):
 
 
 class _CtrlCAsTheFirstCallReturns:
-    """Stands for an aio_handle's core: its first call that returns is followed by a Ctrl-C, a
-    signal handler raising KeyboardInterrupt at the first bytecode after it, as a SIGINT that
-    arrives during the call does. No timing: the interrupt lands at the one place a blocking call
-    must not leave anything running."""
+    """Stands for a core (a handle's or a File's): its first call that returns is followed by a
+    Ctrl-C, a signal handler raising KeyboardInterrupt at the first bytecode after it, as a
+    SIGINT that arrives during the call does. No timing: the interrupt lands at the one place a
+    blocking call must not leave anything running, and an asynchronous submit must leave its
+    operation held."""
 
     def __init__(self, core) -> None:
         self._core = core

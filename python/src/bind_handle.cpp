@@ -164,7 +164,8 @@ void def_batches(py::class_<nvio::Handle>& cls) {
 }
 
 // The single calls take the file and offset as given (converted by to_target/to_offset);
-// file_name and offset_name name them in an error (aio_handle: "filename", "file_offset").
+// file_name and offset_name name them in an error (aio_handle: "filename", "file_offset"). Every
+// submit (here and in the batches) takes the nvio.Future that is to hold its ticket (held.hpp).
 void def_single_calls(py::class_<nvio::Handle>& cls) {
   cls.def(
          "read",

@@ -196,13 +196,14 @@ class aio_handle:  # noqa: N801 - DeepSpeed's name
             if check is not None:
                 check()
             return 1
+        # The submit hands the ticket to the future and queues it (nvio/_future.py).
+        future = Future(self._core, ref.nbytes, ref.owner, self._pending, check)
         if is_read:
-            ticket = self._core.submit_read(ref.address, ref.nbytes, file, file_offset,
-                                            ref.device, "filename", "file_offset")
+            self._core.submit_read(future, ref.address, ref.nbytes, file, file_offset,
+                                   ref.device, "filename", "file_offset")
         else:
-            ticket = self._core.submit_write(ref.address, ref.nbytes, file, file_offset,
-                                             False, False, ref.device, "filename", "file_offset")
-        self._pending.add(Future(self._core, ticket, ref.nbytes, ref.owner, check))
+            self._core.submit_write(future, ref.address, ref.nbytes, file, file_offset, False,
+                                    False, ref.device, "filename", "file_offset")
         return 0
 
     def read(self, buffer: Any, filename: Any, validate: bool, file_offset: int = 0) -> int:

@@ -68,18 +68,20 @@ class File:
 
     def read_async(self, buf: Any, offset: int = 0) -> Future:
         ref = _buffers.resolve(buf, writable=True)
-        ticket = self._core.submit_read(ref.address, ref.nbytes, offset, ref.device)
         h = self._handle
-        return h._pending.add(Future(h._core, ticket, ref.nbytes, ref.owner))
+        future = Future(h._core, ref.nbytes, ref.owner, h._pending)
+        self._core.submit_read(future, ref.address, ref.nbytes, offset, ref.device)
+        return future
 
     def write_async(self, buf: Any, offset: int = 0, *, truncate: bool = False,
                     sync: bool = False) -> Future:
         ref = _buffers.resolve(buf, writable=False)
-        ticket = self._core.submit_write(ref.address, ref.nbytes, offset,
-                                         _args.boolean(truncate, "truncate"),
-                                         _args.boolean(sync, "sync"), ref.device)
         h = self._handle
-        return h._pending.add(Future(h._core, ticket, ref.nbytes, ref.owner))
+        future = Future(h._core, ref.nbytes, ref.owner, h._pending)
+        self._core.submit_write(future, ref.address, ref.nbytes, offset,
+                                _args.boolean(truncate, "truncate"), _args.boolean(sync, "sync"),
+                                ref.device)
+        return future
 
     # ---- batches: (buffer, offset) items as one operation ------------------------------------
 
@@ -100,16 +102,18 @@ class File:
 
     def read_batch_async(self, items: Iterable[Any]) -> Future:
         batch = self._batch(items, writable=True)
-        ticket = self._core.submit_read_batch(batch.items, batch.device)
         h = self._handle
-        return h._pending.add(Future(h._core, ticket, batch.nbytes, batch.owners))
+        future = Future(h._core, batch.nbytes, batch.owners, h._pending)
+        self._core.submit_read_batch(future, batch.items, batch.device)
+        return future
 
     def write_batch_async(self, items: Iterable[Any], *, sync: bool = False) -> Future:
         batch = self._batch(items, writable=False)
-        ticket = self._core.submit_write_batch(batch.items, _args.boolean(sync, "sync"),
-                                               batch.device)
         h = self._handle
-        return h._pending.add(Future(h._core, ticket, batch.nbytes, batch.owners))
+        future = Future(h._core, batch.nbytes, batch.owners, h._pending)
+        self._core.submit_write_batch(future, batch.items, _args.boolean(sync, "sync"),
+                                      batch.device)
+        return future
 
     def _batch(self, items: Iterable[Any], writable: bool) -> _Batch:
         items = list(items) if not isinstance(items, (list, tuple)) else items

@@ -79,16 +79,19 @@ class Future:
     __slots__ = ("_core", "_ticket", "_nbytes", "_keep_alive", "_then", "_pending", "_taken",
                  "_finished", "_error", "_collector", "_outcome", "_pid")
 
-    def __init__(self, core: "_nvio.Handle", ticket: int, nbytes: int, keep_alive: Any,
+    def __init__(self, core: Any, nbytes: int, keep_alive: Any, pending: "PendingFutures",
                  then: Optional[Callable[[], None]] = None) -> None:
-        """``core`` submitted the operation as ``ticket``; ``then`` runs after it succeeded, and
-        what it raises becomes the future's error."""
+        """A future for an operation about to be submitted: the core's submit (``core`` or a
+        ``_nvio.File`` of it) is handed this future, stores the ticket in it and adds it to
+        ``pending`` before it returns (python/src/held.hpp: no Python code runs between the
+        submit and the future holding it, where a Ctrl-C would lose the ticket). ``then`` runs
+        after the operation succeeded, and what it raises becomes the future's error."""
         self._core = core
-        self._ticket = ticket
+        self._ticket: Optional[int] = None  # set by the submit
         self._nbytes = nbytes
         self._keep_alive = keep_alive
         self._then = then
-        self._pending: Optional[PendingFutures] = None  # the set that holds it until it finishes
+        self._pending = pending  # the set that holds it, from its submit until it finishes
         self._taken = False  # a wait_all has taken it (guarded by the pending set's lock)
         self._finished = False  # set once, by the collector, before it lets the others look
         self._error: Optional[BaseException] = None
@@ -226,7 +229,9 @@ class PendingFutures:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._futures: Dict[Future, None] = {}  # insertion-ordered; removed when finished
+        # Insertion-ordered; added by the core's submit (python/src/held.cpp, under _lock),
+        # removed when finished.
+        self._futures: Dict[Future, None] = {}
         # Futures a Count.COLLECTED wait took and saw finish before a Ctrl-C stopped it: counted
         # by the next such wait (DeepSpeed's wait() counts every operation once).
         self._uncounted = 0
@@ -236,12 +241,6 @@ class PendingFutures:
         self._lock = threading.Lock()
         self._futures = {}
         self._uncounted = 0
-
-    def add(self, future: Future) -> Future:
-        with self._lock:
-            future._pending = self
-            self._futures[future] = None
-        return future
 
     def __len__(self) -> int:
         with self._lock:

@@ -185,18 +185,20 @@ class Handle:
 
     def read_async(self, buf: Any, file: PathOrFd, offset: int = 0) -> Future:
         ref = _buffers.resolve(buf, writable=True)
-        ticket = self._core.submit_read(ref.address, ref.nbytes, file, offset, ref.device)
-        return self._pending.add(Future(self._core, ticket, ref.nbytes, ref.owner))
+        future = Future(self._core, ref.nbytes, ref.owner, self._pending)
+        self._core.submit_read(future, ref.address, ref.nbytes, file, offset, ref.device)
+        return future
 
     def write_async(
         self, buf: Any, file: PathOrFd, offset: int = 0, *, truncate: bool = False, sync: bool = False
     ) -> Future:
         ref = _buffers.resolve(buf, writable=False)
-        ticket = self._core.submit_write(
-            ref.address, ref.nbytes, file, offset, _args.boolean(truncate, "truncate"),
+        future = Future(self._core, ref.nbytes, ref.owner, self._pending)
+        self._core.submit_write(
+            future, ref.address, ref.nbytes, file, offset, _args.boolean(truncate, "truncate"),
             _args.boolean(sync, "sync"), ref.device
         )
-        return self._pending.add(Future(self._core, ticket, ref.nbytes, ref.owner))
+        return future
 
     # ---- batches: many (buffer, offset[, file]) extents as one operation ----------------------
 
@@ -251,12 +253,14 @@ class Handle:
         Argument errors, missing and short files raise here; I/O errors from its ``wait()``."""
         if offsets is not None or size is not None:
             spans = _Spans(items, file, offsets, size, writable=True)
-            ticket = self._core.submit_read_spans(spans.ref.address, spans.offsets, spans.size,
-                                                  spans.file, spans.ref.device)
-            return self._pending.add(Future(self._core, ticket, spans.nbytes, spans.ref.owner))
+            future = Future(self._core, spans.nbytes, spans.ref.owner, self._pending)
+            self._core.submit_read_spans(future, spans.ref.address, spans.offsets, spans.size,
+                                         spans.file, spans.ref.device)
+            return future
         batch = _Batch(items, file, writable=True)
-        ticket = self._core.submit_read_batch(batch.items, batch.device)
-        return self._pending.add(Future(self._core, ticket, batch.nbytes, batch.owners))
+        future = Future(self._core, batch.nbytes, batch.owners, self._pending)
+        self._core.submit_read_batch(future, batch.items, batch.device)
+        return future
 
     def write_batch_async(self, items: Any, file: Optional[PathOrFd] = None, *,
                           offsets: Any = None, size: Optional[int] = None,
@@ -266,12 +270,14 @@ class Handle:
         sync = _args.boolean(sync, "sync")
         if offsets is not None or size is not None:
             spans = _Spans(items, file, offsets, size, writable=False)
-            ticket = self._core.submit_write_spans(spans.ref.address, spans.offsets, spans.size,
-                                                   spans.file, sync, spans.ref.device)
-            return self._pending.add(Future(self._core, ticket, spans.nbytes, spans.ref.owner))
+            future = Future(self._core, spans.nbytes, spans.ref.owner, self._pending)
+            self._core.submit_write_spans(future, spans.ref.address, spans.offsets, spans.size,
+                                          spans.file, sync, spans.ref.device)
+            return future
         batch = _Batch(items, file, writable=False)
-        ticket = self._core.submit_write_batch(batch.items, sync, batch.device)
-        return self._pending.add(Future(self._core, ticket, batch.nbytes, batch.owners))
+        future = Future(self._core, batch.nbytes, batch.owners, self._pending)
+        self._core.submit_write_batch(future, batch.items, sync, batch.device)
+        return future
 
     def wait_all(self) -> int:
         """Waits for every asynchronous operation submitted before this call, by any thread,

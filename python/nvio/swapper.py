@@ -141,9 +141,10 @@ class TensorSwapper:
         tensor is larger than the whole budget. Write errors come from the Future's ``wait()``,
         ``wait()`` and ``swap_in(name)``."""
         ref = _buffers.resolve(tensor, writable=False)
-        ticket = self._core.swap_out(_name(name), ref.address, ref.nbytes, ref.device,
-                                     _describe(tensor))
-        return self._pending.add(Future(self._core, ticket, ref.nbytes, ref.owner))
+        future = Future(self._core, ref.nbytes, ref.owner, self._pending)
+        self._core.swap_out(future, _name(name), ref.address, ref.nbytes, ref.device,
+                            _describe(tensor))
+        return future
 
     def swap_in(self, name: str, out: Any = None) -> Any:
         """The tensor swapped out as `name`: read into `out` (returned), or into a tensor over a

@@ -12,6 +12,7 @@
 
 #include "bindings.hpp"
 #include "common.hpp"
+#include "held.hpp"
 
 namespace nvio_py {
 namespace {
@@ -82,23 +83,26 @@ void bind_file(py::module_& m) {
           py::arg("sync") = false, py::arg("device") = false)
       .def(
           "submit_read",
-          [](const nvio::File& f, std::uintptr_t addr, std::size_t nbytes, std::uint64_t off,
-             bool device) {
-            return unlocked(
-                [&] { return f.submit_read(as_ptr(addr), nbytes, off, read_options(device)); });
-          },
-          py::arg("address"), py::arg("nbytes"), py::arg("offset") = 0, py::arg("device") = false)
-      .def(
-          "submit_write",
-          [](const nvio::File& f, std::uintptr_t addr, std::size_t nbytes, std::uint64_t off,
-             bool truncate, bool sync, bool device) {
-            return unlocked([&] {
-              return f.submit_write(as_ptr(addr), nbytes, off,
-                                    write_options(truncate, sync, device));
+          [](const nvio::File& f, py::handle future, std::uintptr_t addr, std::size_t nbytes,
+             std::uint64_t off, bool device) {
+            unlocked([&] {
+              hold(f, future, f.submit_read(as_ptr(addr), nbytes, off, read_options(device)));
             });
           },
-          py::arg("address"), py::arg("nbytes"), py::arg("offset") = 0, py::arg("truncate") = false,
-          py::arg("sync") = false, py::arg("device") = false)
+          py::arg("future"), py::arg("address"), py::arg("nbytes"), py::arg("offset") = 0,
+          py::arg("device") = false)
+      .def(
+          "submit_write",
+          [](const nvio::File& f, py::handle future, std::uintptr_t addr, std::size_t nbytes,
+             std::uint64_t off, bool truncate, bool sync, bool device) {
+            unlocked([&] {
+              hold(
+                  f, future,
+                  f.submit_write(as_ptr(addr), nbytes, off, write_options(truncate, sync, device)));
+            });
+          },
+          py::arg("future"), py::arg("address"), py::arg("nbytes"), py::arg("offset") = 0,
+          py::arg("truncate") = false, py::arg("sync") = false, py::arg("device") = false)
       .def(
           "read_batch",
           [](const nvio::File& f, const Items& items, bool device) {
@@ -116,19 +120,20 @@ void bind_file(py::module_& m) {
           py::arg("items"), py::arg("sync") = false, py::arg("device") = false)
       .def(
           "submit_read_batch",
-          [](const nvio::File& f, const Items& items, bool device) {
+          [](const nvio::File& f, py::handle future, const Items& items, bool device) {
             const auto extents = extents_of<nvio::FileReadExtent>(items);
-            return unlocked([&] { return f.submit_read_batch(extents, read_options(device)); });
+            unlocked([&] { hold(f, future, f.submit_read_batch(extents, read_options(device))); });
           },
-          py::arg("items"), py::arg("device") = false)
+          py::arg("future"), py::arg("items"), py::arg("device") = false)
       .def(
           "submit_write_batch",
-          [](const nvio::File& f, const Items& items, bool sync, bool device) {
+          [](const nvio::File& f, py::handle future, const Items& items, bool sync, bool device) {
             const auto extents = extents_of<nvio::FileWriteExtent>(items);
-            return unlocked(
-                [&] { return f.submit_write_batch(extents, write_options(false, sync, device)); });
+            unlocked([&] {
+              hold(f, future, f.submit_write_batch(extents, write_options(false, sync, device)));
+            });
           },
-          py::arg("items"), py::arg("sync") = false, py::arg("device") = false)
+          py::arg("future"), py::arg("items"), py::arg("sync") = false, py::arg("device") = false)
       .def("close", [](nvio::File& f) { f.close(); })
       .def("is_open", [](const nvio::File& f) { return f.is_open(); })
       .def("in_flight", [](const nvio::File& f) { return f.in_flight(); })

@@ -14,6 +14,7 @@
 
 #include "bindings.hpp"
 #include "common.hpp"
+#include "held.hpp"
 
 namespace nvio_py {
 namespace {
@@ -109,23 +110,23 @@ void def_batches(py::class_<nvio::Handle>& cls) {
       py::arg("sync") = false, py::arg("device") = false);
   cls.def(
       "submit_read_spans",
-      [](nvio::Handle& h, std::uintptr_t address, const py::list& offsets, std::size_t size,
-         py::handle file, bool device) {
+      [](nvio::Handle& h, py::handle future, std::uintptr_t address, const py::list& offsets,
+         std::size_t size, py::handle file, bool device) {
         const auto extents = span_extents<nvio::ReadExtent>(address, offsets, size, file);
         const nvio::ReadOptions r = read_options(device);
-        return unlocked([&] { return h.submit_read_batch(extents, r); });
+        unlocked([&] { hold(h, future, h.submit_read_batch(extents, r)); });
       },
-      py::arg("address"), py::arg("offsets"), py::arg("size"), py::arg("target"),
+      py::arg("future"), py::arg("address"), py::arg("offsets"), py::arg("size"), py::arg("target"),
       py::arg("device") = false);
   cls.def(
       "submit_write_spans",
-      [](nvio::Handle& h, std::uintptr_t address, const py::list& offsets, std::size_t size,
-         py::handle file, bool sync, bool device) {
+      [](nvio::Handle& h, py::handle future, std::uintptr_t address, const py::list& offsets,
+         std::size_t size, py::handle file, bool sync, bool device) {
         const auto extents = span_extents<nvio::WriteExtent>(address, offsets, size, file);
         const nvio::WriteOptions w = write_options(false, sync, device);
-        return unlocked([&] { return h.submit_write_batch(extents, w); });
+        unlocked([&] { hold(h, future, h.submit_write_batch(extents, w)); });
       },
-      py::arg("address"), py::arg("offsets"), py::arg("size"), py::arg("target"),
+      py::arg("future"), py::arg("address"), py::arg("offsets"), py::arg("size"), py::arg("target"),
       py::arg("sync") = false, py::arg("device") = false);
   cls.def(
       "read_batch",
@@ -145,24 +146,26 @@ void def_batches(py::class_<nvio::Handle>& cls) {
       py::arg("items"), py::arg("sync") = false, py::arg("device") = false);
   cls.def(
       "submit_read_batch",
-      [](nvio::Handle& h, const std::vector<BatchItem>& items, bool device) {
+      [](nvio::Handle& h, py::handle future, const std::vector<BatchItem>& items, bool device) {
         const auto extents = batch_extents<nvio::ReadExtent>(items);
         const nvio::ReadOptions r = read_options(device);
-        return unlocked([&] { return h.submit_read_batch(extents, r); });
+        unlocked([&] { hold(h, future, h.submit_read_batch(extents, r)); });
       },
-      py::arg("items"), py::arg("device") = false);
+      py::arg("future"), py::arg("items"), py::arg("device") = false);
   cls.def(
       "submit_write_batch",
-      [](nvio::Handle& h, const std::vector<BatchItem>& items, bool sync, bool device) {
+      [](nvio::Handle& h, py::handle future, const std::vector<BatchItem>& items, bool sync,
+         bool device) {
         const auto extents = batch_extents<nvio::WriteExtent>(items);
         const nvio::WriteOptions w = write_options(false, sync, device);
-        return unlocked([&] { return h.submit_write_batch(extents, w); });
+        unlocked([&] { hold(h, future, h.submit_write_batch(extents, w)); });
       },
-      py::arg("items"), py::arg("sync") = false, py::arg("device") = false);
+      py::arg("future"), py::arg("items"), py::arg("sync") = false, py::arg("device") = false);
 }
 
 // The single calls take the file and offset as given (converted by to_target/to_offset);
-// file_name and offset_name name them in an error (aio_handle: "filename", "file_offset").
+// file_name and offset_name name them in an error (aio_handle: "filename", "file_offset"). Every
+// submit (here and in the batches) takes the nvio.Future that is to hold its ticket (held.hpp).
 void def_single_calls(py::class_<nvio::Handle>& cls) {
   cls.def(
          "read",
@@ -192,31 +195,33 @@ void def_single_calls(py::class_<nvio::Handle>& cls) {
           py::arg("file_name") = "file", py::arg("offset_name") = "offset")
       .def(
           "submit_read",
-          [](nvio::Handle& h, std::uintptr_t addr, std::size_t nbytes, py::handle file,
-             py::handle offset, bool device, py::handle file_name, py::handle offset_name) {
+          [](nvio::Handle& h, py::handle future, std::uintptr_t addr, std::size_t nbytes,
+             py::handle file, py::handle offset, bool device, py::handle file_name,
+             py::handle offset_name) {
             const nvio::ReadOptions r = read_options(device);
-            return on_target(file, offset, file_name, offset_name, Signals::Keep,
-                             [&](const auto& t, std::uint64_t off) {
-                               return h.submit_read(as_ptr(addr), nbytes, t, off, r);
-                             });
+            on_target(file, offset, file_name, offset_name, Signals::Keep,
+                      [&](const auto& t, std::uint64_t off) {
+                        hold(h, future, h.submit_read(as_ptr(addr), nbytes, t, off, r));
+                      });
           },
-          py::arg("address"), py::arg("nbytes"), py::arg("target"), py::arg("offset") = 0,
-          py::arg("device") = false, py::arg("file_name") = "file",
+          py::arg("future"), py::arg("address"), py::arg("nbytes"), py::arg("target"),
+          py::arg("offset") = 0, py::arg("device") = false, py::arg("file_name") = "file",
           py::arg("offset_name") = "offset")
       .def(
           "submit_write",
-          [](nvio::Handle& h, std::uintptr_t addr, std::size_t nbytes, py::handle file,
-             py::handle offset, bool truncate, bool sync, bool device, py::handle file_name,
-             py::handle offset_name) {
+          [](nvio::Handle& h, py::handle future, std::uintptr_t addr, std::size_t nbytes,
+             py::handle file, py::handle offset, bool truncate, bool sync, bool device,
+             py::handle file_name, py::handle offset_name) {
             const nvio::WriteOptions w = write_options(truncate, sync, device);
-            return on_target(file, offset, file_name, offset_name, Signals::Keep,
-                             [&](const auto& t, std::uint64_t off) {
-                               return h.submit_write(as_ptr(addr), nbytes, t, off, w);
-                             });
+            on_target(file, offset, file_name, offset_name, Signals::Keep,
+                      [&](const auto& t, std::uint64_t off) {
+                        hold(h, future, h.submit_write(as_ptr(addr), nbytes, t, off, w));
+                      });
           },
-          py::arg("address"), py::arg("nbytes"), py::arg("target"), py::arg("offset") = 0,
-          py::arg("truncate") = false, py::arg("sync") = false, py::arg("device") = false,
-          py::arg("file_name") = "file", py::arg("offset_name") = "offset");
+          py::arg("future"), py::arg("address"), py::arg("nbytes"), py::arg("target"),
+          py::arg("offset") = 0, py::arg("truncate") = false, py::arg("sync") = false,
+          py::arg("device") = false, py::arg("file_name") = "file",
+          py::arg("offset_name") = "offset");
 }
 
 void def_tickets(py::class_<nvio::Handle>& cls) {

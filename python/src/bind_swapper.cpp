@@ -13,6 +13,7 @@
 
 #include "bindings.hpp"
 #include "common.hpp"
+#include "held.hpp"
 
 namespace nvio_py {
 namespace {
@@ -61,12 +62,14 @@ py::dict swapper_stats_dict(const nvio::SwapperStats& s) {
 void def_swap_out(py::class_<nvio::Swapper>& cls) {
   cls.def(
          "swap_out",
-         [](nvio::Swapper& s, const std::string& name, std::uintptr_t address, std::size_t nbytes,
-            bool device, const std::string& meta) {
-           return unlocked(
-               [&] { return s.swap_out(name, as_ptr(address), nbytes, memory_of(device), meta); });
+         [](nvio::Swapper& s, py::handle future, const std::string& name, std::uintptr_t address,
+            std::size_t nbytes, bool device, const std::string& meta) {
+           unlocked([&] {
+             hold(s, future, s.swap_out(name, as_ptr(address), nbytes, memory_of(device), meta));
+           });
          },
-         py::arg("name"), py::arg("address"), py::arg("nbytes"), py::arg("device"), py::arg("meta"))
+         py::arg("future"), py::arg("name"), py::arg("address"), py::arg("nbytes"),
+         py::arg("device"), py::arg("meta"))
       // collect_into, done, is_pending, cancel: what nvio.Future calls, so that a swap_out is a
       // plain Future. The swapper's waits do not run signal handlers (`signals` is accepted and
       // left alone: a swap_out's write is short, and the swapper's own waits are not built to stop

@@ -74,8 +74,18 @@ class Owner:
     """A buffer owner that a weak reference can watch."""
 
 
+def _submitted(core: ScriptedCore, ticket: int, nbytes: int, owner, pending=None, then=None):
+    """A future as a core's submit leaves it (python/src/held.cpp): holding ``ticket``, in its
+    pending set (a set of its own unless ``pending`` is given)."""
+    future = Future(core, nbytes, owner, PendingFutures() if pending is None else pending, then)
+    future._ticket = ticket
+    with future._pending._lock:
+        future._pending._futures[future] = None
+    return future
+
+
 def _futures(core: ScriptedCore, tickets, pending: PendingFutures) -> "list[Future]":
-    return [pending.add(Future(core, t, 100 + t, Owner())) for t in tickets]
+    return [_submitted(core, t, 100 + t, Owner(), pending) for t in tickets]
 
 
 # --------------------------------------------------------------------------------------------
@@ -104,7 +114,7 @@ def test_a_ctrl_c_during_a_wait_leaves_the_future_pending_with_its_buffer():
     core = ScriptedCore(interrupting=(1,))
     pending = PendingFutures()
     owner = Owner()
-    future = pending.add(Future(core, 1, 101, owner))
+    future = _submitted(core, 1, 101, owner, pending)
     with pytest.raises(KeyboardInterrupt):
         future.wait()
     assert not future.done()
@@ -130,7 +140,7 @@ def test_a_ctrl_c_stops_wait_all_at_once_and_leaves_the_rest_pending():
 def test_a_ctrl_c_as_the_wait_ends_leaves_the_outcome_and_goes_on():
     core = ScriptedCore(late=(4,))
     owner = Owner()
-    future = Future(core, 4, 104, owner)
+    future = _submitted(core, 4, 104, owner)
     with pytest.raises(KeyboardInterrupt):
         future.wait()
     assert future.done() and future._keep_alive is None
@@ -140,7 +150,7 @@ def test_a_ctrl_c_as_the_wait_ends_leaves_the_outcome_and_goes_on():
 
 def test_a_handler_waiting_for_the_future_its_wait_interrupted_gets_an_error():
     core = ScriptedCore()
-    future = Future(core, 6, 106, Owner())
+    future = _submitted(core, 6, 106, Owner())
     seen = []
 
     def handler_inside_the_wait(ticket, fut, signals):
@@ -211,7 +221,7 @@ def test_a_future_taken_by_another_wait_is_waited_for_but_counted_there():
 
 def test_wait_twice_gives_the_same_result_or_the_same_error():
     core = ScriptedCore(failing=(2,))
-    ok, bad = Future(core, 1, 11, Owner()), Future(core, 2, 22, Owner())
+    ok, bad = _submitted(core, 1, 11, Owner()), _submitted(core, 2, 22, Owner())
     assert ok.wait() == 11 and ok.wait() == 11 and ok.result() == 11
     errors = []
     for _ in range(3):
@@ -225,7 +235,7 @@ def test_wait_twice_gives_the_same_result_or_the_same_error():
 
 def test_several_threads_waiting_for_one_future_all_see_its_error():
     core = ScriptedCore(failing=(7,), blocking=(7,))
-    fut = Future(core, 7, 1, Owner())
+    fut = _submitted(core, 7, 1, Owner())
     seen = []
 
     def wait():  # a thread that does not see the error adds nothing to `seen`
@@ -253,15 +263,15 @@ def test_then_runs_after_success_only_and_its_error_is_the_outcome():
 
     core = ScriptedCore(failing=(2,))
     with pytest.raises(nvio.ValidationError):
-        Future(core, 1, 1, Owner(), check).wait()
+        _submitted(core, 1, 1, Owner(), then=check).wait()
     with pytest.raises(nvio.InvalidArgument):
-        Future(core, 2, 1, Owner(), check).wait()
+        _submitted(core, 2, 1, Owner(), then=check).wait()
     assert calls == [1]
 
 
 def test_done_never_blocks_while_another_thread_collects_the_ticket():
     core = ScriptedCore(blocking=(1,))
-    fut = Future(core, 1, 1, Owner())
+    fut = _submitted(core, 1, 1, Owner())
     assert not fut.done()  # asks the core
     waiter = threading.Thread(target=fut.wait)
     waiter.start()
@@ -282,7 +292,7 @@ def test_the_keep_alive_is_released_once_the_future_has_finished():
     pending = PendingFutures()
     owner = Owner()
     watch = weakref.ref(owner)
-    fut = pending.add(Future(core, 1, 1, owner))
+    fut = _submitted(core, 1, 1, owner, pending)
     del owner
     gc.collect()
     assert watch() is not None, "the future let its buffer go while the operation was pending"

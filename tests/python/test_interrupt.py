@@ -233,10 +233,11 @@ def test_ctrl_c_stops_an_aio_handle_sync_pread_after_cancelling_it(tmp_path):
 
 
 class _CtrlCAsTheFirstCallReturns:
-    """Stands for an aio_handle's core: its first call that returns is followed by a Ctrl-C, a
-    signal handler raising KeyboardInterrupt at the first bytecode after it, as a SIGINT that
-    arrives during the call does. No timing: the interrupt lands at the one place a blocking call
-    must not leave anything running."""
+    """Stands for a core (a handle's or a File's): its first call that returns is followed by a
+    Ctrl-C, a signal handler raising KeyboardInterrupt at the first bytecode after it, as a
+    SIGINT that arrives during the call does. No timing: the interrupt lands at the one place a
+    blocking call must not leave anything running, and an asynchronous submit must leave its
+    operation held."""
 
     def __init__(self, core) -> None:
         self._core = core
@@ -277,32 +278,95 @@ def test_a_ctrl_c_as_a_blocking_aio_call_returns_from_the_core_leaves_nothing_ru
         assert np.array_equal(buf, expected)  # the call had run to its end when the Ctrl-C came
 
 
-@pytest.mark.xfail(strict=True, reason="not fixed: the future is made after the submit returns")
-@pytest.mark.parametrize("kind", ["Handle.read_async", "aio_handle.async_pread"])
+def _async_submit(kind: str, tmp_path, size: int):
+    """(handle, the object whose `_core` a submit of `kind` calls, the submit, the buffer): each
+    asynchronous submit path of Python, reading `size` bytes of a data file (a write writes
+    them)."""
+    path, expected = _data_file(tmp_path, size)
+    options = dict(block_size=PIECE, queue_depth=1, intra_op_parallelism=1)
+    buf = expected.copy() if "write" in kind else _buffer(size)
+    if kind.startswith("aio_handle."):
+        h = nvio.aio_handle(**options)
+        return h, h, lambda: getattr(h, kind.split(".")[1])(buf, path), buf
+    h = nvio.Handle(**options)
+    if kind.startswith("File."):
+        f = nvio.File(path, "r+" if "write" in kind else "r", handle=h)
+        call = getattr(f, kind.split(".")[1])
+        return h, f, lambda: call([(buf, 0)] if "batch" in kind else buf), buf
+    submit = {
+        "Handle.read_async": lambda: h.read_async(buf, path),
+        "Handle.write_async": lambda: h.write_async(buf, path),
+        "Handle.read_batch_async": lambda: h.read_batch_async([(buf, 0)], path),
+        "Handle.read_batch_async spans": lambda: h.read_batch_async(
+            buf, path, offsets=[0, size // 2], size=size // 2),
+    }[kind]
+    return h, h, submit, buf
+
+
+def _wait_all(h) -> int:
+    return h.wait_all() if isinstance(h, nvio.Handle) else h.wait()
+
+
+ASYNC_SUBMITS = ["Handle.read_async", "Handle.write_async", "Handle.read_batch_async",
+                 "Handle.read_batch_async spans", "File.read_async", "File.read_batch_async",
+                 "aio_handle.async_pread", "aio_handle.async_pwrite"]
+
+
+@pytest.mark.parametrize("kind", ASYNC_SUBMITS)
 def test_a_ctrl_c_as_an_async_submit_returns_leaves_the_buffer_kept(tmp_path, kind):
     """An asynchronous read may run on after a Ctrl-C, but something must keep its buffer alive
     and wait for it (the handle's pending futures). A KeyboardInterrupt raised as the core's
-    submit returns (the handler runs right after a call into C) loses the ticket before the
-    future that keeps the buffer is made: the read runs on into a buffer nobody holds."""
+    submit returns (the handler runs right after a call into C) lost the ticket before the
+    future that keeps the buffer was made: the read ran on into a buffer nobody held. The core's
+    submit now hands the ticket to the future and queues it before it returns."""
     size = 4 << 20
-    path, _ = _data_file(tmp_path, size)
-    if kind == "Handle.read_async":
-        h = nvio.Handle(block_size=PIECE, queue_depth=1, intra_op_parallelism=1)
-        submit = h.read_async
-    else:
-        h = nvio.aio_handle(block_size=PIECE, queue_depth=1, intra_op_parallelism=1)
-        submit = h.async_pread
-    core = h._core
-    buf = _buffer(size)
-    h._core = _CtrlCAsTheFirstCallReturns(core)
+    h, owner, submit, buf = _async_submit(kind, tmp_path, size)
+    core, submitting = h._core, owner._core
+    stand_in = _CtrlCAsTheFirstCallReturns(submitting)
+    owner._core = stand_in
     try:
         with pytest.raises(KeyboardInterrupt):
-            submit(buf, path)
-        h._core = core
-        assert core.pending() == len(h._pending), "a submitted read is held by no future"
+            submit()
+        assert stand_in.fired
+        owner._core = submitting
+        assert core.pending() == 1, "the submit did not reach the core"
+        assert len(h._pending) == 1, "a submitted operation is held by no future"
+        (future,) = list(h._pending._futures)
+        assert future._keep_alive is not None
+        assert future.wait() == size  # the future holds the ticket: its outcome
     finally:
-        h._core = core
-        core.wait_all()  # the lost ticket too, before `buf` can go
+        owner._core = submitting
+        _wait_all(h)
+        core.wait_all()  # a lost ticket too, before `buf` can go
+
+
+class _InterruptedLock:
+    """Stands for a pending set's lock that another thread holds when a Ctrl-C comes: acquire()
+    raises KeyboardInterrupt, as a signal handler run during a contended acquire does."""
+
+    def acquire(self, *args) -> bool:
+        raise KeyboardInterrupt
+
+    def release(self) -> None:
+        raise AssertionError("released a lock it did not take")
+
+
+@pytest.mark.parametrize("kind", ASYNC_SUBMITS)
+def test_an_async_submit_whose_future_cannot_hold_it_stops_it_before_raising(tmp_path, kind):
+    """When the future cannot be queued (a Ctrl-C while the pending set's lock is taken), the
+    submit cancels the operation and waits for it before the KeyboardInterrupt goes up: nothing
+    is left running into the buffer."""
+    size = 4 << 20
+    h, _, submit, buf = _async_submit(kind, tmp_path, size)
+    lock, h._pending._lock = h._pending._lock, _InterruptedLock()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            submit()
+    finally:
+        h._pending._lock = lock
+    assert h._core.pending() == 0, "the submit raised with its operation still running"
+    assert len(h._pending) == 0
+    assert _wait_all(h) == 0  # nothing to wait for, no error
 
 
 def test_ctrl_c_during_nvio_save_leaves_no_file_behind(tmp_path):

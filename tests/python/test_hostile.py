@@ -316,7 +316,9 @@ def test_shared_aio_handle_wait_raises_a_failure_collected_by_another_thread(tmp
 def test_shared_handle_wait_all_waits_for_futures_another_thread_is_waiting_for(tmp_path):
     data = random_bytes(16 << 20, seed=10)
     path = write_file(tmp_path / "s.bin", data)
-    h = nvio.Handle(block_size=4096, queue_depth=1, intra_op_parallelism=1)
+    # Direct 4 KiB pieces one at a time: read through the page cache, the read could end (and
+    # the other thread's wait remove it) before wait_all() looks.
+    h = nvio.Handle(block_size=4096, queue_depth=1, intra_op_parallelism=1, cached_reads="off")
     buf = bytearray(len(data))
     fut = h.read_async(buf, path)
     t = start_waiting(fut)

@@ -37,6 +37,12 @@ std::exception_ptr ended_during_read(const Operation& op, std::uint64_t at) {
   }
 }
 
+bool file_now_ends_before(const Operation& op, std::uint64_t end) {
+  FileFacts now;
+  return file_facts(op.any_fd(), now) == 0 && now.size >= 0 &&
+         static_cast<std::uint64_t>(now.size) < end;
+}
+
 void ShiftedRead::AlignedDelete::operator()(std::byte* p) const noexcept {
   ::operator delete[](p, align);
 }

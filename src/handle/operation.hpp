@@ -318,6 +318,10 @@ using OperationPtr = std::shared_ptr<Operation>;
 // inside the request while it was being read.
 std::exception_ptr ended_during_read(const Operation& op, std::uint64_t at);
 
+// Whether `op`'s file now ends before byte `end` (one fstat): a file cut after it was opened (a
+// File keeps the size it had then) can end a direct read at an unaligned size.
+bool file_now_ends_before(const Operation& op, std::uint64_t end);
+
 // The handle's queue of operations, shared by the submitting threads and the workers: pieces are
 // taken from the operation at its head, and an operation finishes when all its pieces have. The
 // thread that finishes it counts its outcome into `stats`, that thread's shard of the handle's

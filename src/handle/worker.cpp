@@ -439,8 +439,12 @@ void Worker::on_completion(unsigned lane, const engine::Completion& c) {
   } else if (s.retries.retry(EAGAIN)) {
     stats_.add(Counter::Retries, 1);
   } else {
-    retire_failed(i, io_error_ptr(io_op(s), op.path, at, left, EIO,
-                                  "short O_DIRECT transfers made no aligned progress"));
+    // A read that keeps stopping short of an aligned point has met the end of a file cut since
+    // it was opened at an unaligned size: a short file, not an I/O error.
+    retire_failed(i, op.is_read() && file_now_ends_before(op, at + left)
+                         ? ended_during_read(op, at)
+                         : io_error_ptr(io_op(s), op.path, at, left, EIO,
+                                        "short O_DIRECT transfers made no aligned progress"));
     return;
   }
   if (s.done < s.length) {

@@ -245,8 +245,6 @@ TEST_P(CallerLaneTest, ReadPastTheEndIsShortFile) {
   EXPECT_EQ(errors, 2u);
   // A file cut short under the File (which still knows 10000 bytes): the read is queued, and the
   // lane's engine meets the end.
-  // (Cut at 4096: one cut at an unaligned size fails a direct read with IoError "made no aligned
-  // progress" on both paths, not ShortFile: a defect of its own, not of the lane.)
   ASSERT_EQ(::truncate(path.c_str(), 4096), 0);
   try {
     f.read(buf.data(), 4 * KiB, 4 * KiB);
@@ -260,6 +258,31 @@ TEST_P(CallerLaneTest, ReadPastTheEndIsShortFile) {
   // The lane is still usable after the errors.
   f.read(buf.data(), 4 * KiB, 0);
   EXPECT_TRUE(buffer_has_pattern(buf.data(), 4 * KiB, 0, 2));
+}
+
+// A file cut at an unaligned size under the File: a direct read stops short of an aligned point
+// again and again, which is the file's end (ShortFile with its size now), not an I/O error; the
+// same through the caller's lane (4 KiB) and the workers (256 KiB), read direct.
+TEST_P(CallerLaneTest, AFileCutAtAnUnalignedSizeEndsDirectReadsWithShortFile) {
+  if (!direct_supported()) GTEST_SKIP() << "no O_DIRECT on " << dir();
+  nvio::Options options = base_options();
+  options.direct = nvio::DirectIo::On;
+  nvio::Handle h(options);
+  const std::string path = file("cut.bin");
+  write_pattern_file(path, 1 * MiB, 4);
+  nvio::File f(h, path, "r");
+  ASSERT_EQ(::truncate(path.c_str(), 4096 + 100), 0);
+  for (const std::size_t length : {4 * KiB, 256 * KiB}) {
+    SCOPED_TRACE(length);
+    GuardedBuffer buf(length, BufKind::Aligned);
+    try {
+      f.read(buf.data(), length, 4 * KiB);
+      FAIL() << "no error";
+    } catch (const nvio::ShortFile& e) {
+      EXPECT_TRUE(contains(e.what(), path)) << e.what();
+      EXPECT_TRUE(contains(e.what(), "4196")) << e.what();
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, CallerLaneTest, NVIO_ALL_ENGINES, EngineParamName());

@@ -257,7 +257,7 @@ def device(args, name: str, directory: Path, nvio: str, fio: str, bins: dict) ->
     try:
         log(f"{name}: {directory}, {human(args.size)} file, blocks "
             f"{','.join(human(b) for b in blocks)}, queue depths {args.qds}, {args.rounds} rounds")
-        rows = iops_rounds(args, runs, blocks)
+        rows = iops_rounds(args, runs, blocks) if args.iops else []
         costs = count_costs(args, runs, bins, path, 4096) if args.count_qds else []
     finally:
         if not args.keep:
@@ -326,6 +326,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ramdisk", action="store_true",
                     help="root only: also a RAM-backed loop device (bench/ramdisk.py)")
     ap.add_argument("--no-disk", dest="disk", action="store_false", help="skip --dir")
+    ap.add_argument("--no-iops", dest="iops", action="store_false",
+                    help="skip the IOPS rounds: only the per-read counts")
     ap.add_argument("--size", type=parse_size, default=512 << 20,
                     help="the file the reads are drawn from (default 512M)")
     ap.add_argument("--block-sizes", type=parse_list(None, parse_size), default=[4096, 65536])
@@ -379,7 +381,8 @@ def main(argv=None) -> int:
           f"{info['nvio_version']}, {info['fio_version']}, Linux {info['kernel']}, "
           f"{info['nproc']} CPUs; load average {load0[0]:.2f} at the start, "
           f"{load1[0]:.2f} at the end.\n")
-    print(iops_table(results))
+    if args.iops:
+        print(iops_table(results))
     if any(d["costs"] for d in results):
         print(f"\nPer read (perf stat over every thread; runs of {args.count_runtimes[1]} s "
               f"less runs of {args.count_runtimes[0]} s, median of {args.count_rounds}):\n")

@@ -7,6 +7,8 @@
 //   g++ -O2 -std=c++20 -o /tmp/uring_loop bench/uring_loop.cpp -luring
 //   /tmp/uring_loop FILE QD MODE [SIZE] [SECONDS]
 //
+// URING_LOOP_HUGE=1 puts the buffers in 2 MiB-aligned memory advised for transparent huge pages
+// (MADV_HUGEPAGE), as nvio's buffers of 2 MiB and more are, instead of posix_memalign's pages.
 // MODE says how the ring is set up and driven:
 //   split   nvio's ring flags (SINGLE_ISSUER | COOP_TASKRUN | TASKRUN_FLAG); wait for a completion,
 //           then submit the replacements in a second system call (what nvio's engine does)
@@ -16,6 +18,7 @@
 // Not part of the build: a measuring tool, with no error handling beyond stopping.
 #include <fcntl.h>
 #include <liburing.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -59,7 +62,19 @@ int main(int argc, char** argv) {
     return 1;
   }
   void* memory = nullptr;
-  if (::posix_memalign(&memory, 4096, size * qd) != 0) return 1;
+  const bool huge = std::getenv("URING_LOOP_HUGE") != nullptr;
+  const std::size_t two_mib = std::size_t{2} << 20;
+  const std::size_t mapped = (size * qd + two_mib - 1) / two_mib * two_mib + two_mib;
+  if (huge) {
+    void* m = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return 1;
+    const auto at = (reinterpret_cast<std::uintptr_t>(m) + two_mib - 1) / two_mib * two_mib;
+    memory = reinterpret_cast<void*>(at);
+    ::madvise(memory, mapped - two_mib, MADV_HUGEPAGE);
+    std::memset(memory, 0, mapped - two_mib);
+  } else if (::posix_memalign(&memory, 4096, size * qd) != 0) {
+    return 1;
+  }
   auto* slots = static_cast<char*>(memory);
   std::mt19937_64 rng(1);
   auto prepare = [&](unsigned slot) {
@@ -102,6 +117,6 @@ int main(int argc, char** argv) {
   std::printf("%s qd %u size %zu: %.0f reads/s (%llu reads in %.3f s)\n", mode.c_str(), qd, size,
               static_cast<double>(reads) / seconds, static_cast<unsigned long long>(reads), seconds);
   io_uring_queue_exit(&ring);
-  std::free(memory);
+  if (!huge) std::free(memory);  // the huge mapping goes with the process
   return 0;
 }

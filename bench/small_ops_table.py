@@ -3,7 +3,7 @@
 
 For each device (the disk under --dir; with --ramdisk, as root, also a RAM-backed loop device),
 block size (4K, 64K) and queue depth (1, 32, 128): random O_DIRECT reads, io_uring, one thread,
-of the same file by three contenders, alternated round by round (the order rotated by one each
+of the same file by the contenders below, alternated round by round (the order rotated by one each
 round), the median IOPS of each over the rounds:
 
   * fio: randread, norandommap, time based, one job (bench/fio_compare.py's run_fio);
@@ -17,7 +17,7 @@ round), the median IOPS of each over the rounds:
 
 Then, at the --count-qds (4K by default), what each read costs: system calls, context switches
 and CPU time per read from `perf stat -e raw_syscalls:sys_enter,context-switches,task-clock`
-over the whole process (every thread), for the three contenders and for nvio::File
+over the whole process (every thread), for each contender and for nvio::File
 (bench/small_reads.cpp: blocking File::read at queue depth 1, QD submit_read then wait() above).
 Each figure is a difference of two runs, a short and a long one, divided by the difference of
 their reads, so that start-up and tear-down drop out. `strace -c -f` gives the system calls of

@@ -115,7 +115,8 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("%s qd %u size %zu: %.0f reads/s (%llu reads in %.3f s)\n", mode.c_str(), qd, size,
-              static_cast<double>(reads) / seconds, static_cast<unsigned long long>(reads), seconds);
+              static_cast<double>(reads) / seconds, static_cast<unsigned long long>(reads),
+              seconds);
   io_uring_queue_exit(&ring);
   if (!huge) std::free(memory);  // the huge mapping goes with the process
   return 0;

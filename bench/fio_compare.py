@@ -120,11 +120,11 @@ def random_nvio_args(args) -> list[str]:
 
 
 def run_fio(fio: str, path: Path, size: int, bs: int, op: str, engine: str, qd: int,
-            timeout: float, random: list[str] | None = None) -> dict:
+            timeout: float, random: list[str] | None = None, wrap: list[str] = ()) -> dict:
     """One fio run; random: the options of random_fio_args (op is then randread/randwrite and
-    IOPS and clat percentiles are kept)."""
+    IOPS and clat percentiles are kept). wrap: a command the run goes under (perf stat, strace)."""
     rw = ("rand" + op) if random is not None else op
-    cmd = [fio, "--name=nvio-compare", "--output-format=json", "--direct=1", f"--bs={bs}",
+    cmd = [*wrap, fio, "--name=nvio-compare", "--output-format=json", "--direct=1", f"--bs={bs}",
            f"--iodepth={qd}", f"--rw={rw}", f"--size={size}", f"--filename={path}",
            f"--ioengine={engine}", "--numjobs=1", "--thread", "--group_reporting",
            *(random or []), *FIO_EXTRA]
@@ -172,15 +172,17 @@ def run_fio(fio: str, path: Path, size: int, bs: int, op: str, engine: str, qd: 
 
 
 def run_nvio(nvio: str, path: Path, size: int, bs: int, op: str, engine: str, qd: int,
-             timeout: float, random: list[str] | None = None, offset: int = 0) -> dict:
+             timeout: float, random: list[str] | None = None, offset: int = 0,
+             wrap: list[str] = ()) -> dict:
     """One `nvio bench` run: sequential, of size bytes at offset (in bs pieces), or with random
-    (random_nvio_args) bs blocks over a size-byte file, keeping IOPS and latency percentiles."""
+    (random_nvio_args) bs blocks over a size-byte file, keeping IOPS and latency percentiles.
+    wrap: a command the run goes under (perf stat, strace)."""
     if random is not None:
         shape = ["--file-size", str(size), "--size", str(bs), *random]
     else:
         shape = ["--size", str(size), "--block-size", str(bs)]
         shape += ["--offset", str(offset)] if offset else []
-    cmd = [nvio, "bench", "--file", str(path), *shape, "--op", op, "--engine", engine,
+    cmd = [*wrap, nvio, "bench", "--file", str(path), *shape, "--op", op, "--engine", engine,
            "--queue-depth", str(qd), "--parallelism", "1", "--direct", "on", "--loops", "1",
            "--json"]
     cpu0 = children_cpu()
@@ -248,7 +250,7 @@ def verify_nvio(nvio: str, path: Path, size: int, bs: int, engines, timeout: flo
     shape = shape or ["--size", str(size), "--block-size", str(bs)]
     for engine in engines:
         qd = 1 if engine == "psync" else CHECKED_QD
-        cmd = [nvio, "bench", "--file", str(path), *shape, "--op", "both",
+        cmd = [*wrap, nvio, "bench", "--file", str(path), *shape, "--op", "both",
                "--engine", engine, "--queue-depth", str(qd),
                "--parallelism", "1", "--direct", "on", "--loops", "1", "--verify", "--json"]
         proc = run_cmd(cmd, timeout=timeout, check=False)

@@ -201,27 +201,22 @@ Handle::Impl::Impl(const Options& opts) : options(opts) {
   std::exception_ptr first;
   counters.set_workers(count + detail::CallerLanes::kMaxLanes);  // the lanes' shards after
   queue.prepare_wakeups(count);
-  detail::WorkerSettings lane_settings;
-  lane_settings.queue_depth = options.queue_depth;
-  lane_settings.intra_op_parallelism = count;
-  lane_settings.block_size = options.block_size;
-  lane_settings.overlap_events = options.overlap_events;
-  lane_settings.single_submit = options.single_submit;
-  lane_settings.engine = engine_kind;
-  lanes = std::make_unique<detail::CallerLanes>(lane_settings, &counters.worker(count),
+  // What every worker and every caller's lane is set up with; each worker adds its index and shard.
+  detail::WorkerSettings common;
+  common.queue_depth = options.queue_depth;
+  common.intra_op_parallelism = count;
+  common.block_size = options.block_size;
+  common.overlap_events = options.overlap_events;
+  common.single_submit = options.single_submit;
+  common.engine = engine_kind;
+  lanes = std::make_unique<detail::CallerLanes>(common, &counters.worker(count),
                                                 detail::caller_driven_enabled());
   for (unsigned i = 0; i < count && !first; ++i) {
     try {
       auto ready = std::make_shared<std::promise<void>>();
       std::future<void> f = ready->get_future();
-      detail::WorkerSettings settings;
+      detail::WorkerSettings settings = common;
       settings.index = i;
-      settings.queue_depth = options.queue_depth;
-      settings.intra_op_parallelism = count;
-      settings.block_size = options.block_size;
-      settings.overlap_events = options.overlap_events;
-      settings.single_submit = options.single_submit;
-      settings.engine = engine_kind;
       settings.stats = &counters.worker(i);
       workers.push_back(detail::start_worker_thread(
           [this, settings, ready] { detail::run_worker(settings, queue, std::move(*ready)); }));

@@ -52,16 +52,19 @@ enum class FileMode { Read, ReadWrite, Write, WriteRead };
 FileMode parse_file_mode(std::string_view mode);
 const char* to_string(FileMode mode) noexcept;
 
-// One extent of a File's batch: `length` bytes of `buf` at `offset` of the file.
+// One extent of a File's batch: `length` bytes of `buf` at `offset` of the file, its buffer's
+// `memory` as for a Handle's batch (ReadExtent: Auto takes the batch's).
 struct FileReadExtent {
   void* buf = nullptr;
   std::size_t length = 0;
   std::uint64_t offset = 0;
+  MemoryKind memory = MemoryKind::Auto;
 };
 struct FileWriteExtent {
   const void* buf = nullptr;
   std::size_t length = 0;
   std::uint64_t offset = 0;
+  MemoryKind memory = MemoryKind::Auto;
 };
 
 class File {

@@ -144,18 +144,23 @@ class FileRef {
   const detail::Opened* opened_ = nullptr;
 };
 
-// One extent of a batch: `length` bytes of `buf` at `offset` of `file`.
+// One extent of a batch: `length` bytes of `buf` at `offset` of `file`. `memory` says where this
+// extent's buffer lives; Auto takes the batch's (ReadOptions / WriteOptions::memory, which is
+// itself asked of CUDA per buffer when Auto). A batch may mix host and device extents: the handle
+// moves each by its own kind's transport.
 struct ReadExtent {
   void* buf = nullptr;
   std::size_t length = 0;
   std::uint64_t offset = 0;
   FileRef file;
+  MemoryKind memory = MemoryKind::Auto;
 };
 struct WriteExtent {
   const void* buf = nullptr;
   std::size_t length = 0;
   std::uint64_t offset = 0;
   FileRef file;
+  MemoryKind memory = MemoryKind::Auto;
 };
 
 // What a handle has done since it was made, as Handle::stats() reads it. Host memory moves as

@@ -90,29 +90,28 @@ class File:
         operation; returns the bytes read. Every item is checked (and the size) before anything
         is read."""
         batch = self._batch(items, writable=True)
-        self._core.read_batch(batch.items, batch.device)
+        self._core.read_batch(batch.items)
         return batch.nbytes
 
     def write_batch(self, items: Iterable[Any], *, sync: bool = False) -> int:
         """Writes each ``(buffer, offset)`` of ``items`` as one operation; ``sync=True``
         fdatasyncs the file once, after the last extent."""
         batch = self._batch(items, writable=False)
-        self._core.write_batch(batch.items, _args.boolean(sync, "sync"), batch.device)
+        self._core.write_batch(batch.items, _args.boolean(sync, "sync"))
         return batch.nbytes
 
     def read_batch_async(self, items: Iterable[Any]) -> Future:
         batch = self._batch(items, writable=True)
         h = self._handle
         future = Future(h._core, batch.nbytes, batch.owners, h._pending)
-        self._core.submit_read_batch(future, batch.items, batch.device)
+        self._core.submit_read_batch(future, batch.items)
         return future
 
     def write_batch_async(self, items: Iterable[Any], *, sync: bool = False) -> Future:
         batch = self._batch(items, writable=False)
         h = self._handle
         future = Future(h._core, batch.nbytes, batch.owners, h._pending)
-        self._core.submit_write_batch(future, batch.items, _args.boolean(sync, "sync"),
-                                      batch.device)
+        self._core.submit_write_batch(future, batch.items, _args.boolean(sync, "sync"))
         return future
 
     def _batch(self, items: Iterable[Any], writable: bool) -> _Batch:

@@ -20,7 +20,7 @@ class _Batch:
     calls' helper (``_buffers.resolve``), every offset and file through ``_args``, before anything
     is submitted. ``owners`` keep the buffers alive for an asynchronous batch's future."""
 
-    __slots__ = ("items", "owners", "nbytes", "device")
+    __slots__ = ("items", "owners", "nbytes")
 
     def __init__(
         self, items: Iterable[BatchItem], file: Optional[PathOrFd], writable: bool
@@ -31,10 +31,11 @@ class _Batch:
                 f"tuples, got {type(items).__name__}"
             )
         default = _args.file_target(file) if file is not None else None
-        self.items: List[Tuple[int, int, int, Union[bytes, int]]] = []
+        # (address, nbytes, offset, file, device): each item carries its memory kind, so a
+        # batch may mix host and CUDA device buffers (the core moves each by its own transport).
+        self.items: List[Tuple[int, int, int, Union[bytes, int], bool]] = []
         self.owners: List[Any] = []
         self.nbytes = 0
-        kinds = set()
         # Per item: no text is formatted unless it is refused (a batch may hold thousands).
         for i, item in enumerate(items):
             if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
@@ -58,16 +59,9 @@ class _Batch:
                 ref = _buffers.resolve(item[0], writable=writable)
             except (_nvio.InvalidArgument, _args.InvalidType) as e:
                 raise type(e)(f"nvio: items[{i}]: {str(e).removeprefix('nvio: ')}") from e
-            kinds.add(ref.device)
-            self.items.append((ref.address, ref.nbytes, offset, target))
+            self.items.append((ref.address, ref.nbytes, offset, target, ref.device))
             self.owners.append(ref.owner)
             self.nbytes += ref.nbytes
-        if len(kinds) > 1:
-            raise _nvio.InvalidArgument(
-                "nvio: a batch's buffers must all be host memory or all CUDA device memory; "
-                "submit the host and the device buffers as two batches"
-            )
-        self.device = kinds == {True}
 
 
 class _Spans:
@@ -223,7 +217,7 @@ class Handle:
                                   spans.ref.device)
             return spans.nbytes
         batch = _Batch(items, file, writable=True)
-        self._core.read_batch(batch.items, batch.device)
+        self._core.read_batch(batch.items)
         return batch.nbytes
 
     def write_batch(self, items: Any, file: Optional[PathOrFd] = None, *, offsets: Any = None,
@@ -244,7 +238,7 @@ class Handle:
                                    spans.ref.device)
             return spans.nbytes
         batch = _Batch(items, file, writable=False)
-        self._core.write_batch(batch.items, sync, batch.device)
+        self._core.write_batch(batch.items, sync)
         return batch.nbytes
 
     def read_batch_async(self, items: Any, file: Optional[PathOrFd] = None, *,
@@ -259,7 +253,7 @@ class Handle:
             return future
         batch = _Batch(items, file, writable=True)
         future = Future(self._core, batch.nbytes, batch.owners, self._pending)
-        self._core.submit_read_batch(future, batch.items, batch.device)
+        self._core.submit_read_batch(future, batch.items)
         return future
 
     def write_batch_async(self, items: Any, file: Optional[PathOrFd] = None, *,
@@ -276,7 +270,7 @@ class Handle:
             return future
         batch = _Batch(items, file, writable=False)
         future = Future(self._core, batch.nbytes, batch.owners, self._pending)
-        self._core.submit_write_batch(future, batch.items, sync, batch.device)
+        self._core.submit_write_batch(future, batch.items, sync)
         return future
 
     def wait_all(self) -> int:

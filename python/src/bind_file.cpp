@@ -21,14 +21,16 @@ PyObject* g_file_busy = nullptr;
 
 // Items as nvio/_handle.py's _Batch resolves them: (address, nbytes, offset, file); the file is
 // the File's and not looked at.
-using Items = std::vector<std::tuple<std::uintptr_t, std::size_t, std::uint64_t, py::object>>;
+// nvio/_handle.py's _Batch items: (address, nbytes, offset, file (not used: the File's), device).
+using Items = std::vector<std::tuple<std::uintptr_t, std::size_t, std::uint64_t, py::object, bool>>;
 
 template <class Extent>
 std::vector<Extent> extents_of(const Items& items) {
   std::vector<Extent> out;
   out.reserve(items.size());
-  for (const auto& [address, nbytes, offset, unused] : items) {
-    out.push_back({as_ptr(address), nbytes, offset});
+  for (const auto& [address, nbytes, offset, unused, device] : items) {
+    out.push_back({as_ptr(address), nbytes, offset,
+                   device ? nvio::MemoryKind::Device : nvio::MemoryKind::Host});
   }
   return out;
 }
@@ -105,35 +107,35 @@ void bind_file(py::module_& m) {
           py::arg("truncate") = false, py::arg("sync") = false, py::arg("device") = false)
       .def(
           "read_batch",
-          [](const nvio::File& f, const Items& items, bool device) {
+          [](const nvio::File& f, const Items& items) {
             const auto extents = extents_of<nvio::FileReadExtent>(items);
-            unlocked([&] { f.read_batch(extents, read_options(device)); }, Signals::Handle);
+            unlocked([&] { f.read_batch(extents); }, Signals::Handle);
           },
-          py::arg("items"), py::arg("device") = false)
+          py::arg("items"))
       .def(
           "write_batch",
-          [](const nvio::File& f, const Items& items, bool sync, bool device) {
+          [](const nvio::File& f, const Items& items, bool sync) {
             const auto extents = extents_of<nvio::FileWriteExtent>(items);
-            unlocked([&] { f.write_batch(extents, write_options(false, sync, device)); },
+            unlocked([&] { f.write_batch(extents, write_options(false, sync, false)); },
                      Signals::Handle);
           },
-          py::arg("items"), py::arg("sync") = false, py::arg("device") = false)
+          py::arg("items"), py::arg("sync") = false)
       .def(
           "submit_read_batch",
-          [](const nvio::File& f, py::handle future, const Items& items, bool device) {
+          [](const nvio::File& f, py::handle future, const Items& items) {
             const auto extents = extents_of<nvio::FileReadExtent>(items);
-            unlocked([&] { hold(f, future, f.submit_read_batch(extents, read_options(device))); });
+            unlocked([&] { hold(f, future, f.submit_read_batch(extents)); });
           },
-          py::arg("future"), py::arg("items"), py::arg("device") = false)
+          py::arg("future"), py::arg("items"))
       .def(
           "submit_write_batch",
-          [](const nvio::File& f, py::handle future, const Items& items, bool sync, bool device) {
+          [](const nvio::File& f, py::handle future, const Items& items, bool sync) {
             const auto extents = extents_of<nvio::FileWriteExtent>(items);
             unlocked([&] {
-              hold(f, future, f.submit_write_batch(extents, write_options(false, sync, device)));
+              hold(f, future, f.submit_write_batch(extents, write_options(false, sync, false)));
             });
           },
-          py::arg("future"), py::arg("items"), py::arg("sync") = false, py::arg("device") = false)
+          py::arg("future"), py::arg("items"), py::arg("sync") = false)
       .def("close", [](nvio::File& f) { f.close(); })
       .def("is_open", [](const nvio::File& f) { return f.is_open(); })
       .def("in_flight", [](const nvio::File& f) { return f.in_flight(); })

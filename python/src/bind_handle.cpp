@@ -34,17 +34,19 @@ auto on_target(py::handle file, py::handle offset, py::handle file_name, py::han
 // ---- batches -----------------------------------------------------------------
 // One extent of a batch as nvio/_handle.py hands it over: (address, nbytes, file offset, path or
 // descriptor), the buffer resolved by the same helper as the single calls' (nvio/_buffers.py).
-using BatchItem = std::tuple<std::uintptr_t, std::size_t, long long, Target>;
+// (address, nbytes, offset, file, device): nvio/_handle.py's _Batch items.
+using BatchItem = std::tuple<std::uintptr_t, std::size_t, long long, Target, bool>;
 
 template <class Extent>
 std::vector<Extent> batch_extents(const std::vector<BatchItem>& items) {
   std::vector<Extent> extents;
   extents.reserve(items.size());
-  for (const auto& [address, nbytes, offset, target] : items) {
+  for (const auto& [address, nbytes, offset, target, device] : items) {
     Extent e;
     e.buf = as_ptr(address);
     e.length = nbytes;
     e.offset = checked_offset(offset);
+    e.memory = device ? nvio::MemoryKind::Device : nvio::MemoryKind::Host;
     if (const auto* path = std::get_if<std::string>(&target)) {
       e.file = *path;
     } else {
@@ -130,37 +132,34 @@ void def_batches(py::class_<nvio::Handle>& cls) {
       py::arg("sync") = false, py::arg("device") = false);
   cls.def(
       "read_batch",
-      [](nvio::Handle& h, const std::vector<BatchItem>& items, bool device) {
+      [](nvio::Handle& h, const std::vector<BatchItem>& items) {
         const auto extents = batch_extents<nvio::ReadExtent>(items);
-        const nvio::ReadOptions r = read_options(device);
-        unlocked([&] { h.read_batch(extents, r); }, Signals::Handle);
+        unlocked([&] { h.read_batch(extents); }, Signals::Handle);
       },
-      py::arg("items"), py::arg("device") = false);
+      py::arg("items"));
   cls.def(
       "write_batch",
-      [](nvio::Handle& h, const std::vector<BatchItem>& items, bool sync, bool device) {
+      [](nvio::Handle& h, const std::vector<BatchItem>& items, bool sync) {
         const auto extents = batch_extents<nvio::WriteExtent>(items);
-        const nvio::WriteOptions w = write_options(false, sync, device);
+        const nvio::WriteOptions w = write_options(false, sync, false);
         unlocked([&] { h.write_batch(extents, w); }, Signals::Handle);
       },
-      py::arg("items"), py::arg("sync") = false, py::arg("device") = false);
+      py::arg("items"), py::arg("sync") = false);
   cls.def(
       "submit_read_batch",
-      [](nvio::Handle& h, py::handle future, const std::vector<BatchItem>& items, bool device) {
+      [](nvio::Handle& h, py::handle future, const std::vector<BatchItem>& items) {
         const auto extents = batch_extents<nvio::ReadExtent>(items);
-        const nvio::ReadOptions r = read_options(device);
-        unlocked([&] { hold(h, future, h.submit_read_batch(extents, r)); });
+        unlocked([&] { hold(h, future, h.submit_read_batch(extents)); });
       },
-      py::arg("future"), py::arg("items"), py::arg("device") = false);
+      py::arg("future"), py::arg("items"));
   cls.def(
       "submit_write_batch",
-      [](nvio::Handle& h, py::handle future, const std::vector<BatchItem>& items, bool sync,
-         bool device) {
+      [](nvio::Handle& h, py::handle future, const std::vector<BatchItem>& items, bool sync) {
         const auto extents = batch_extents<nvio::WriteExtent>(items);
-        const nvio::WriteOptions w = write_options(false, sync, device);
+        const nvio::WriteOptions w = write_options(false, sync, false);
         unlocked([&] { hold(h, future, h.submit_write_batch(extents, w)); });
       },
-      py::arg("future"), py::arg("items"), py::arg("sync") = false, py::arg("device") = false);
+      py::arg("future"), py::arg("items"), py::arg("sync") = false);
 }
 
 // The single calls take the file and offset as given (converted by to_target/to_offset);

@@ -224,6 +224,7 @@ std::vector<WriteExtent> as_extents(std::span<const Extent> extents) {
     out[i].buf = extents[i].buf;
     out[i].length = extents[i].length;
     out[i].offset = extents[i].offset;
+    out[i].memory = extents[i].memory;
   }
   return out;
 }

@@ -283,6 +283,7 @@ JobPtr Preparer::batch(Direction dir, std::span<const Extent> extents, const Wri
     const Operation*& first = first_on(file);
     const Operation* same = first;
     auto* bytes = static_cast<std::byte*>(const_cast<void*>(static_cast<const void*>(e.buf)));
+    per_extent.memory = e.memory == MemoryKind::Auto ? wopts.memory : e.memory;
     OperationPtr op = operation(dir, bytes, e.length, file, e.offset, per_extent, same);
     if (same == nullptr) {
       first = op.get();

@@ -88,26 +88,15 @@ void save_safetensors(Handle& handle, const std::string& path, std::span<const T
   ReplacementFile file(path, &handle);
   std::vector<WriteExtent> extents;
   extents.reserve(tensors.size() + 1);
-  extents.push_back({header.bytes.data(), header.bytes.size(), 0, file.fd()});
+  // The header is host memory whatever the tensors' memory is: one batch holds both.
+  extents.push_back({header.bytes.data(), header.bytes.size(), 0, file.fd(), MemoryKind::Host});
   for (std::size_t k = 0; k < header.order.size(); ++k) {
     const TensorData& t = tensors[header.order[k]];
     if (t.length == 0) continue;
     extents.push_back({t.data, t.length, header.bytes.size() + header.begins[k], file.fd()});
   }
-  WriteOptions options = write_options;
-  if (options.memory == MemoryKind::Device) {
-    // The header is host memory and cannot share a batch whose extents all move as device
-    // memory: it goes first on its own, and the batch's sync covers the whole file.
-    if (extents.size() == 1) {
-      options.memory = MemoryKind::Host;
-    } else {
-      const WriteOptions host{Truncate::No, Durability::None, MemoryKind::Host};
-      file.writing([&] { handle.write(extents[0].buf, extents[0].length, file.fd(), 0, host); });
-      extents.erase(extents.begin());
-    }
-  }
-  file.writing([&] { handle.write_batch(extents, options); });
-  file.commit(options.durability);
+  file.writing([&] { handle.write_batch(extents, write_options); });
+  file.commit(write_options.durability);
 }
 
 }  // namespace nvio::safetensors

@@ -630,15 +630,15 @@ void Swapper::swap_in(std::span<const Target> targets) {
   try {
     for (const auto& [t, data] : copies) std::memcpy(t->buf, data->data(), t->length);
     copies.clear();  // back to the pool, for the queued reads started below
-    for (const MemoryKind memory : {MemoryKind::Host, MemoryKind::Device}) {
-      std::vector<ReadExtent> extents;
-      for (std::size_t i = 0; i < reads.size(); ++i) {
-        const Target& t = *reads[i].target;
-        if (kinds[static_cast<std::size_t>(&t - targets.data())] != memory) continue;
-        extents.push_back({t.buf, t.length, reads[i].offset, reads[i].path});
-      }
-      if (!extents.empty()) s.handle.read_batch(extents, ReadOptions{memory});
+    // One batch, host and device targets together: each extent carries its memory kind.
+    std::vector<ReadExtent> extents;
+    extents.reserve(reads.size());
+    for (const Read& r : reads) {
+      const Target& t = *r.target;
+      extents.push_back({t.buf, t.length, r.offset, r.path,
+                         kinds[static_cast<std::size_t>(&t - targets.data())]});
     }
+    if (!extents.empty()) s.handle.read_batch(extents);
     for (const Read& r : reads) {
       const Target& t = *r.target;
       if (kinds[static_cast<std::size_t>(&t - targets.data())] == MemoryKind::Host) {

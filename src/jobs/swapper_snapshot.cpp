@@ -293,8 +293,7 @@ std::vector<ReadExtent> Swapper::Impl::Snapshot::stage(Slot& slot, std::size_t c
     const std::uint64_t length = std::min<std::uint64_t>(size - done_in_item, chunk - at);
     reads.push_back({slot.base + at, static_cast<std::size_t>(length),
                      it.entry->offset + done_in_item, it.source});
-    slot.writes.push_back(
-        {slot.base + at, static_cast<std::size_t>(length), target, data_path});
+    slot.writes.push_back({slot.base + at, static_cast<std::size_t>(length), target, data_path});
     done_in_item += length;
     const bool last = done_in_item == size;
     slot.pieces.push_back({item, slot.base + at, length, last});

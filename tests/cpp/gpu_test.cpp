@@ -17,6 +17,7 @@
 #include "engine/engine.hpp"
 #include "fake_device.hpp"
 #include "memory/bounce_pool.hpp"
+#include "nvio/swapper.hpp"
 #include "test_util.hpp"
 
 namespace nvio_test {
@@ -289,6 +290,100 @@ TEST_P(DevicePath, AsyncAndMixedWithHostOperations) {
       EXPECT_TRUE(host[i].guards_intact());
     }
   }
+  EXPECT_EQ(fake->live_objects(), 0u);
+}
+
+// Each extent of a batch carries its own memory kind: host and device extents share one batch
+// (one write's sync, one ticket), each moved by its kind's transport, and an extent's kind
+// overrides the batch's.
+TEST_P(DevicePath, OneBatchMixesHostAndDeviceExtents) {
+  ScopedFakeDevice fake;
+  const std::size_t len = 70 * KiB + 3;
+  {
+    nvio::Handle h(options(16 * KiB, 2));
+    std::vector<unsigned char*> dev;
+    std::vector<GuardedBuffer> host;
+    std::vector<nvio::WriteExtent> writes;
+    for (int i = 0; i < 3; ++i) {
+      dev.push_back(fake->alloc(len));
+      nvio::pattern::fill(dev.back(), len, 2 * i * len, 70);
+      host.emplace_back(len, BufKind::Plus3);
+      host.back().fill_pattern((2 * i + 1) * len, 70);
+      writes.push_back({dev.back(), len, 2 * i * len, file("mixed"), MemoryKind::Device});
+      writes.push_back({host.back().data(), len, (2 * i + 1) * len, file("mixed")});  // Auto
+    }
+    const nvio::HandleStats before = h.stats();
+    h.write_batch(writes,
+                  nvio::WriteOptions{nvio::Truncate::No, nvio::Durability::Data, MemoryKind::Host});
+    EXPECT_TRUE(file_range_has_pattern(read_file(file("mixed")), 0, 6 * len, 70));
+    std::vector<nvio::ReadExtent> reads;
+    for (int i = 0; i < 3; ++i) {
+      std::memset(dev[i], 0, len);
+      host[i].fill_sentinel();
+      reads.push_back({dev[i], len, 2 * i * len, file("mixed")});  // Auto: asked of CUDA
+      reads.push_back({host[i].data(), len, (2 * i + 1) * len, file("mixed"), MemoryKind::Host});
+    }
+    h.wait(h.submit_read_batch(reads, device_read()));
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_TRUE(buffer_has_pattern(dev[i], len, 2 * i * len, 70)) << i;
+      EXPECT_TRUE(buffer_has_pattern(host[i].data(), len, (2 * i + 1) * len, 70)) << i;
+      EXPECT_TRUE(host[i].guards_intact()) << i;
+    }
+    nvio::HandleStats moved = h.stats();
+    moved -= before;
+    EXPECT_EQ(moved.device_bounce_bytes, 2 * 3 * len) << "the device extents went as device memory";
+    EXPECT_EQ(moved.writes, 6u);
+    EXPECT_EQ(moved.reads, 6u);
+  }
+  EXPECT_EQ(fake->misuse(), 0u);
+  EXPECT_EQ(fake->live_objects(), 0u);
+}
+
+// The swapper hands host and device targets of one swap_in to the handle together, each with its
+// own memory kind: every target gets its bytes, the device ones through the device path.
+TEST_P(DevicePath, SwapInOfHostAndDeviceTargetsTogether) {
+  ScopedFakeDevice fake;
+  TempDir dir;
+  {
+    nvio::SwapperOptions so;
+    so.budget_bytes = 16 * MiB;
+    so.checksums = false;  // verified in host memory only: device targets need none
+    nvio::Swapper swapper(dir.path(), so, options(16 * KiB, 2));
+    const std::size_t sizes[] = {5000, 300 * KiB + 1, 64 * KiB, 1};
+    std::vector<std::vector<unsigned char>> sources;
+    for (std::size_t i = 0; i < std::size(sizes); ++i) {
+      sources.emplace_back(sizes[i]);
+      nvio::pattern::fill(sources.back().data(), sizes[i], 0, 80 + i);
+      swapper.swap_out("t" + std::to_string(i), sources.back().data(), sizes[i], MemoryKind::Host);
+    }
+    swapper.wait();
+    const std::size_t copies_before = fake->copies();
+    std::vector<GuardedBuffer> host;
+    std::vector<nvio::Swapper::Target> targets;
+    for (std::size_t i = 0; i < std::size(sizes); ++i) {
+      void* buf = nullptr;
+      MemoryKind kind = MemoryKind::Host;
+      if (i % 2 == 0) {
+        buf = fake->alloc(sizes[i]);
+        std::memset(buf, 0, sizes[i]);
+        kind = i == 0 ? MemoryKind::Device : MemoryKind::Auto;
+      } else {
+        host.emplace_back(sizes[i], BufKind::Plus1);
+        host.back().fill_sentinel();
+        buf = host.back().data();
+      }
+      targets.push_back({"t" + std::to_string(i), buf, sizes[i], kind});
+    }
+    swapper.swap_in(targets);
+    for (std::size_t i = 0; i < std::size(sizes); ++i) {
+      EXPECT_TRUE(
+          buffer_has_pattern(static_cast<unsigned char*>(targets[i].buf), sizes[i], 0, 80 + i))
+          << i;
+    }
+    for (const GuardedBuffer& b : host) EXPECT_TRUE(b.guards_intact());
+    EXPECT_GT(fake->copies(), copies_before) << "the device targets moved as device memory";
+  }
+  EXPECT_EQ(fake->misuse(), 0u);
   EXPECT_EQ(fake->live_objects(), 0u);
 }
 

@@ -215,8 +215,8 @@ class File:
             return torch.frombuffer(region, dtype=dtype, count=count).view(shape)
         t = torch.empty(shape, dtype=dtype, device=device)
         if nbytes:
-            self.handle.read_batch([(t.data_ptr(), nbytes, offset, self.path)],
-                                   device=device.type == "cuda")
+            self.handle.read_batch([(t.data_ptr(), nbytes, offset, self.path,
+                                    device.type == "cuda")])
         return t
 
     def array(self, e: Entry, lo: int = 0, hi: Optional[int] = None) -> Any:
@@ -234,7 +234,7 @@ class File:
         out = np.empty(shape, dtype=to_np[e.dtype])
         if out.nbytes:
             self.handle.read_batch([(out.ctypes.data, out.nbytes,
-                                     self.data_offset + e.begin + lo * row, self.path)])
+                                     self.data_offset + e.begin + lo * row, self.path, False)])
         return out
 
     def views(self, framework: str = "pt") -> Dict[str, Any]:
@@ -260,9 +260,10 @@ def load_torch(f: File, device: Any) -> Dict[str, Any]:
         t = _torch().empty(shape, dtype=dtype, device=dev)
         result[name] = t
         if e.end > e.begin:
-            items.append((t.data_ptr(), e.end - e.begin, f.data_offset + e.begin, f.path))
+            items.append((t.data_ptr(), e.end - e.begin, f.data_offset + e.begin, f.path,
+                          dev.type == "cuda"))
     if items:
-        f.handle.read_batch(items, device=dev.type == "cuda")
+        f.handle.read_batch(items)
     return result
 
 

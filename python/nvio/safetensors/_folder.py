@@ -54,7 +54,7 @@ def _read_regions(handle: Any, files: List[Any]) -> List[Any]:
         memory, view, address = _region(f.data_offset, f.data_size)
         views.append(view)
         if f.data_size:
-            items.append((address, f.data_size, f.data_offset, f.path))
+            items.append((address, f.data_size, f.data_offset, f.path, False))
         if f.data_size >= _landing._POPULATE_MIN:
             large.append(memory)
     if not items:
@@ -113,7 +113,8 @@ def load_model_folder(path: Any, device: Any = "cpu") -> Dict[str, Any]:
             t = torch.empty(shape, dtype=dtype, device=dev)
             result[name] = t
             if e.end > e.begin:
-                items.append((t.data_ptr(), e.end - e.begin, f.data_offset + e.begin, f.path))
+                items.append((t.data_ptr(), e.end - e.begin, f.data_offset + e.begin, f.path,
+                              dev.type == "cuda"))
     if items:
-        handle.read_batch(items, device=dev.type == "cuda")
+        handle.read_batch(items)
     return result

@@ -43,7 +43,10 @@ NVIO_API_BEGIN
 
 namespace nvio {
 
-enum class EngineKind { Auto, IoUring, Libaio, Psync };
+// The engine of a handle's options: Auto, IoUring, Libaio or Psync. CuFile (GPUDirect Storage)
+// is an engine kind too but never the handle's: device memory goes through it when gpu_direct
+// picks it (Options::validate refuses it as `engine`, parse_engine does not accept it).
+enum class EngineKind { Auto, IoUring, Libaio, Psync, CuFile };
 enum class DirectIo { Auto, On, Off };
 enum class GpuDirect { Auto, On, Off };
 enum class CachedReads { Auto, Off };

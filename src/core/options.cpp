@@ -21,6 +21,7 @@ const char* to_string(EngineKind kind) noexcept {
     case EngineKind::IoUring: return "io_uring";
     case EngineKind::Libaio: return "libaio";
     case EngineKind::Psync: return "psync";
+    case EngineKind::CuFile: return "cuFile";
   }
   return "?";
 }
@@ -389,6 +390,11 @@ void reject_option_type(const OptionSpec& spec, const std::string& shown_value,
 }
 
 void Options::validate() const {
+  if (engine == EngineKind::CuFile) {
+    throw InvalidArgument(
+        "engine=cuFile: cuFile is not a handle's engine; device memory moves through it when "
+        "gpu_direct picks it (gpu_direct=auto or on)");
+  }
   for (const OptionSpec& spec : kOptions) {
     if (spec.type != OptionType::Integer) continue;
     const auto value = static_cast<std::uint64_t>(std::get<std::int64_t>(spec.access->get(*this)));

@@ -173,6 +173,12 @@ TransportChoice choose_transport(GpuDirect option, GdsMode mode, const std::stri
 }
 
 CuFileHandle::CuFileHandle(int fd, const std::string& path) {
+  // Without a loaded library and an open driver there is nothing to call (a null function).
+  const GpuInfo& info = gpu_info();
+  if (info.gds_mode == GdsMode::Unavailable) {
+    throw GpuError("cuFileHandleRegister", 0, "", "cuFile cannot be used: " + info.gds_reason,
+                   path);
+  }
   const CuFile& c = cufile();
   abi::CUfileDescr_t descr{};
   descr.type = abi::CU_FILE_HANDLE_TYPE_OPAQUE_FD;

@@ -21,9 +21,7 @@ class CuFileEngine final : public SynchronousEngine {
  public:
   explicit CuFileEngine(CuFileCalls calls) : calls_(std::move(calls)) {}
 
-  // The shape of psync: one synchronous call per request on the worker thread.
-  EngineKind kind() const noexcept override { return EngineKind::Psync; }
-  const char* name() const noexcept override { return "cuFile"; }
+  EngineKind kind() const noexcept override { return EngineKind::CuFile; }
 
   std::int64_t transfer(const Request& r) override {
     // Every time: the worker's bounce pipeline may have made another device current on this
@@ -59,14 +57,25 @@ class CuFileEngine final : public SynchronousEngine {
   CuFileCalls calls_;
 };
 
+// A descriptor registered with cuFile, as requests carry it (Request::file).
+struct CuFileRegistration final : FileRegistration {
+  CuFileRegistration(int fd, const std::string& path) : handle(fd, path) {}
+  cuda::CuFileHandle handle;
+};
+
 }  // namespace
+
+std::shared_ptr<const FileRegistration> register_cufile(int fd, const std::string& path) {
+  return std::make_shared<const CuFileRegistration>(fd, path);
+}
 
 CuFileCalls real_cufile_calls() {
   std::shared_ptr<cuda::DeviceOps> ops = cuda::device_ops();  // GpuError without CUDA
   CuFileCalls c;
   c.make_current = [ops](int device) { return ops->make_current(device); };
   c.transfer = [](const Request& r) {
-    return cuda::gds_transfer(*static_cast<const cuda::CuFileHandle*>(r.file_handle),
+    // Requests to this engine carry register_cufile's registration (register_file).
+    return cuda::gds_transfer(static_cast<const CuFileRegistration*>(r.file)->handle,
                               r.direction == Direction::Read, r.buf, r.length, r.offset);
   };
   c.error_name = [ops](int code) { return ops->error_name(code); };

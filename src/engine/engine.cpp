@@ -79,9 +79,16 @@ std::unique_ptr<Engine> make_backend_engine(EngineKind kind, unsigned queue_dept
     case EngineKind::IoUring: return make_io_uring_engine(queue_depth);
     case EngineKind::Libaio: return make_libaio_engine(queue_depth);
     case EngineKind::Psync: return make_psync_engine(queue_depth);
+    case EngineKind::CuFile: return make_cufile_engine(real_cufile_calls());
     case EngineKind::Auto: break;
   }
   throw InvalidArgument("make_engine needs a concrete engine, not auto");
+}
+
+std::shared_ptr<const FileRegistration> register_file(EngineKind kind, int fd,
+                                                      const std::string& path) {
+  if (kind == EngineKind::CuFile) return register_cufile(fd, path);
+  return nullptr;  // the kernel engines take the descriptor as it is
 }
 
 }  // namespace engine
@@ -128,9 +135,10 @@ const EngineProbe& probe_engine(EngineKind kind) {
     case EngineKind::IoUring: return probes[0];
     case EngineKind::Libaio: return probes[1];
     case EngineKind::Psync: return probes[2];
+    case EngineKind::CuFile:  // gpu_info() says whether cuFile can be used
     case EngineKind::Auto: break;
   }
-  throw InvalidArgument("probe_engine needs a concrete engine, not auto");
+  throw InvalidArgument("probe_engine needs a concrete kernel engine, not auto or cuFile");
 }
 
 const AutoChoice& auto_engine() {

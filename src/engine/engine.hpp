@@ -23,6 +23,15 @@ namespace nvio::engine {
 
 enum class Direction { Read, Write };
 
+// What an engine that must prepare a file before moving its bytes made of it (cuFile registers
+// the descriptor with its driver): opaque above the engine. The handle has it made once per file
+// (register_file), keeps it with the file, and hands it back in each request on that file
+// (Request::file). Destroyed by the last owner, before the descriptor closes.
+class FileRegistration {
+ public:
+  virtual ~FileRegistration() = default;
+};
+
 struct Request {
   int fd;
   Direction direction;
@@ -30,10 +39,10 @@ struct Request {
   std::size_t length;
   std::uint64_t offset;
   std::uint64_t tag;  // returned unchanged in the completion
-  // For engines that move device memory (cuFile): the file's registration with them (a
-  // `const cuda::CuFileHandle*`) and the CUDA device whose context the transfer needs. The
-  // kernel engines ignore both.
-  const void* file_handle = nullptr;
+  // The file's registration with this engine's kind (register_file), or null when it needs none.
+  const FileRegistration* file = nullptr;
+  // Where `buf` lives: the CUDA device that owns it, or -1 for host memory. Engines that move
+  // device memory themselves make that device current; the others never see device memory.
   int device = -1;
   // The region (see Engine::add_region) that [buf, buf + length) lies in, or -1 for none.
   int region = -1;
@@ -135,9 +144,20 @@ class SynchronousEngine : public Engine {
   std::deque<Completion> done_;
 };
 
+// The engine kind that moves device memory to and from files itself, with no host copy
+// (GPUDirect Storage): the one a device-memory operation on the direct transport goes to.
+inline constexpr EngineKind kDeviceDirectEngine = EngineKind::CuFile;
+
+// What engines of `kind` need prepared for the open descriptor `fd` (`path` for messages) before
+// moving its bytes, or null when they need nothing (the kernel engines). May be a driver call:
+// made once per file. Throws what the back end refuses with (GpuError from cuFile).
+// Thread-safe.
+std::shared_ptr<const FileRegistration> register_file(EngineKind kind, int fd,
+                                                      const std::string& path);
+
 // Creates an engine of a concrete kind able to keep `queue_depth` requests in flight: the test
 // factory's when one is installed, else the back end's. Throws EngineUnavailable when the kernel
-// refuses (with the reason), never returns null.
+// refuses (with the reason), GpuError when cuFile cannot be used; never returns null.
 std::unique_ptr<Engine> make_engine(EngineKind kind, unsigned queue_depth);
 // The back end's own engine, whatever factory is installed (the availability probes use it).
 std::unique_ptr<Engine> make_backend_engine(EngineKind kind, unsigned queue_depth);
@@ -174,9 +194,9 @@ IoUringCalls real_io_uring_calls() noexcept;
 
 // cuFile (GPUDirect Storage) in the psync shape: each request is one synchronous cuFileRead or
 // cuFileWrite during submit(), its result handed back by reap(). Requests carry their file's
-// registration and device (Request::file_handle, Request::device). The calls are replaceable in
-// tests; `make_current` returns a CUresult, `transfer` what cuda::gds_transfer does (bytes, -errno
-// or -CUfileOpError).
+// registration and device (Request::file from register_file(EngineKind::CuFile, ...),
+// Request::device). The calls are replaceable in tests; `make_current` returns a CUresult,
+// `transfer` what cuda::gds_transfer does (bytes, -errno or -CUfileOpError).
 struct CuFileCalls {
   std::function<int(int device)> make_current;
   std::function<std::int64_t(const Request& request)> transfer;
@@ -188,6 +208,8 @@ struct CuFileCalls {
 // be used.
 CuFileCalls real_cufile_calls();
 std::unique_ptr<Engine> make_cufile_engine(CuFileCalls calls);
+// cuFile's registration of `fd` (cuFileHandleRegister). Throws GpuError when refused.
+std::shared_ptr<const FileRegistration> register_cufile(int fd, const std::string& path);
 
 // Back ends, defined in their own files.
 std::unique_ptr<Engine> make_io_uring_engine(unsigned queue_depth,

@@ -112,17 +112,17 @@ std::size_t ShiftedRead::abandon() {
   return collect_landed();
 }
 
-std::shared_ptr<const cuda::CuFileHandle> OpenFile::gds_registration(
-    const std::function<std::shared_ptr<const cuda::CuFileHandle>()>& make) const {
-  std::call_once(gds_once_, [&] {
+std::shared_ptr<const engine::FileRegistration> OpenFile::registration(
+    const std::function<std::shared_ptr<const engine::FileRegistration>()>& make) const {
+  std::call_once(registration_once_, [&] {
     try {
-      gds_ = make();
+      registration_ = make();
     } catch (...) {
-      gds_error_ = std::current_exception();
+      registration_error_ = std::current_exception();
     }
   });
-  if (gds_error_) std::rethrow_exception(gds_error_);
-  return gds_;
+  if (registration_error_) std::rethrow_exception(registration_error_);
+  return registration_;
 }
 
 void OperationQueue::push(const OperationPtr& op, StatsShard& stats) {
@@ -305,7 +305,7 @@ void OperationQueue::finish_piece(Operation& op, std::size_t count, StatsShard& 
   std::exception_ptr error;  // the outcome is final now
   {
     std::lock_guard lock(op.mutex);
-    op.cufile.reset();  // an operation's own registration goes before its descriptor closes
+    op.registration.reset();  // an operation's own registration goes before its descriptor closes
     // Counted by queue_job, which queues every operation that reaches this point.
     if (op.file != nullptr) op.file->queued_ops.fetch_sub(1, std::memory_order_relaxed);
     op.file.reset();

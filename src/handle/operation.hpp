@@ -59,8 +59,8 @@ std::exception_ptr io_error_ptr(IoOp op, const std::string& path, std::uint64_t 
 
 // The descriptors opened for a file, and what one statx found about it when they were opened.
 // Shared by the operations using it and by the handle's FileCache (handle/files.hpp), and closed
-// when the last of them lets go. Immutable once made, but for the cuFile registration, made once
-// on demand (gds_registration, thread-safe).
+// when the last of them lets go. Immutable once made, but for the device-direct engine's
+// registration, made once on demand (registration(), thread-safe).
 struct OpenFile {
   // The path, or "fd N (target)", for messages; shared with the operations using the file, which
   // keep it after they let go of the descriptors.
@@ -80,19 +80,19 @@ struct OpenFile {
   // The file system refused fallocate once (EOPNOTSUPP, ENOSYS): not asked again.
   std::atomic<bool> no_fallocate{false};
 
-  // cuFile's registration of `direct` (GPUDirect Storage), made by `make` for the first device
-  // operation that asks and kept as long as the file is: cuFileHandleRegister is a call into the
-  // driver per file, not per operation. A refusal is kept too and thrown again to every later
-  // caller without asking cuFile again (each refusal costs the driver call and a line in
-  // cufile.log). Thread-safe: `make` runs once, whichever threads ask.
-  std::shared_ptr<const cuda::CuFileHandle> gds_registration(
-      const std::function<std::shared_ptr<const cuda::CuFileHandle>()>& make) const;
+  // The device-direct engine's registration of `direct` (engine::register_file), made by `make`
+  // for the first operation that asks and kept as long as the file is: registering is a call into
+  // a driver per file, not per operation. A refusal is kept too and thrown again to every later
+  // caller without asking again (cuFile: each refusal costs the driver call and a line in its
+  // log). Thread-safe: `make` runs once, whichever threads ask.
+  std::shared_ptr<const engine::FileRegistration> registration(
+      const std::function<std::shared_ptr<const engine::FileRegistration>()>& make) const;
 
  private:
   // After the descriptors: the registration goes before they close.
-  mutable std::once_flag gds_once_;
-  mutable std::shared_ptr<const cuda::CuFileHandle> gds_;
-  mutable std::exception_ptr gds_error_;
+  mutable std::once_flag registration_once_;
+  mutable std::shared_ptr<const engine::FileRegistration> registration_;
+  mutable std::exception_ptr registration_error_;
 };
 
 // The finishing steps of a batch of writes, run once by whichever of its operations finishes
@@ -224,8 +224,12 @@ struct Operation {
   int device = -1;                       // device memory: its CUDA device ordinal
   cuda::Transport transport = cuda::Transport::Bounce;
   std::shared_ptr<cuda::DeviceOps> device_ops;  // device memory: the operations to use
-  // GDS: direct_fd registered with cuFile (the file's own registration, or this operation's)
-  std::shared_ptr<const cuda::CuFileHandle> cufile;
+  // The engine its pieces go to: the handle's (kernel engines, bounced device memory), or
+  // engine::kDeviceDirectEngine for device memory on the direct transport.
+  bool device_direct = false;
+  // direct_fd as that engine needs it prepared (engine::register_file): the file's own
+  // registration, or this operation's; null when it needs none.
+  std::shared_ptr<const engine::FileRegistration> registration;
   // Direct I/O: the kernel's alignment of file offsets and lengths, and of buffer addresses.
   std::uint32_t dio_offset_align = 1;
   std::uint32_t mem_align = 1;

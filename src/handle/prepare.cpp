@@ -201,15 +201,16 @@ OperationPtr Preparer::operation(Direction dir, std::byte* buf, std::size_t leng
 
 namespace {
 
-// cuFile's registration for `op`'s direct descriptor: the file's, made once and kept with it, when
-// the file owns that descriptor; else one of the operation's own, since a caller's descriptor may
-// be closed, and its number reused for another file, while the handle keeps the file.
-std::shared_ptr<const cuda::CuFileHandle> gds_handle(const Operation& op) {
+// The device-direct engine's registration of `op`'s direct descriptor: the file's, made once and
+// kept with it, when the file owns that descriptor; else one of the operation's own, since a
+// caller's descriptor may be closed, and its number reused for another file, while the handle
+// keeps the file.
+std::shared_ptr<const engine::FileRegistration> device_direct_registration(const Operation& op) {
   const auto make = [&] {
-    return std::make_shared<const cuda::CuFileHandle>(op.direct_fd, op.path);
+    return engine::register_file(engine::kDeviceDirectEngine, op.direct_fd, op.path);
   };
   if (op.file->direct && op.file->direct.get() == op.direct_fd) {
-    return op.file->gds_registration(make);
+    return op.file->registration(make);
   }
   return make();
 }
@@ -217,20 +218,20 @@ std::shared_ptr<const cuda::CuFileHandle> gds_handle(const Operation& op) {
 }  // namespace
 
 void Preparer::prepare_device(Operation& op) const {
-  // A test's fake device memory is host memory: cuFile must never see it.
+  // A test's fake device memory is host memory: the device-direct engine must never see it.
   if (options_.gpu_direct == GpuDirect::Off || cuda::device_ops_override()) return;
   const GpuInfo& info = gpu_info();
   cuda::TransportChoice choice =
       cuda::choose_transport(options_.gpu_direct, info.gds_mode, info.gds_reason);
   if (choice.transport == cuda::Transport::Gds && op.direct_fd < 0) {
     choice = {cuda::Transport::Bounce, options_.gpu_direct == GpuDirect::On,
-              fmt::format("gpu_direct=on but '{}' cannot be opened with O_DIRECT, which cuFile "
+              fmt::format("gpu_direct=on but '{}' cannot be opened with O_DIRECT, which {} "
                           "needs; device memory moves through the host bounce path",
-                          op.path)};
+                          op.path, to_string(engine::kDeviceDirectEngine))};
   }
   if (choice.transport == cuda::Transport::Gds) {
     try {
-      op.cufile = gds_handle(op);
+      op.registration = device_direct_registration(op);
     } catch (const GpuError& e) {
       choice = {cuda::Transport::Bounce, options_.gpu_direct == GpuDirect::On,
                 std::string(e.what()) + "; device memory moves through the host bounce path"};
@@ -238,9 +239,10 @@ void Preparer::prepare_device(Operation& op) const {
   }
   if (choice.warn) warn(choice.reason, "gds-fallback");
   op.transport = choice.transport;
-  if (op.transport == cuda::Transport::Gds) {
-    // cuFile takes any offset and length itself: the whole request is cut into block_size
-    // pieces on the O_DIRECT descriptor, with no buffered edges.
+  op.device_direct = op.transport == cuda::Transport::Gds;
+  if (op.device_direct) {
+    // The device-direct engine takes any offset and length itself: the whole request is cut into
+    // block_size pieces on the O_DIRECT descriptor, with no buffered edges.
     op.plan = plan_whole(op.offset, op.length, options_.block_size, true);
     op.piece_count = op.plan.piece_count();
   }

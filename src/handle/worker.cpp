@@ -13,9 +13,11 @@
 // a chunk just filled is submitted before the next copy starts, and completions are reaped
 // without waiting between copies, so that the drive keeps its queue while the worker copies.
 //
-// A slot's requests go to one of the worker's engines: the kernel engine of the handle's options,
-// or, for device memory moved by GPUDirect Storage, the cuFile engine (psync-shaped: the transfer
-// runs in submit(), its result comes back through reap()). The worker never branches on which.
+// A slot's requests go to one of the worker's engines: the one of the handle's options, or, for
+// device memory that an engine moves itself (Operation::device_direct), engine::kDeviceDirectEngine
+// (psync-shaped: the transfer runs in submit(), its result comes back through reap()). The worker
+// never asks which kinds they are; what differs is the plan: the device-direct engine takes any
+// offset, so its short transfers resume where they stopped, not at an aligned point.
 //
 // Counting (Handle::stats(), handle/stats.hpp): the worker counts into its own shard what happens
 // to its slots, for every engine alike: a piece once its transfer has completed (and how it moved),
@@ -117,7 +119,7 @@ Worker::Worker(const WorkerSettings& settings, OperationQueue& queue)
   // Pieces queued while the worker waits for a completion end that wait (OperationQueue::
   // block_in_engine); without overlap_events no piece starts before all have completed anyway.
   const int wakeup = queue_.wakeup_fd(settings.index);
-  watching_ = settings.overlap_events && wakeup >= 0 && engine(kKernel).watch(wakeup);
+  watching_ = settings.overlap_events && wakeup >= 0 && engine(kHandleEngine).watch(wakeup);
   slots_.resize(qd);
   // Never more than qd entries in any of these: pushing to them does not allocate.
   free_.reserve(qd);
@@ -141,12 +143,10 @@ engine::Request Worker::request_for(unsigned i) const {
   std::byte* base = s.bounce != nullptr ? s.bounce : s.user;
   engine::Request r{
       s.fd, s.op->direction, base + s.done, s.length - s.done, s.file_offset + s.done, tag(i)};
-  if (s.lane == kCuFile) {
-    r.file_handle = s.op->cufile.get();
-    r.device = s.op->device;
-  } else {
-    r.region = s.region;
-  }
+  r.file = s.op->registration.get();
+  // A bounced piece's memory is the bounce chunk, host memory.
+  r.device = s.bounce == nullptr && s.op->memory == MemoryKind::Device ? s.op->device : -1;
+  r.region = s.region;
   return r;
 }
 
@@ -155,7 +155,7 @@ int Worker::region_of(const std::byte* chunk) {
   // Each slab is offered to the kernel engine once, when a chunk of it is first used.
   while (regions_.size() < pool.slab_count()) {
     const std::span<std::byte> slab = pool.slab(regions_.size());
-    regions_.push_back(engine(kKernel).add_region(slab.data(), slab.size()));
+    regions_.push_back(engine(kHandleEngine).add_region(slab.data(), slab.size()));
   }
   return regions_[pool.slab_of(chunk)];
 }
@@ -234,10 +234,11 @@ void Worker::start(const OperationPtr& op, const Piece& piece) {
       return;
     }
   }
-  const bool gds = op->transport == cuda::Transport::Gds;
-  if (gds && !memory_->engines[kCuFile]) {
+  const unsigned engine_lane = op->device_direct ? kDeviceDirect : kHandleEngine;
+  if (!memory_->engines[engine_lane]) {
     try {
-      memory_->engines[kCuFile] = engine::make_cufile_engine(engine::real_cufile_calls());
+      memory_->engines[engine_lane] =
+          engine::make_engine(engine::kDeviceDirectEngine, settings_.queue_depth);
     } catch (...) {
       queue_.fail(*op, std::current_exception(), 1, stats_);
       return;
@@ -253,7 +254,7 @@ void Worker::start(const OperationPtr& op, const Piece& piece) {
   s.length = piece.length;
   s.direct = piece.direct;
   s.fd = piece.direct ? op->direct_fd : op->buffered_fd;
-  s.lane = gds ? kCuFile : kKernel;
+  s.lane = engine_lane;
   s.user = op->landing(piece);
   if (op->needs_bounce(piece)) {
     try {
@@ -331,7 +332,7 @@ void Worker::submit_ready() {
 }
 
 std::size_t Worker::reap_waiting(unsigned lane, std::size_t min_complete) {
-  const bool wakeable = watching_ && lane == kKernel && !free_.empty();
+  const bool wakeable = watching_ && lane == kHandleEngine && !free_.empty();
   if (wakeable && !queue_.block_in_engine(settings_.index, seen_pushes_)) return 0;
   const std::size_t got = reap(lane, min_complete);
   if (wakeable) queue_.blocked_in_engine_done(settings_.index);
@@ -407,9 +408,10 @@ void Worker::on_completion(unsigned lane, const engine::Completion& c) {
       make_ready(i);
       return;
     }
-    // The engine decodes its own result codes (cuFile's, say) into the error.
-    retire_failed(i, engine(lane).error(io_op(s), op.path, at, left, c.result,
-                                        s.direct && lane == kKernel ? "O_DIRECT" : std::string{}));
+    // The engine decodes its own result codes (a driver's, say) into the error.
+    retire_failed(
+        i, engine(lane).error(io_op(s), op.path, at, left, c.result,
+                              s.direct && lane == kHandleEngine ? "O_DIRECT" : std::string{}));
     return;
   }
   if (c.result == 0) {
@@ -427,7 +429,7 @@ void Worker::on_completion(unsigned lane, const engine::Completion& c) {
   const std::size_t before = s.done;
   s.done += static_cast<std::size_t>(c.result);
   if (s.done < s.length) stats_.add(Counter::ShortTransfers, 1);
-  if (s.done < s.length && s.direct && lane == kKernel) {
+  if (s.done < s.length && s.direct && lane == kHandleEngine) {
     // A short direct transfer resumes with direct I/O, from the last aligned point (see
     // direct_resume_point): never through the page cache beside direct-written bytes.
     const std::byte* base = s.bounce != nullptr ? s.bounce : s.user;
@@ -458,7 +460,7 @@ void Worker::count_piece(const Slot& s) {
   const Operation& op = *s.op;
   stats_.add(Counter::Pieces, 1);
   if (op.memory == MemoryKind::Device) {
-    stats_.add(s.lane == kCuFile ? Counter::GdsBytes : Counter::DeviceBounceBytes, s.length);
+    stats_.add(op.device_direct ? Counter::GdsBytes : Counter::DeviceBounceBytes, s.length);
   } else if (s.bounce != nullptr) {
     stats_.add(Counter::BouncedBytes, s.length);
   } else if (s.direct && op.lands_shifted(s.file_offset)) {
@@ -516,7 +518,7 @@ void Worker::run() noexcept {
         }
         continue;
       }
-      const bool both = on_disk_[kKernel] > 0 && on_disk_[kCuFile] > 0;
+      const bool both = on_disk_[kHandleEngine] > 0 && on_disk_[kDeviceDirect] > 0;
       if (!copying_.empty() || both) {
         // Several things are pending (copies, or both engines): never block in one while another
         // may finish; block only when nothing moved, on the oldest copy or else the kernel.
@@ -528,7 +530,7 @@ void Worker::run() noexcept {
           if (!copying_.empty()) {
             poll_copies(true);
           } else {
-            reap_waiting(kKernel, 1);
+            reap_waiting(kHandleEngine, 1);
           }
         }
       } else {

@@ -24,9 +24,10 @@
 // Named, not anonymous: the Worker's member functions are defined in two files.
 namespace nvio::detail::worker_impl {
 
-// A worker's engines: the kernel engine of the handle's options, and cuFile for device memory
-// moved by GPUDirect Storage (made when the worker first meets such an operation).
-enum Lane : unsigned { kKernel = 0, kCuFile = 1 };
+// A worker's engines: the one of the handle's options, and engine::kDeviceDirectEngine for device
+// memory that an engine moves itself (Operation::device_direct; made when the worker first meets
+// such an operation). The worker never asks which kinds they are.
+enum Lane : unsigned { kHandleEngine = 0, kDeviceDirect = 1 };
 constexpr unsigned kLanes = 2;
 
 enum class SlotState : std::uint8_t {
@@ -47,7 +48,7 @@ struct Slot {
   std::size_t done = 0;  // bytes transferred so far
   int fd = -1;
   bool direct = false;
-  unsigned lane = kKernel;      // the engine its requests go to
+  unsigned lane = kHandleEngine;  // the engine its requests go to
   std::byte* user = nullptr;    // the piece's bytes in the caller's buffer (a shifted read's: where
                                 // they land, Operation::landing)
   std::byte* bounce = nullptr;  // the aligned copy used for I/O, or null for zero-copy
@@ -65,10 +66,10 @@ struct WorkerMemory {
   WorkerMemory(std::unique_ptr<engine::Engine> e, std::size_t chunk, std::size_t count,
                unsigned slots)
       : pool(chunk, count) {
-    engines[kKernel] = std::move(e);
+    engines[kHandleEngine] = std::move(e);
     held.reserve(slots);  // die() adds to it without allocating
   }
-  std::array<std::unique_ptr<engine::Engine>, kLanes> engines;  // kCuFile: null until needed
+  std::array<std::unique_ptr<engine::Engine>, kLanes> engines;  // kDeviceDirect: null until needed
   BouncePool pool;
   std::unique_ptr<cuda::DeviceLane> lane;  // after `pool`: destroyed before it
   // The operations of requests left in an engine that could not be waited for (die()): a request
@@ -88,7 +89,7 @@ class Worker {
   std::uint64_t tag(unsigned i) const { return (std::uint64_t{slots_[i].generation} << 32) | i; }
   engine::Request request_for(unsigned i) const;
   IoOp io_op(const Slot& s) const { return s.op->is_read() ? IoOp::Read : IoOp::Write; }
-  // The kernel engine's region (Engine::add_region) of bounce chunk `chunk`, or -1.
+  // The handle engine's region (Engine::add_region) of bounce chunk `chunk`, or -1.
   int region_of(const std::byte* chunk);
 
   // Transitions.
@@ -104,7 +105,7 @@ class Worker {
   // nothing when the tag is not that of the slot's current piece on that engine (nothing may then
   // be applied to the slot). The slot leaves OnDisk.
   std::optional<unsigned> take_back(unsigned lane, std::uint64_t tag);
-  std::size_t on_disk() const { return on_disk_[kKernel] + on_disk_[kCuFile]; }
+  std::size_t on_disk() const { return on_disk_[kHandleEngine] + on_disk_[kDeviceDirect]; }
   engine::Engine& engine(unsigned lane) { return *memory_->engines[lane]; }
   void on_completion(unsigned lane, const engine::Completion& c);
   void transfer_finished(unsigned i);

@@ -333,21 +333,21 @@ TEST_P(FileCache, OutOfDescriptorsLetsGoOfKeptFiles) {
 
 INSTANTIATE_TEST_SUITE_P(Engines, FileCache, NVIO_ALL_ENGINES, EngineParamName());
 
-// A kept file's cuFile registration is made once, by whichever of several threads asks first, and
-// shared; a refusal is made once too and thrown again, the same error, without asking again (the
-// real registration needs a GPU: here `make` stands in for it).
+// A kept file's device-direct engine registration (cuFile's) is made once, by whichever of several
+// threads asks first, and shared; a refusal is made once too and thrown again, the same error,
+// without asking again (the real registration needs a GPU: here `make` stands in for it).
 TEST(OpenFileGds, RegistrationAndRefusalAreMadeOncePerFile) {
   nvio::detail::OpenFile registered;
   std::atomic<int> made{0};
   const auto make = [&] {
     ++made;
     std::this_thread::sleep_for(5ms);  // the others ask meanwhile
-    return std::make_shared<const nvio::cuda::CuFileHandle>();
+    return std::make_shared<const nvio::engine::FileRegistration>();
   };
-  std::vector<std::shared_ptr<const nvio::cuda::CuFileHandle>> got(4);
+  std::vector<std::shared_ptr<const nvio::engine::FileRegistration>> got(4);
   std::vector<std::thread> threads;
   for (std::size_t i = 0; i < got.size(); ++i) {
-    threads.emplace_back([&, i] { got[i] = registered.gds_registration(make); });
+    threads.emplace_back([&, i] { got[i] = registered.registration(make); });
   }
   for (auto& t : threads) t.join();
   EXPECT_EQ(made.load(), 1);
@@ -356,7 +356,7 @@ TEST(OpenFileGds, RegistrationAndRefusalAreMadeOncePerFile) {
 
   nvio::detail::OpenFile refused;
   int asked = 0;
-  const auto refuse = [&]() -> std::shared_ptr<const nvio::cuda::CuFileHandle> {
+  const auto refuse = [&]() -> std::shared_ptr<const nvio::engine::FileRegistration> {
     ++asked;
     throw nvio::GpuError("cuFileHandleRegister", 5030, "CU_FILE_INTERNAL_ERROR", "refused",
                          "/data/x.bin");
@@ -364,7 +364,7 @@ TEST(OpenFileGds, RegistrationAndRefusalAreMadeOncePerFile) {
   const nvio::GpuError* first = nullptr;
   for (int i = 0; i < 3; ++i) {
     try {
-      (void)refused.gds_registration(refuse);
+      (void)refused.registration(refuse);
       ADD_FAILURE() << "a refused registration returned";
     } catch (const nvio::GpuError& e) {
       if (first == nullptr) first = &e;

@@ -625,6 +625,7 @@ TEST(CuFileEngine, TransfersInSubmitAndHandsResultsBackInReap) {
   FakeCuFile fake;
   auto eng = nvio::engine::make_cufile_engine(fake.calls());
   EXPECT_STREQ(eng->name(), "cuFile");
+  EXPECT_EQ(eng->kind(), nvio::EngineKind::CuFile) << "an engine kind of its own, not psync's";
   std::vector<unsigned char> a(4096), b(8192);
   nvio::engine::Request reqs[2] = {
       {fd, nvio::engine::Direction::Read, a.data(), a.size(), 4096, 7, nullptr, 1},
@@ -642,6 +643,40 @@ TEST(CuFileEngine, TransfersInSubmitAndHandsResultsBackInReap) {
   EXPECT_EQ(eng->reap(out, 0), 0);
   EXPECT_EQ(eng->cancel(), 0);
   ::close(fd);
+}
+
+// Registration goes through the engine layer: the kernel engines need none; cuFile's is the
+// driver's, which cannot be had here (no GPU) and is refused as a GpuError naming the file. The
+// handle refuses cuFile as its own engine: device memory reaches it through gpu_direct.
+TEST(CuFileEngine, FilesAreRegisteredThroughTheEngineLayer) {
+  TempDir dir;
+  const std::string path = dir.file("reg");
+  write_pattern_file(path, 4096, 1);
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  for (nvio::EngineKind k :
+       {nvio::EngineKind::IoUring, nvio::EngineKind::Libaio, nvio::EngineKind::Psync}) {
+    EXPECT_EQ(nvio::engine::register_file(k, fd, path), nullptr) << nvio::to_string(k);
+  }
+  if (nvio::gpu_info().gds_mode == nvio::GdsMode::Unavailable) {
+    try {
+      (void)nvio::engine::register_file(nvio::EngineKind::CuFile, fd, path);
+      ADD_FAILURE() << "cuFile registered a file without cuFile";
+    } catch (const nvio::GpuError& e) {
+      EXPECT_TRUE(contains(e.what(), "cuFile") || contains(e.what(), "CUDA")) << e.what();
+    }
+  }
+  ::close(fd);
+  nvio::Options o;
+  o.engine = nvio::EngineKind::CuFile;
+  try {
+    nvio::Handle h(o);
+    ADD_FAILURE() << "a handle accepted engine=cuFile";
+  } catch (const nvio::InvalidArgument& e) {
+    EXPECT_TRUE(contains(e.what(), "gpu_direct")) << e.what();
+  }
+  EXPECT_THROW((void)nvio::parse_engine("cufile"), nvio::InvalidArgument);
+  EXPECT_STREQ(nvio::to_string(nvio::EngineKind::CuFile), "cuFile");
 }
 
 TEST(CuFileEngine, DecodesItsOwnErrors) {

@@ -256,6 +256,7 @@ const char* engine_name(nvio::EngineKind kind) {
     case nvio::EngineKind::IoUring: return "IoUring";
     case nvio::EngineKind::Libaio: return "Libaio";
     case nvio::EngineKind::Psync: return "Psync";
+    case nvio::EngineKind::CuFile: return "CuFile";
   }
   return "Unknown";
 }

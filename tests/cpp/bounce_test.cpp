@@ -23,6 +23,7 @@
 #include "fake_device.hpp"
 #include "fault_engine.hpp"
 #include "handle/plan.hpp"
+#include "ring_spy.hpp"
 #include "test_util.hpp"
 
 namespace nvio_test {
@@ -424,49 +425,11 @@ INSTANTIATE_TEST_SUITE_P(Psync, BounceOrder, ::testing::Values(EngineKind::Psync
 
 // ---- io_uring: the bounce slabs as registered buffers --------------------------------------
 
-// What the io_uring engines of a test did, through their IoUringCalls. Thread-safe (atomics):
-// the calls run on worker threads.
-struct RingLog {
-  std::atomic<int> fixed{0};       // READ_FIXED / WRITE_FIXED SQEs handed to the kernel
-  std::atomic<int> plain{0};       // READ / WRITE SQEs
-  std::atomic<int> sparse{0};      // register_buffers_sparse calls
-  std::atomic<int> updates{0};     // register_buffers_update_tag calls
-  std::atomic<int> registered{0};  // slabs the kernel registered
-  std::atomic<int> refuse{0};      // 1: sparse refused, 2: updates refused, with -ENOMEM
-} g_ring;
-
-// Counts the SQEs the engine prepared, by opcode, before the kernel takes them.
-int counting_submit(io_uring* ring) {
-  for (unsigned k = ring->sq.sqe_head; k != ring->sq.sqe_tail; ++k) {
-    const io_uring_sqe& sqe = ring->sq.sqes[k & ring->sq.ring_mask];
-    if (sqe.opcode == IORING_OP_READ_FIXED || sqe.opcode == IORING_OP_WRITE_FIXED) ++g_ring.fixed;
-    if (sqe.opcode == IORING_OP_READ || sqe.opcode == IORING_OP_WRITE) ++g_ring.plain;
-  }
-  return nvio::engine::real_io_uring_calls().submit(ring);
-}
-
-int counting_sparse(io_uring* ring, unsigned count) {
-  ++g_ring.sparse;
-  if (g_ring.refuse == 1) return -ENOMEM;
-  return nvio::engine::real_io_uring_calls().register_buffers_sparse(ring, count);
-}
-
-int counting_update(io_uring* ring, unsigned offset, const iovec* iovecs,
-                    const unsigned long long* tags, unsigned count) {
-  ++g_ring.updates;
-  if (g_ring.refuse == 2) return -ENOMEM;  // as under RLIMIT_MEMLOCK
-  const int rc = nvio::engine::real_io_uring_calls().register_buffers_update_tag(
-      ring, offset, iovecs, tags, count);
-  if (rc > 0) g_ring.registered += rc;
-  return rc;
-}
-
 class RegisteredBuffers : public BouncedPieces {
  protected:
   void SetUp() override {
     BouncedPieces::SetUp();
-    g_ring.fixed = g_ring.plain = g_ring.sparse = g_ring.updates = g_ring.registered = 0;
-    g_ring.refuse = 0;
+    ring_spy().reset();
   }
   // Options of an io_uring handle (whose engines count through the calls above): two workers.
   Options counted_options() const {
@@ -498,11 +461,7 @@ class RegisteredBuffers : public BouncedPieces {
 
   ScopedEngineFactory factory_{[](EngineKind k, unsigned qd) -> std::unique_ptr<Engine> {
     if (k != EngineKind::IoUring) return nvio::engine::make_backend_engine(k, qd);
-    nvio::engine::IoUringCalls calls = nvio::engine::real_io_uring_calls();
-    calls.submit = counting_submit;
-    calls.register_buffers_sparse = counting_sparse;
-    calls.register_buffers_update_tag = counting_update;
-    return nvio::engine::make_io_uring_engine(qd, calls);
+    return nvio::engine::make_io_uring_engine(qd, spying_io_uring_calls());
   }};
 };
 
@@ -511,21 +470,21 @@ class RegisteredBuffers : public BouncedPieces {
 TEST_P(RegisteredBuffers, BouncedPiecesUseFixedOps) {
   Handle h(counted_options());
   roundtrip_bounced(h, 61);
-  EXPECT_GT(g_ring.sparse.load(), 0);
-  if (g_ring.registered.load() == 0) {
+  EXPECT_GT(ring_spy().sparse.load(), 0);
+  if (ring_spy().registered.load() == 0) {
     GTEST_SKIP() << "this kernel registered no bounce slab (RLIMIT_MEMLOCK?)";
   }
   // 16 bounced pieces written and 1 read, each one request (no short transfers here).
-  EXPECT_EQ(g_ring.fixed.load(), 17);
+  EXPECT_EQ(ring_spy().fixed.load(), 17);
 
-  const int fixed = g_ring.fixed.load();
+  const int fixed = ring_spy().fixed.load();
   GuardedBuffer aligned(4 * MiB, BufKind::Aligned);
   aligned.fill_pattern(0, 62);
   ASSERT_NO_THROW(h.write(aligned.data(), aligned.size(), file("zero-copy.bin"), 0));
   aligned.fill_sentinel();
   ASSERT_NO_THROW(h.read(aligned.data(), aligned.size(), file("zero-copy.bin"), 0));
   EXPECT_TRUE(buffer_has_pattern(aligned.data(), aligned.size(), 0, 62));
-  EXPECT_EQ(g_ring.fixed.load(), fixed) << "zero-copy pieces used fixed ops";
+  EXPECT_EQ(ring_spy().fixed.load(), fixed) << "zero-copy pieces used fixed ops";
 }
 
 // A kernel that refuses the table, or each slab, leaves the pieces on plain reads and writes,
@@ -533,18 +492,19 @@ TEST_P(RegisteredBuffers, BouncedPiecesUseFixedOps) {
 TEST_P(RegisteredBuffers, RefusedRegistrationFallsBackToPlainOps) {
   for (const int refuse : {1, 2}) {
     SCOPED_TRACE(refuse == 1 ? "table refused" : "slabs refused");
-    g_ring.fixed = g_ring.plain = g_ring.sparse = g_ring.updates = 0;
-    g_ring.refuse = refuse;
+    ring_spy().reset();
+    // As under RLIMIT_MEMLOCK.
+    (refuse == 1 ? ring_spy().refuse_sparse : ring_spy().refuse_update) = -ENOMEM;
     Handle h(counted_options());
     roundtrip_bounced(h, 70 + static_cast<std::uint64_t>(refuse));
-    EXPECT_GT(g_ring.sparse.load(), 0) << "the refusal was never injected";
+    EXPECT_GT(ring_spy().sparse.load(), 0) << "the refusal was never injected";
     if (refuse == 2) {
-      EXPECT_GT(g_ring.updates.load(), 0) << "the refusal was never injected";
+      EXPECT_GT(ring_spy().updates.load(), 0) << "the refusal was never injected";
     } else {
-      EXPECT_EQ(g_ring.updates.load(), 0) << "slabs offered to a table the kernel refused";
+      EXPECT_EQ(ring_spy().updates.load(), 0) << "slabs offered to a table the kernel refused";
     }
-    EXPECT_EQ(g_ring.fixed.load(), 0);
-    EXPECT_GE(g_ring.plain.load(), 32);
+    EXPECT_EQ(ring_spy().fixed.load(), 0);
+    EXPECT_GE(ring_spy().plain.load(), 32);
   }
 }
 

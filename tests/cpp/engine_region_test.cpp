@@ -22,6 +22,7 @@
 #include "nvio/memory.hpp"
 #include "nvio/pattern.hpp"
 #include "nvio/system.hpp"
+#include "ring_spy.hpp"
 #include "test_util.hpp"
 
 namespace {
@@ -31,47 +32,14 @@ using nvio::engine::Completion;
 using nvio::engine::Direction;
 using nvio::engine::Engine;
 using nvio::engine::Request;
-
-// What the engines of a test did through their IoUringCalls, and what to refuse.
-struct Log {
-  std::atomic<int> fixed{0};          // READ_FIXED / WRITE_FIXED SQEs handed to the kernel
-  std::atomic<int> plain{0};          // READ / WRITE SQEs
-  std::atomic<int> sparse{0};         // register_buffers_sparse calls
-  std::atomic<int> updates{0};        // register_buffers_update_tag calls
-  std::atomic<int> refuse_sparse{0};  // -errno to answer the table with, or 0
-  std::atomic<int> refuse_update{0};  // -errno to answer each region with, or 0
-} g_log;
-
-int counting_submit(io_uring* ring) {
-  for (unsigned k = ring->sq.sqe_head; k != ring->sq.sqe_tail; ++k) {
-    const io_uring_sqe& sqe = ring->sq.sqes[k & ring->sq.ring_mask];
-    if (sqe.opcode == IORING_OP_READ_FIXED || sqe.opcode == IORING_OP_WRITE_FIXED) ++g_log.fixed;
-    if (sqe.opcode == IORING_OP_READ || sqe.opcode == IORING_OP_WRITE) ++g_log.plain;
-  }
-  return nvio::engine::real_io_uring_calls().submit(ring);
-}
-
-int refusing_sparse(io_uring* ring, unsigned count) {
-  ++g_log.sparse;
-  if (const int rc = g_log.refuse_sparse.load()) return rc;
-  return nvio::engine::real_io_uring_calls().register_buffers_sparse(ring, count);
-}
-
-int refusing_update(io_uring* ring, unsigned offset, const iovec* iovecs,
-                    const unsigned long long* tags, unsigned count) {
-  ++g_log.updates;
-  if (const int rc = g_log.refuse_update.load()) return rc;
-  return nvio::engine::real_io_uring_calls().register_buffers_update_tag(ring, offset, iovecs, tags,
-                                                                         count);
-}
+using nvio_test::ring_spy;
 
 class IoUringRegions : public ::testing::Test {
  protected:
   void SetUp() override {
     const nvio::EngineProbe& probe = nvio::probe_engine(EngineKind::IoUring);
     if (!probe.available) GTEST_SKIP() << "io_uring unavailable: " << probe.reason;
-    g_log.fixed = g_log.plain = g_log.sparse = g_log.updates = 0;
-    g_log.refuse_sparse = g_log.refuse_update = 0;
+    ring_spy().reset();
     path_ = dir_.file("data");
     fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     ASSERT_GE(fd_, 0);
@@ -81,11 +49,7 @@ class IoUringRegions : public ::testing::Test {
   }
 
   static std::unique_ptr<Engine> make() {
-    nvio::engine::IoUringCalls calls = nvio::engine::real_io_uring_calls();
-    calls.submit = counting_submit;
-    calls.register_buffers_sparse = refusing_sparse;
-    calls.register_buffers_update_tag = refusing_update;
-    return nvio::engine::make_io_uring_engine(16, calls);
+    return nvio::engine::make_io_uring_engine(16, nvio_test::spying_io_uring_calls());
   }
 
   // Runs `requests` (at most 16) to their end; each must move its whole length.
@@ -182,8 +146,8 @@ TEST_F(IoUringRegions, FixedOpsInsideRegionsPlainOutside) {
       {outside.data() + 3, outside.size() - 3, -1},
   };
   round_trip(*engine, places, 11);
-  EXPECT_EQ(g_log.fixed.load(), 8);  // 4 writes and 4 reads
-  EXPECT_EQ(g_log.plain.load(), 2);
+  EXPECT_EQ(ring_spy().fixed.load(), 8);  // 4 writes and 4 reads
+  EXPECT_EQ(ring_spy().plain.load(), 2);
 }
 
 // Each refusal leaves add_region() at -1 with its reason kept (the first one), a refused table
@@ -209,9 +173,9 @@ TEST_F(IoUringRegions, RefusedRegistrationIsToldOnceAndFallsBackToPlainOps) {
       EXPECT_EQ(refusal_warnings(), 0U) << "an old kernel's refusal warned";
     }
     SCOPED_TRACE(testing::Message() << c.call << " " << c.sparse << " " << c.update);
-    g_log.fixed = g_log.plain = g_log.sparse = g_log.updates = 0;
-    g_log.refuse_sparse = c.sparse;
-    g_log.refuse_update = c.update;
+    ring_spy().reset();
+    ring_spy().refuse_sparse = c.sparse;
+    ring_spy().refuse_update = c.update;
     auto engine = make();
     nvio::AlignedBuffer slab(256 * 1024);
     EXPECT_EQ(engine->add_region(slab.data(), slab.size()), -1);
@@ -220,12 +184,12 @@ TEST_F(IoUringRegions, RefusedRegistrationIsToldOnceAndFallsBackToPlainOps) {
     EXPECT_TRUE(nvio_test::contains(why, c.text));
     EXPECT_EQ(engine->add_region(slab.data(), slab.size()), -1);
     EXPECT_EQ(engine->region_refusal(), why) << "the first refusal is the one kept";
-    EXPECT_EQ(g_log.sparse.load(), 1);
-    EXPECT_EQ(g_log.updates.load(), c.sparse != 0 ? 0 : 2) << "regions offered to no table";
+    EXPECT_EQ(ring_spy().sparse.load(), 1);
+    EXPECT_EQ(ring_spy().updates.load(), c.sparse != 0 ? 0 : 2) << "regions offered to no table";
     auto* p = reinterpret_cast<unsigned char*>(slab.bytes());
     round_trip(*engine, {{p + 3, 4093, -1}, {p + 4096, 65536 + 1, -1}}, 20);
-    EXPECT_EQ(g_log.fixed.load(), 0);
-    EXPECT_EQ(g_log.plain.load(), 4);
+    EXPECT_EQ(ring_spy().fixed.load(), 0);
+    EXPECT_EQ(ring_spy().plain.load(), 4);
   }
   EXPECT_EQ(refusal_warnings(), 1U);
 }

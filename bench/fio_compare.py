@@ -250,7 +250,7 @@ def verify_nvio(nvio: str, path: Path, size: int, bs: int, engines, timeout: flo
     shape = shape or ["--size", str(size), "--block-size", str(bs)]
     for engine in engines:
         qd = 1 if engine == "psync" else CHECKED_QD
-        cmd = [*wrap, nvio, "bench", "--file", str(path), *shape, "--op", "both",
+        cmd = [nvio, "bench", "--file", str(path), *shape, "--op", "both",
                "--engine", engine, "--queue-depth", str(qd),
                "--parallelism", "1", "--direct", "on", "--loops", "1", "--verify", "--json"]
         proc = run_cmd(cmd, timeout=timeout, check=False)

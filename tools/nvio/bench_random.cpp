@@ -32,6 +32,7 @@
 #include "bench_impl.hpp"
 #include "cli.hpp"
 #include "nvio/errors.hpp"
+#include "nvio/file.hpp"
 #include "nvio/file_descriptor.hpp"
 #include "nvio/gpu.hpp"
 #include "nvio/handle.hpp"
@@ -131,40 +132,39 @@ class DrainOnExit {
   nvio::Handle& handle_;
 };
 
-// The file opened once for a random run, O_DIRECT where the options allow and the file system
-// supports it, and handed to the handle by descriptor; read-only for a read-only run of an existing
-// file (which may not be writable).
-nvio::FileDescriptor open_for_random(const Plan& plan) {
-  const int access = plan.existing_size && plan.op == Op::Read ? O_RDONLY : O_RDWR | O_CREAT;
-  if (plan.options.values.direct != nvio::DirectIo::Off) {
-    const int fd = nvio::open_file(plan.path, access | O_DIRECT);
-    if (fd >= 0) return nvio::FileDescriptor(fd);
-    if (fd != -EINVAL || plan.options.values.direct == nvio::DirectIo::On) {
-      nvio::throw_io_error(nvio::IoOp::Open, plan.path, 0, 0, -fd);
-    }
+// The file opened once for a random run as an nvio::File: its descriptors (O_DIRECT where the
+// options allow and the file system supports it) and facts are taken once, so that an operation
+// makes no metadata system call, as fio's do not (by path or descriptor, each would cost a statx,
+// and an fcntl for a descriptor). Read-only for a read-only run of an existing file (which may not
+// be writable); otherwise made when missing, never truncated.
+nvio::File open_for_random(nvio::Handle& handle, const Plan& plan) {
+  const bool read_only = plan.existing_size && plan.op == Op::Read;
+  if (!read_only) {
+    const int fd = nvio::open_file(plan.path, O_RDWR | O_CREAT);
+    if (fd < 0) nvio::throw_io_error(nvio::IoOp::Open, plan.path, 0, 0, -fd);
+    const nvio::FileDescriptor made(fd);  // closed here: the File opens its own
   }
-  const int fd = nvio::open_file(plan.path, access);
-  if (fd < 0) nvio::throw_io_error(nvio::IoOp::Open, plan.path, 0, 0, -fd);
-  return nvio::FileDescriptor(fd);
+  return nvio::File(handle, plan.path,
+                    read_only ? nvio::FileMode::Read : nvio::FileMode::ReadWrite);
 }
 
 // Untimed chunks of the pattern: written over, or read back and checked against, [0, end).
 constexpr std::size_t kLayoutChunk = std::size_t{8} << 20;
 
-void lay_out(nvio::Handle& handle, int fd, const Plan& plan) {
+void lay_out(const nvio::File& file, const Plan& plan) {
   nvio::AlignedBuffer chunk(std::min<std::uint64_t>(kLayoutChunk, plan.end()));
   for (std::uint64_t at = 0; at < plan.end(); at += chunk.size()) {
     const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(chunk.size(), plan.end() - at));
     nvio::pattern::fill(chunk.data(), n, at, plan.seed);
-    handle.write(chunk.data(), n, fd, at, {.memory = nvio::MemoryKind::Host});
+    file.write(chunk.data(), n, at, {.memory = nvio::MemoryKind::Host});
   }
 }
 
-void check_file(nvio::Handle& handle, int fd, const Plan& plan, OpResult& result) {
+void check_file(const nvio::File& file, const Plan& plan, OpResult& result) {
   nvio::AlignedBuffer chunk(std::min<std::uint64_t>(kLayoutChunk, plan.end()));
   for (std::uint64_t at = 0; at < plan.end(); at += chunk.size()) {
     const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(chunk.size(), plan.end() - at));
-    handle.read(chunk.data(), n, fd, at, {.memory = nvio::MemoryKind::Host});
+    file.read(chunk.data(), n, at, {.memory = nvio::MemoryKind::Host});
     result.bad_offset = nvio::pattern::first_mismatch(chunk.data(), n, at, plan.seed);
     if (result.bad_offset) break;
   }
@@ -208,7 +208,7 @@ nvio::AlignedBuffer random_slots(const Plan& plan) {
 // per operation in flight, the extents of each group (a group is the `batch` operations submitted
 // together), the offsets in flight (for --verify) and one latency per operation.
 struct RandomState {
-  RandomState(const Plan& plan, int fd)
+  explicit RandomState(const Plan& plan)
       : slots(random_slots(plan)),
         groups(plan.random.outstanding / plan.random.batch),
         reads(plan.random.outstanding),
@@ -219,10 +219,8 @@ struct RandomState {
     for (unsigned i = 0; i < plan.random.outstanding; ++i) {
       reads[i].buf = slot(i, plan);
       reads[i].length = plan.size;
-      reads[i].file = fd;
       writes[i].buf = slot(i, plan);
       writes[i].length = plan.size;
-      writes[i].file = fd;
     }
     // Without --verify a write stores what its slot holds: the pattern of offset 0 from here.
     for (unsigned i = 0; i < plan.random.outstanding; ++i) {
@@ -237,8 +235,8 @@ struct RandomState {
   };
   nvio::AlignedBuffer slots;
   std::vector<Group> groups;
-  std::vector<nvio::ReadExtent> reads;
-  std::vector<nvio::WriteExtent> writes;
+  std::vector<nvio::FileReadExtent> reads;
+  std::vector<nvio::FileWriteExtent> writes;
   std::vector<std::uint64_t> offsets;
   // 64 bits: 32 saturated at 4.29 s, which a deep queue on a slow drive exceeds (and the
   // percentiles then printed 4294967.3 us as if measured).
@@ -247,8 +245,8 @@ struct RandomState {
 };
 
 // One timed loop of random reads or writes (Op::Read or Op::Write); `loop` varies the offsets.
-Sample random_loop(nvio::Handle& handle, int fd, RandomState& st, const Plan& plan, Op op,
-                   unsigned loop, OpResult& result) {
+Sample random_loop(nvio::Handle& handle, const nvio::File& file, RandomState& st, const Plan& plan,
+                   Op op, unsigned loop, OpResult& result) {
   const RandomPlan& rp = plan.random;
   const bool read = op == Op::Read;
   BlockPicker picker(
@@ -281,14 +279,14 @@ Sample random_loop(nvio::Handle& handle, int fd, RandomState& st, const Plan& pl
     st.groups[g] = {count, Clock::now()};
     nvio::Ticket ticket = 0;
     if (rp.batch == 1) {
-      ticket = read ? handle.submit_read(st.reads[first].buf, plan.size, fd, st.offsets[first],
-                                         read_options)
-                    : handle.submit_write(st.writes[first].buf, plan.size, fd, st.offsets[first],
-                                          write_options);
+      ticket =
+          read ? file.submit_read(st.reads[first].buf, plan.size, st.offsets[first], read_options)
+               : file.submit_write(st.writes[first].buf, plan.size, st.offsets[first],
+                                   write_options);
     } else if (read) {
-      ticket = handle.submit_read_batch(std::span(st.reads).subspan(first, count), read_options);
+      ticket = file.submit_read_batch(std::span(st.reads).subspan(first, count), read_options);
     } else {
-      ticket = handle.submit_write_batch(std::span(st.writes).subspan(first, count), write_options);
+      ticket = file.submit_write_batch(std::span(st.writes).subspan(first, count), write_options);
     }
     st.inflight.push(g, ticket);
     submitted += count;
@@ -336,8 +334,8 @@ Sample random_loop(nvio::Handle& handle, int fd, RandomState& st, const Plan& pl
   return sample;
 }
 
-OpResult random_op(nvio::Handle& handle, int fd, RandomState& st, const Plan& plan, Op op,
-                   Progress& progress) {
+OpResult random_op(nvio::Handle& handle, const nvio::File& file, RandomState& st, const Plan& plan,
+                   Op op, Progress& progress) {
   const bool read = op == Op::Read;
   OpResult result(read ? "read" : "write", plan.size);
   const nvio::HandleStats before = handle.stats();
@@ -346,7 +344,7 @@ OpResult random_op(nvio::Handle& handle, int fd, RandomState& st, const Plan& pl
     // So that buffered reads (direct off) really read the device; best effort, as for sequential.
     if (read) evict_best_effort(plan.path);
     if (plan.gate) plan.gate->wait();
-    result.samples.push_back(random_loop(handle, fd, st, plan, op, i, result));
+    result.samples.push_back(random_loop(handle, file, st, plan, op, i, result));
   }
   result.stats = handle.stats() - before;
   if (plan.verify && read && result.verified != false) result.verified = true;
@@ -380,25 +378,25 @@ void check_random_memory(const Plan& plan) {
 // is shorter than --file-size (and, for --verify of writes, always, so that every block read back
 // holds the pattern); a write-only --verify reads the whole file back afterwards (untimed).
 std::vector<OpResult> run_random(nvio::Handle& handle, const Plan& plan) {
-  const nvio::FileDescriptor file = open_for_random(plan);
-  RandomState state(plan, file.get());
+  const nvio::File file = open_for_random(handle, plan);
+  RandomState state(plan);
   const DrainOnExit drain(handle);
   Progress progress(::isatty(STDERR_FILENO) == 1);
   const auto size = file_size(plan.path);
   if (!size || *size < plan.end() || (plan.verify && plan.op != Op::Read)) {
     progress.set("laying out the file");
-    lay_out(handle, file.get(), plan);
+    lay_out(file, plan);
   }
   std::vector<OpResult> results;
   if (plan.op != Op::Read) {
-    results.push_back(random_op(handle, file.get(), state, plan, Op::Write, progress));
+    results.push_back(random_op(handle, file, state, plan, Op::Write, progress));
   }
   if (plan.op != Op::Write) {
-    results.push_back(random_op(handle, file.get(), state, plan, Op::Read, progress));
+    results.push_back(random_op(handle, file, state, plan, Op::Read, progress));
   }
   if (!plan.verify) return results;
   if (plan.op == Op::Write) {
-    check_file(handle, file.get(), plan, results[0]);
+    check_file(file, plan, results[0]);
   } else if (plan.op == Op::Both) {
     results[0].verified = results[1].verified;  // the reads checked what the writes stored
   }

@@ -167,10 +167,10 @@ class Swapper {
   std::shared_ptr<SwapBuffer> swap_in(const std::string& name, std::string* meta = nullptr);
   // The bytes of `name` into the caller's buffer of exactly its size, host or device memory.
   void swap_in(const std::string& name, void* buf, std::size_t length, MemoryKind memory);
-  // Several of those at once: the reads are one batch per memory kind, in flight together (one
-  // swap_in at a time keeps only one tensor's read in flight, which small tensors feel); prefetched
-  // data is copied. Every target is checked before any is read; on a failure the buffers of the
-  // others may hold their tensors or not. Thread-safety and waits as for swap_in.
+  // Several of those at once: the reads are one batch (each extent with its memory kind), in flight
+  // together (one swap_in at a time keeps only one tensor's read in flight, which small tensors
+  // feel); prefetched data is copied. Every target is checked before any is read; on a failure the
+  // buffers of the others may hold their tensors or not. Thread-safety and waits as for swap_in.
   struct Target {
     std::string name;
     void* buf = nullptr;

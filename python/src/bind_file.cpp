@@ -19,9 +19,8 @@ namespace {
 
 PyObject* g_file_busy = nullptr;
 
-// Items as nvio/_handle.py's _Batch resolves them: (address, nbytes, offset, file); the file is
-// the File's and not looked at.
-// nvio/_handle.py's _Batch items: (address, nbytes, offset, file (not used: the File's), device).
+// Items as nvio/_handle.py's _Batch resolves them: (address, nbytes, offset, file, device); the
+// file is the File's and not looked at.
 using Items = std::vector<std::tuple<std::uintptr_t, std::size_t, std::uint64_t, py::object, bool>>;
 
 template <class Extent>

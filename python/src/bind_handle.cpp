@@ -33,8 +33,8 @@ auto on_target(py::handle file, py::handle offset, py::handle file_name, py::han
 
 // ---- batches -----------------------------------------------------------------
 // One extent of a batch as nvio/_handle.py hands it over: (address, nbytes, file offset, path or
-// descriptor), the buffer resolved by the same helper as the single calls' (nvio/_buffers.py).
-// (address, nbytes, offset, file, device): nvio/_handle.py's _Batch items.
+// descriptor, device), the buffer resolved by the same helper as the single calls'
+// (nvio/_buffers.py); each item moved as its own memory kind.
 using BatchItem = std::tuple<std::uintptr_t, std::size_t, long long, Target, bool>;
 
 template <class Extent>
@@ -87,8 +87,8 @@ std::vector<Extent> span_extents(std::uintptr_t address, const py::list& offsets
   return extents;
 }
 
-// Every extent of a batch is moved with one memory kind (`device`): nvio/_handle.py refuses a
-// batch that mixes host and device buffers.
+// The batches: the spans' extents share their one buffer's memory kind (`device`); the items of
+// read_batch / write_batch each carry their own.
 void def_batches(py::class_<nvio::Handle>& cls) {
   cls.def(
       "read_spans",

@@ -1,5 +1,5 @@
-// cuFile (GPUDirect Storage), loaded with dlopen on first use, and the decision of how device
-// memory moves for an operation.
+// cuFile (GPUDirect Storage), loaded with dlopen on first use. The decision of how device memory
+// moves for an operation is in cuda/transport.hpp.
 //
 // Thread-safety: the library and its driver are opened once per process (std::call_once) and
 // stay open until exit (cuFileDriverClose at static-destruction time would race CUDA's own
@@ -14,6 +14,7 @@
 
 #include "cuda/cuda_abi.hpp"
 #include "cuda/library.hpp"
+#include "cuda/transport.hpp"
 #include "nvio/gpu.hpp"
 #include "nvio/options.hpp"
 
@@ -49,16 +50,6 @@ std::string describe(const abi::CUfileError_t& status);
 // nvidia-fs is loaded, and the driver properties' P2PDMA flag. Pure, for tests.
 GdsMode classify_gds(bool driver_opened, bool nvidia_fs_present, bool p2pdma_flag,
                      std::string& reason);
-
-// How one operation on device memory moves its bytes.
-enum class Transport { Bounce, Gds };
-struct TransportChoice {
-  Transport transport = Transport::Bounce;
-  bool warn = false;  // gpu_direct=on could not be honoured: say so (once)
-  std::string reason;
-};
-// Pure decision from the option and what the machine offers, for tests and the handle.
-TransportChoice choose_transport(GpuDirect option, GdsMode mode, const std::string& gds_reason);
 
 // A file descriptor registered with cuFile (cuFileHandleRegister) for its lifetime (move-only).
 class CuFileHandle {

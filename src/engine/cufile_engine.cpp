@@ -6,6 +6,8 @@
 // Ownership and thread-safety: like every engine, one worker thread uses it.
 #include <fmt/format.h>
 
+#include <cerrno>
+
 #include "cuda/cufile.hpp"
 #include "cuda/device_ops.hpp"
 #include "engine/engine.hpp"
@@ -74,7 +76,9 @@ CuFileCalls real_cufile_calls() {
   CuFileCalls c;
   c.make_current = [ops](int device) { return ops->make_current(device); };
   c.transfer = [](const Request& r) {
-    // Requests to this engine carry register_cufile's registration (register_file).
+    // Requests to this engine carry register_cufile's registration (register_file); one without
+    // is a caller's mistake, refused rather than followed.
+    if (r.file == nullptr) return std::int64_t{-EINVAL};
     return cuda::gds_transfer(static_cast<const CuFileRegistration*>(r.file)->handle,
                               r.direction == Direction::Read, r.buf, r.length, r.offset);
   };

@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "core/fork.hpp"
-#include "cuda/cufile.hpp"
 #include "cuda/device_ops.hpp"
+#include "cuda/transport.hpp"
 #include "engine/engine.hpp"
 #include "handle/caller_lane.hpp"
 #include "handle/files.hpp"

@@ -19,8 +19,8 @@
 
 #include "core/interrupt.hpp"
 #include "core/posix.hpp"
-#include "cuda/cufile.hpp"
 #include "cuda/device_ops.hpp"
+#include "cuda/transport.hpp"
 #include "engine/engine.hpp"
 #include "handle/plan.hpp"
 #include "handle/residency.hpp"

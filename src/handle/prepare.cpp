@@ -11,8 +11,8 @@
 #include <string>
 
 #include "core/pool.hpp"
-#include "cuda/cufile.hpp"
 #include "cuda/device_ops.hpp"
+#include "cuda/transport.hpp"
 #include "handle/opened.hpp"
 #include "handle/plan.hpp"
 #include "handle/residency.hpp"

@@ -152,7 +152,7 @@ engine::Request Worker::request_for(unsigned i) const {
 
 int Worker::region_of(const std::byte* chunk) {
   BouncePool& pool = memory_->pool;
-  // Each slab is offered to the kernel engine once, when a chunk of it is first used.
+  // Each slab is offered to the handle's engine once, when a chunk of it is first used.
   while (regions_.size() < pool.slab_count()) {
     const std::span<std::byte> slab = pool.slab(regions_.size());
     regions_.push_back(engine(kHandleEngine).add_region(slab.data(), slab.size()));
@@ -235,9 +235,10 @@ void Worker::start(const OperationPtr& op, const Piece& piece) {
     }
   }
   const unsigned engine_lane = op->device_direct ? kDeviceDirect : kHandleEngine;
-  if (!memory_->engines[engine_lane]) {
+  // The handle's engine is made with the worker; the device-direct one when first needed.
+  if (engine_lane == kDeviceDirect && !memory_->engines[kDeviceDirect]) {
     try {
-      memory_->engines[engine_lane] =
+      memory_->engines[kDeviceDirect] =
           engine::make_engine(engine::kDeviceDirectEngine, settings_.queue_depth);
     } catch (...) {
       queue_.fail(*op, std::current_exception(), 1, stats_);

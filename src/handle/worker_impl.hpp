@@ -52,7 +52,7 @@ struct Slot {
   std::byte* user = nullptr;    // the piece's bytes in the caller's buffer (a shifted read's: where
                                 // they land, Operation::landing)
   std::byte* bounce = nullptr;  // the aligned copy used for I/O, or null for zero-copy
-  int region = -1;              // the kernel engine's region holding `bounce`, or -1
+  int region = -1;              // the handle engine's region holding `bounce`, or -1
   RetryCounter retries{kTransferRetries};  // EINTR / EAGAIN / no progress, in a row
   bool freed_space = false;                // retried once after ENOSPC freed removed files' blocks
   std::uint64_t releases = removed_files_released();  // when the slot was last set up
@@ -136,8 +136,8 @@ class Worker {
   std::vector<unsigned> ready_;        // Ready slots, in the order their requests are due
   std::vector<unsigned> copying_;      // device copies running, oldest first
   std::vector<unsigned> host_copies_;  // host copies due, oldest first
-  std::vector<int> regions_;           // the kernel engine's region of each slab of the pool, or -1
-  bool watching_ = false;              // the kernel engine watches the queue's eventfd for us
+  std::vector<int> regions_;           // the handle engine's region of each slab of the pool, or -1
+  bool watching_ = false;              // the handle's engine watches the queue's eventfd for us
   std::uint64_t seen_pushes_ = 0;      // OperationQueue::pushes() when fill() last looked
   std::size_t inflight_ = 0;           // slots not Free
   std::array<std::size_t, kLanes> on_disk_{};  // OnDisk slots, by engine

@@ -82,9 +82,11 @@ void TuneSpace::validate() const {
   nonempty(direct.empty(), "direct I/O modes");
   nonempty(gpu_direct.empty(), "gpu_direct modes");
   for (EngineKind e : engines) {
-    if (e == EngineKind::Auto) {
-      throw InvalidArgument(
-          "the tuning space must name concrete engines (io_uring, libaio, psync), not auto");
+    if (e == EngineKind::Auto || e == EngineKind::CuFile) {
+      throw InvalidArgument(fmt::format(
+          "the tuning space must name the handle's concrete engines (io_uring, libaio, psync), "
+          "not {} (gpu_direct decides whether device memory goes through cuFile)",
+          to_string(e)));
     }
   }
   for (DirectIo d : direct) {

@@ -320,10 +320,10 @@ TEST_P(DevicePath, OneBatchMixesHostAndDeviceExtents) {
     for (int i = 0; i < 3; ++i) {
       std::memset(dev[i], 0, len);
       host[i].fill_sentinel();
-      reads.push_back({dev[i], len, 2 * i * len, file("mixed")});  // Auto: asked of CUDA
+      reads.push_back({dev[i], len, 2 * i * len, file("mixed")});  // Auto, as the batch's
       reads.push_back({host[i].data(), len, (2 * i + 1) * len, file("mixed"), MemoryKind::Host});
     }
-    h.wait(h.submit_read_batch(reads, device_read()));
+    h.wait(h.submit_read_batch(reads));  // Auto: each Auto extent's kind asked of CUDA
     for (int i = 0; i < 3; ++i) {
       EXPECT_TRUE(buffer_has_pattern(dev[i], len, 2 * i * len, 70)) << i;
       EXPECT_TRUE(buffer_has_pattern(host[i].data(), len, (2 * i + 1) * len, 70)) << i;

@@ -296,6 +296,9 @@ TEST(TuneSearch, RejectsBadSpacesAndSettings) {
   s.engines.push_back(EngineKind::Auto);
   EXPECT_THROW(nvio::search(s, drive, settings), nvio::InvalidArgument);
   s = test_space();
+  s.engines.push_back(EngineKind::CuFile);  // not a handle's engine: gpu_direct's business
+  EXPECT_THROW(nvio::search(s, drive, settings), nvio::InvalidArgument);
+  s = test_space();
   s.direct = {DirectIo::Auto};
   EXPECT_THROW(nvio::search(s, drive, settings), nvio::InvalidArgument);
   s = test_space();

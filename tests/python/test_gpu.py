@@ -211,6 +211,29 @@ def test_device_round_trips(tmp_path, api, kind, size, offset):
 
 
 @needs_cuda
+def test_one_batch_mixes_host_and_device_buffers(tmp_path):
+    """Each batch item moves as its own buffer's memory kind: host and CUDA items in one
+    write_batch and one read_batch, bytes compared, the device items counted as device bytes."""
+    n = 300 * 1024 + 7
+    path = str(tmp_path / "mixed.bin")
+    sources = [pattern(n, i * n) for i in range(4)]
+    items = [(s.cuda() if i % 2 == 0 else s.clone(), i * n) for i, s in enumerate(sources)]
+    with nvio.Handle(block_size=256 * 1024, intra_op_parallelism=2) as h:
+        before = h.stats()
+        h.write_batch(items, path, sync=True)
+        back = [torch.zeros(n, dtype=torch.uint8, device="cuda" if i % 2 == 0 else "cpu")
+                for i in range(4)]
+        h.read_batch([(b, i * n) for i, b in enumerate(back)], path)
+        torch.cuda.synchronize()
+        after = h.stats()
+    for i in range(4):
+        assert torch.equal(back[i].cpu(), sources[i]), i
+    device = (after["device_bounce_bytes"] + after["gds_bytes"]
+              - before["device_bounce_bytes"] - before["gds_bytes"])
+    assert device == 2 * 2 * n  # two device items, written and read
+
+
+@needs_cuda
 def test_device_transfers_register_their_bounce_memory(tmp_path):
     """A fresh process's first device transfers: each worker page-locks its bounce chunks with
     cuMemHostRegister, which needs a CUDA context current on the worker's thread. On the first

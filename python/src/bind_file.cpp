@@ -28,8 +28,7 @@ std::vector<Extent> extents_of(const Items& items) {
   std::vector<Extent> out;
   out.reserve(items.size());
   for (const auto& [address, nbytes, offset, unused, device] : items) {
-    out.push_back({as_ptr(address), nbytes, offset,
-                   device ? nvio::MemoryKind::Device : nvio::MemoryKind::Host});
+    out.push_back({as_ptr(address), nbytes, offset, memory_of(device)});
   }
   return out;
 }

@@ -46,7 +46,7 @@ std::vector<Extent> batch_extents(const std::vector<BatchItem>& items) {
     e.buf = as_ptr(address);
     e.length = nbytes;
     e.offset = checked_offset(offset);
-    e.memory = device ? nvio::MemoryKind::Device : nvio::MemoryKind::Host;
+    e.memory = memory_of(device);
     if (const auto* path = std::get_if<std::string>(&target)) {
       e.file = *path;
     } else {

@@ -224,9 +224,6 @@ struct Operation {
   int device = -1;                       // device memory: its CUDA device ordinal
   cuda::Transport transport = cuda::Transport::Bounce;
   std::shared_ptr<cuda::DeviceOps> device_ops;  // device memory: the operations to use
-  // The engine its pieces go to: the handle's (kernel engines, bounced device memory), or
-  // engine::kDeviceDirectEngine for device memory on the direct transport.
-  bool device_direct = false;
   // direct_fd as that engine needs it prepared (engine::register_file): the file's own
   // registration, or this operation's; null when it needs none.
   std::shared_ptr<const engine::FileRegistration> registration;
@@ -275,6 +272,9 @@ struct Operation {
     if (p.file_offset >= plan.tail_begin) return shifted->tail();
     return user(p.file_offset) + shifted->shift();
   }
+  // Whether its pieces go to engine::kDeviceDirectEngine (device memory on the direct
+  // transport) rather than to the handle's engine.
+  bool device_direct() const noexcept { return transport == cuda::Transport::Gds; }
   // Whether piece `p` moves through a bounce chunk: device memory on the bounce transport, and
   // direct pieces whose memory is not aligned for O_DIRECT.
   bool needs_bounce(const Piece& p) const {

@@ -239,8 +239,7 @@ void Preparer::prepare_device(Operation& op) const {
   }
   if (choice.warn) warn(choice.reason, "gds-fallback");
   op.transport = choice.transport;
-  op.device_direct = op.transport == cuda::Transport::Gds;
-  if (op.device_direct) {
+  if (op.device_direct()) {
     // The device-direct engine takes any offset and length itself: the whole request is cut into
     // block_size pieces on the O_DIRECT descriptor, with no buffered edges.
     op.plan = plan_whole(op.offset, op.length, options_.block_size, true);

@@ -14,10 +14,11 @@
 // without waiting between copies, so that the drive keeps its queue while the worker copies.
 //
 // A slot's requests go to one of the worker's engines: the one of the handle's options, or, for
-// device memory that an engine moves itself (Operation::device_direct), engine::kDeviceDirectEngine
-// (psync-shaped: the transfer runs in submit(), its result comes back through reap()). The worker
-// never asks which kinds they are; what differs is the plan: the device-direct engine takes any
-// offset, so its short transfers resume where they stopped, not at an aligned point.
+// device memory that an engine moves itself (Operation::device_direct()),
+// engine::kDeviceDirectEngine (psync-shaped: the transfer runs in submit(), its result comes back
+// through reap()). The worker never asks which kinds they are; what differs is the plan: the
+// device-direct engine takes any offset, so its short transfers resume where they stopped, not at
+// an aligned point.
 //
 // Counting (Handle::stats(), handle/stats.hpp): the worker counts into its own shard what happens
 // to its slots, for every engine alike: a piece once its transfer has completed (and how it moved),
@@ -234,7 +235,7 @@ void Worker::start(const OperationPtr& op, const Piece& piece) {
       return;
     }
   }
-  const unsigned engine_lane = op->device_direct ? kDeviceDirect : kHandleEngine;
+  const unsigned engine_lane = op->device_direct() ? kDeviceDirect : kHandleEngine;
   // The handle's engine is made with the worker; the device-direct one when first needed.
   if (engine_lane == kDeviceDirect && !memory_->engines[kDeviceDirect]) {
     try {
@@ -461,7 +462,7 @@ void Worker::count_piece(const Slot& s) {
   const Operation& op = *s.op;
   stats_.add(Counter::Pieces, 1);
   if (op.memory == MemoryKind::Device) {
-    stats_.add(op.device_direct ? Counter::GdsBytes : Counter::DeviceBounceBytes, s.length);
+    stats_.add(op.device_direct() ? Counter::GdsBytes : Counter::DeviceBounceBytes, s.length);
   } else if (s.bounce != nullptr) {
     stats_.add(Counter::BouncedBytes, s.length);
   } else if (s.direct && op.lands_shifted(s.file_offset)) {

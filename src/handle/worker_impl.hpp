@@ -25,7 +25,7 @@
 namespace nvio::detail::worker_impl {
 
 // A worker's engines: the one of the handle's options, and engine::kDeviceDirectEngine for device
-// memory that an engine moves itself (Operation::device_direct; made when the worker first meets
+// memory that an engine moves itself (Operation::device_direct(); made when the worker first meets
 // such an operation). The worker never asks which kinds they are.
 enum Lane : unsigned { kHandleEngine = 0, kDeviceDirect = 1 };
 constexpr unsigned kLanes = 2;
